@@ -1,0 +1,3 @@
+"""decodecliff: the long-context MLA verify-decode study."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,20 @@
+"""Backends by name. Imports are lazy so the CPU path never needs Triton or the CUDA library."""
+
+from __future__ import annotations
+
+import importlib
+
+from .api import AttentionBackend
+
+BACKENDS = {
+    "torch": ("decodecliff.kernels.reference", "TorchAttention"),
+    "triton": ("decodecliff.kernels.triton_baseline", "TritonAttention"),
+    "custom": ("decodecliff.kernels.custom", "CustomAttention"),
+}
+
+
+def get_backend(name: str, **options) -> AttentionBackend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
+    module, cls = BACKENDS[name]
+    return getattr(importlib.import_module(module), cls)(**options)

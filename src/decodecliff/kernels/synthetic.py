@@ -1,0 +1,92 @@
+"""Random attention problems for tests and benchmarks: scattered pages, ragged batches, draft trees."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .api import D_QK, AttnBatch
+
+
+def random_tree_mask(num_nodes: int, generator: torch.Generator) -> torch.Tensor:
+    """[n, n] bool ancestor-or-self mask of a random tree whose nodes are in topological order."""
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, num_nodes)]
+    mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
+    for i in range(num_nodes):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parent[j]
+    return mask
+
+
+def random_batch(
+    kv_lens: list[int],
+    q_len: int,
+    heads: int = 8,
+    page_size: int = 1,
+    tree: bool = False,
+    scattered: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    spare_pages: int = 0,
+) -> AttnBatch:
+    """A batch of len(kv_lens) requests, each verifying q_len tokens over kv_lens[b] cached tokens.
+
+    The pool holds every request's pages (plus ``spare_pages``) in a random order when ``scattered``,
+    so requests interleave in memory as they do after churn in a real pool.
+    """
+    g = torch.Generator().manual_seed(seed)
+    if any(n < q_len for n in kv_lens):
+        raise ValueError("every kv_len must include the q_len draft tokens")
+    pages_per_req = [math.ceil(n / page_size) for n in kv_lens]
+    num_pages = sum(pages_per_req) + spare_pages
+    order = torch.randperm(num_pages, generator=g) if scattered else torch.arange(num_pages)
+    max_pages = max(pages_per_req)
+    page_table = torch.zeros(len(kv_lens), max_pages, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(pages_per_req):
+        page_table[b, :n] = order[start : start + n].to(torch.int32)
+        start += n
+    kv_cache = torch.randn(num_pages, page_size, D_QK, generator=g).to(dtype)
+    q = torch.randn(q_len * len(kv_lens), heads, D_QK, generator=g).to(dtype)
+    tree_mask = None
+    if tree:
+        tree_mask = torch.stack([random_tree_mask(q_len, g) for _ in kv_lens])
+    batch = AttnBatch(
+        q=q,
+        kv_cache=kv_cache,
+        page_table=page_table,
+        kv_lens=torch.tensor(kv_lens, dtype=torch.int32),
+        q_indptr=torch.arange(0, q_len * (len(kv_lens) + 1), q_len, dtype=torch.int32),
+        sm_scale=1.0 / math.sqrt(192),  # Kimi K2: softmax over qk_nope 128 + qk_rope 64
+        tree_mask=tree_mask,
+        max_q_len=q_len,
+        max_kv_len=max(kv_lens),
+    )
+    return to_device(batch, device)
+
+
+def to_device(batch: AttnBatch, device: str | torch.device) -> AttnBatch:
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return AttnBatch(
+        q=move(batch.q),
+        kv_cache=move(batch.kv_cache),
+        page_table=move(batch.page_table),
+        kv_lens=move(batch.kv_lens),
+        q_indptr=move(batch.q_indptr),
+        sm_scale=batch.sm_scale,
+        tree_mask=move(batch.tree_mask),
+        max_q_len=batch.max_q_len,
+        max_kv_len=batch.max_kv_len,
+    )
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf."""
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    return float((out64 - ref64).norm() / ref64.norm())
