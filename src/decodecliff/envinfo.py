@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -42,11 +43,9 @@ def collect() -> dict:
         "gpu": None,
         "driver": None,
     }
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
+    try:  # no `import triton` here: that would fix TRITON_INTERPRET before a CPU backend sets it
+        info["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         info["triton"] = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

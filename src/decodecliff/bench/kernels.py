@@ -1,0 +1,382 @@
+"""`decodecliff bench-kernels`: time each attention backend against the device's measured roofline.
+
+For every (heads, page size, mode, context, backend, variant) point it builds one random problem
+(scattered pages), checks the backend's output against the `torch` backend once (NaN-poisoned output
+buffer, so a kernel that writes nothing fails), then times the launch-only step (metadata built
+outside the timed region) and reports ms per layer, effective GB/s, TFLOP/s and the fraction of the
+roofline floor (see roofline.py for the exact definitions). The JSON is rewritten atomically after
+every point, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import envinfo
+from ..kernels.api import AttnBatch
+from ..kernels.registry import BACKENDS, get_backend
+from ..kernels.synthetic import random_batch, relative_error
+from . import roofline
+from .timing import median_ms
+
+SCHEMA = "decodecliff.kernel-bench/1"
+DEFAULT_CONTEXTS = [1024, 4096, 16384, 32768, 65536, 131072, 185000]
+REL_ERR_TOL = 2e-2  # bf16 inputs and output, fp32 accumulation
+CPU_GUARD_FLOPS = 2e10  # above this the CPU skips the correctness guard (torch reference too slow)
+
+
+def parse_mode(mode: str) -> tuple[int, bool]:
+    """``decode`` -> (1, chain); ``chainN`` -> (N, chain); ``treeN`` -> (N, random tree)."""
+    if mode == "decode":
+        return 1, False
+    match = re.fullmatch(r"(chain|tree)(\d+)", mode)
+    if not match or int(match.group(2)) < 1:
+        raise ValueError(f"mode {mode!r} is not decode, chainN or treeN (N >= 1)")
+    return int(match.group(2)), match.group(1) == "tree"
+
+
+@dataclass(frozen=True)
+class Variant:
+    backend: str
+    label: str | None  # the triton block config / decode split count; None for other backends
+    options: tuple[tuple[str, object], ...] = ()
+
+
+def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.device) -> list:
+    """Which configurations of ``backend`` to time at this q_len."""
+    if backend != "triton":
+        return [Variant(backend, None)]
+    from ..kernels.triton_baseline import resolve_arch_config
+
+    configs = list(dict.fromkeys(resolve_arch_config(c, device).name for c in args.triton_config))
+    extend = [Variant("triton", c, (("arch_config", c), ("decode", "extend"))) for c in configs]
+    if q_len > 1:
+        return extend
+    out = []
+    for splits in args.decode_splits:
+        if splits == 0:  # decode through the extend kernel, as a one-token verify
+            out += [Variant("triton", f"{v.label}-extend", v.options) for v in extend]
+        else:
+            opts = (("decode", "grouped"), ("num_kv_splits", splits))
+            out.append(Variant("triton", f"grouped-s{splits}", opts))
+    return out
+
+
+class Backends:
+    """Backends constructed once per variant, so their workspaces persist across points."""
+
+    def __init__(self) -> None:
+        self._made: dict[Variant, object] = {}
+
+    def get(self, variant: Variant):
+        if variant not in self._made:
+            try:
+                self._made[variant] = get_backend(variant.backend, **dict(variant.options))
+            except Exception as exc:  # unavailable: not built, no GPU, missing module
+                self._made[variant] = exc
+        return self._made[variant]
+
+
+def make_step(backend, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+    if hasattr(backend, "prepare"):
+        return backend.prepare(batch, out)
+    return lambda: backend(batch, out)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class Point(dict):
+    """One JSON point; keys follow the schema documented in the module docstring."""
+
+
+def base_point(variant: Variant, heads: int, ctx: int, mode: str, page_size: int, args) -> Point:
+    q_len, _ = parse_mode(mode)
+    return Point(
+        backend=variant.backend, triton_config=variant.label, heads=heads, ctx=ctx, mode=mode,
+        q_len=q_len, page_size=page_size, batch=args.batch, ms=None, gbs=None, tflops=None,
+        floor_ms=None, roofline_frac=None, rel_err=None, status="skipped", reason=None,
+    )  # fmt: skip
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, device: torch.device, ceilings: dict) -> None:
+        self.args, self.device, self.ceilings = args, device, ceilings
+        self.backends = Backends()
+        self.seconds_per_call: dict[tuple, tuple[int, float]] = {}  # key -> (ctx, s)
+        self.reference: torch.Tensor | None = None
+
+    def estimate(self, key: tuple, ctx: int) -> float | None:
+        if key not in self.seconds_per_call:
+            return None
+        prev_ctx, seconds = self.seconds_per_call[key]
+        return seconds * ctx / prev_ctx
+
+    def calls(self) -> int:
+        return self.args.repeats + self.args.warmup
+
+    def reference_output(self, batch: AttnBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            q_len, heads = batch.max_q_len or 1, batch.num_heads
+            flops = roofline.attention_flops(batch.max_kv_len or 0, q_len, heads, batch.batch_size)
+            if self.device.type == "cpu" and flops > CPU_GUARD_FLOPS:
+                return None
+            self.reference = get_backend("torch")(batch)
+        return self.reference
+
+    def run_point(self, point: Point, variant: Variant, batch: AttnBatch) -> Point:
+        if variant.backend == "custom" and self.device.type != "cuda":
+            point["reason"] = "custom backend needs a CUDA GPU"
+            return point
+        backend = self.backends.get(variant)
+        if isinstance(backend, Exception):
+            point["reason"] = f"{variant.backend} unavailable: {type(backend).__name__}: {backend}"
+            return point
+        key = (variant, point["heads"], point["mode"], point["page_size"])
+        limit = self.args.max_seconds_per_point
+        est = self.estimate(key, point["ctx"])
+        if est is not None and est * (self.calls() + 1) > limit:
+            point["reason"] = f"estimated {est * (self.calls() + 1):.0f} s > {limit:g} s per point"
+            return point
+        out = batch.new_output().fill_(float("nan"))
+        step = make_step(backend, batch, out)
+        first = self.call_seconds(step)  # on a GPU this call also compiles
+        if not self.check_output(point, variant, batch, out):
+            return point
+        if self.device.type == "cuda":
+            first = self.call_seconds(step)
+        self.seconds_per_call.setdefault(key, (point["ctx"], first))
+        if first * self.calls() > limit:
+            point["reason"] = f"one call took {first:.1f} s; {self.calls()} would pass {limit:g} s"
+            return point
+        ms = median_ms(step, self.device, self.args.repeats, self.args.warmup)
+        self.seconds_per_call[key] = (point["ctx"], ms / 1e3)
+        self.fill_rates(point, ms)
+        return point
+
+    def call_seconds(self, step: Callable[[], None]) -> float:
+        start = time.perf_counter()
+        step()
+        sync(self.device)
+        return time.perf_counter() - start
+
+    def check_output(self, point: Point, variant: Variant, batch, out: torch.Tensor) -> bool:
+        """The once-per-point correctness guard; False (with the point failed) on a bad output."""
+        if not bool(torch.isfinite(out).all()) or float(out.abs().amax()) == 0.0:
+            point.update(status="failed", reason="output has NaN/inf or is all zeros")
+            return False
+        if variant.backend == "torch":
+            return True
+        ref = self.reference_output(batch)
+        if ref is None:
+            point["reason"] = "correctness guard skipped on CPU at this size"
+            return True
+        point["rel_err"] = relative_error(out, ref)
+        if point["rel_err"] > REL_ERR_TOL:
+            point.update(status="failed", reason=f"rel err {point['rel_err']:.3g} vs torch")
+            return False
+        return True
+
+    def fill_rates(self, point: Point, ms: float) -> None:
+        nbytes = roofline.attention_bytes(point["ctx"], point["batch"])
+        flops = roofline.attention_flops(
+            point["ctx"], point["q_len"], point["heads"], point["batch"]
+        )
+        floor = roofline.floor_ms(
+            nbytes, flops, self.ceilings["copy_gbs"], self.ceilings["matmul_tflops"]
+        )
+        point.update(
+            ms=ms, gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12,
+            floor_ms=floor, roofline_frac=floor / ms, status="ok",
+        )  # fmt: skip
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Write atomically: a temporary file in the same folder, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def print_table(points: list[dict], ceilings: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"{ceilings['device']}: copy {ceilings['copy_gbs']:.0f} GB/s, "
+        f"matmul {ceilings['matmul_tflops']:.2f} TFLOP/s ({ceilings['matmul']})"
+    )
+    table = Table(title=title)
+    cols = ["backend", "config", "heads", "ctx", "mode", "ps", "ms", "GB/s", "TFLOP/s", "floor ms"]
+    for col in [*cols, "roofline", "rel err", "status"]:
+        table.add_column(col, justify="left" if col in ("backend", "config", "mode") else "right")
+
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for p in points:
+        status = p["status"] if not p["reason"] else f"{p['status']}: {p['reason']}"
+        table.add_row(
+            p["backend"], p["triton_config"] or "", str(p["heads"]), str(p["ctx"]), p["mode"],
+            str(p["page_size"]), num(p["ms"], ".4g"), num(p["gbs"], ".4g"), num(p["tflops"], ".3g"),
+            num(p["floor_ms"], ".3g"), num(p["roofline_frac"], ".2%"), num(p["rel_err"], ".2g"),
+            status,
+        )  # fmt: skip
+    Console(width=200).print(table)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="decodecliff bench-kernels", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--backends", nargs="+", default=["torch", "triton", "custom"])
+    p.add_argument("--contexts", nargs="+", type=int, default=DEFAULT_CONTEXTS)
+    p.add_argument("--modes", nargs="+", default=["decode", "chain16", "tree64"])
+    p.add_argument("--page-sizes", nargs="+", type=int, default=[1, 64])
+    p.add_argument("--heads", nargs="+", type=int, default=[8, 64])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None, help="timed calls (default 20 GPU, 3 CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls after the first")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cpu")
+    p.add_argument("--triton-config", nargs="+", default=["auto"], help="auto sm80 sm90 sm120 ...")
+    p.add_argument(
+        "--decode-splits", nargs="+", type=int, default=[8, 64],
+        help="triton grouped-decode KV splits for decode points (0: decode via the extend kernel)",
+    )  # fmt: skip
+    p.add_argument("--max-seconds-per-point", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("results/kernels/bench.json"))
+    p.add_argument("--quiet", action="store_true", help="no table")
+    args = p.parse_args(argv)
+    validate(p, args)
+    return args
+
+
+def validate_triton_configs(p: argparse.ArgumentParser, names: list[str]) -> None:
+    preload_triton()
+    try:
+        from ..kernels.triton_baseline import ARCH_CONFIGS
+    except Exception:  # triton unusable here: its points are skipped with the reason
+        return
+    for name in names:
+        if name != "auto" and name not in ARCH_CONFIGS:
+            p.error(f"unknown --triton-config {name!r}; choose from auto {' '.join(ARCH_CONFIGS)}")
+
+
+def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in args.backends:
+        if name not in BACKENDS:
+            p.error(f"unknown backend {name!r}; choose from {sorted(BACKENDS)}")
+    for mode in args.modes:
+        try:
+            parse_mode(mode)
+        except ValueError as exc:
+            p.error(str(exc))
+    for label, values in [("contexts", args.contexts), ("page-sizes", args.page_sizes)]:
+        if any(v < 1 for v in values):
+            p.error(f"--{label} must be positive")
+    if any(h < 1 for h in args.heads) or args.batch < 1:
+        p.error("--heads and --batch must be positive")
+    if "triton" in args.backends:
+        validate_triton_configs(p, args.triton_config)
+    if any(s < 0 for s in args.decode_splits):
+        p.error("--decode-splits must be >= 0")
+    if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
+        p.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda asked for, but torch sees no CUDA device")
+
+
+def preload_triton() -> None:
+    """Import the triton backend first: without CUDA it sets TRITON_INTERPRET before triton."""
+    with contextlib.suppress(Exception):  # reported as a skipped point when the backend is built
+        import decodecliff.kernels.triton_baseline  # noqa: F401
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
+    gpu = device.type == "cuda"
+    args.repeats = args.repeats or (20 if gpu else 3)
+    args.warmup = (2 if gpu else 0) if args.warmup is None else args.warmup
+    if "triton" in args.backends:
+        preload_triton()
+    ceilings = roofline.measure_ceilings(device)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    doc = {
+        "schema": SCHEMA, "env": envinfo.collect(), "ceilings": ceilings,
+        "config": {**config, "device": str(device)}, "points": [],
+    }  # fmt: skip
+    runner = Runner(args, device, ceilings)
+    for heads in args.heads:
+        for page_size in args.page_sizes:
+            for mode in args.modes:
+                for ctx in sorted(args.contexts):
+                    run_shape(runner, doc, heads, page_size, mode, ctx)
+    return doc
+
+
+def run_shape(runner: Runner, doc: dict, heads: int, page_size: int, mode: str, ctx: int) -> None:
+    args, device = runner.args, runner.device
+    q_len, tree = parse_mode(mode)
+    todo = [v for b in args.backends for v in variants(b, q_len, args, device)]
+    if ctx < q_len:
+        for v in todo:
+            point = base_point(v, heads, ctx, mode, page_size, args)
+            point["reason"] = f"ctx {ctx} < q_len {q_len}"
+            record(doc, point, args)
+        return
+    batch = random_batch(
+        [ctx] * args.batch, q_len, heads, page_size, tree, scattered=True, device=device,
+        seed=args.seed,
+    )  # fmt: skip
+    runner.reference = None
+    for v in todo:
+        point = base_point(v, heads, ctx, mode, page_size, args)
+        try:
+            runner.run_point(point, v, batch)
+        except Exception as exc:  # a backend error fails this point; the bench goes on
+            point.update(status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        record(doc, point, args)
+    del batch
+    runner.reference = None
+
+
+def record(doc: dict, point: dict, args: argparse.Namespace) -> None:
+    doc["points"].append(dict(point))
+    write_json(args.out, doc)
+    ms = "-" if point["ms"] is None else f"{point['ms']:.4g} ms"
+    label = point["triton_config"] or ""
+    line = f"{point['backend']:<7} {label:<12} h{point['heads']} ps{point['page_size']} "
+    line += f"{point['mode']:<8} ctx {point['ctx']:>7}: {point['status']} {ms}"
+    print(line + (f" ({point['reason']})" if point["reason"] else ""), file=sys.stderr)
+
+
+def cli(argv: list[str]) -> int:
+    args = parse_args(argv)
+    doc = run(args)
+    if not args.quiet:
+        print_table(doc["points"], doc["ceilings"])
+    failed = sum(p["status"] == "failed" for p in doc["points"])
+    print(f"wrote {args.out} ({len(doc['points'])} points, {failed} failed)", file=sys.stderr)
+    return 1 if failed and all(p["status"] != "ok" for p in doc["points"]) else 0

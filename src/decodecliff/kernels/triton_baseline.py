@@ -1,0 +1,501 @@
+"""The `triton` backend: SGLang's Triton MLA attention, the baseline this study measures.
+
+What SGLang's Triton backend runs on NVIDIA GPUs, re-implemented from its algorithm:
+
+* Verify (q_len > 1, and decode when ``decode="extend"``): the *extend* kernel
+  (``extend_attention_fwd``). Grid (batch, heads, cdiv(max_q_len, BLOCK_M)); each program loads
+  BLOCK_M query rows of one head, walks the request's whole prefix serially in BLOCK_N steps through
+  page_size=1 token slots (stage 1), then the draft part under the causal or tree mask (stage 2),
+  with an online softmax. Lq = 576 is split into a 512 block and a 64 rope block; V is the first
+  512 dims of the same latent row. Block sizes follow SGLang's per-architecture table
+  (ARCH_CONFIGS).
+* Decode (every q_len == 1, ``decode="grouped"``, the default): the grouped split-KV decode
+  (``decode_attention_fwd_grouped``): stage 1 gives each (request, 16-head group, KV split) a
+  program that reduces its slice of the KV into a partial output + log-sum-exp; stage 2 combines
+  the splits.
+
+Differences from SGLang, none of which changes the work done per token:
+
+* Token slots. SGLang's ``init_forward_metadata`` flattens ``req_to_token`` into ``kv_indices`` with
+  a ``kv_indptr``; here ``plan()`` builds the same token-slot list from the page table into a padded
+  [batch, max_kv_len] int64 buffer (row b starts at ``b * stride``), outside the timed region.
+* Draft KV. SGLang passes the draft tokens' K/V as separate contiguous ``k_extend``/``v_extend``
+  tensors; here they are the last q_len cache rows of each request (api.py), so stage 2 reads them
+  through the same slot list at positions ``prefix + j``. No gather kernel is launched.
+* Tree mask. SGLang's custom mask is [q_len, kv_len] per request with the prefix part skipped
+  (``skip_prefix_custom_mask``); here it is the draft-only [max_q, max_q] block of ``tree_mask``,
+  read by stage 2 exactly where SGLang reads its draft columns.
+* KV splits. SGLang picks per-request split counts up to ``max_kv_splits``; at batch 1 and long
+  contexts that is the maximum, which is what ``num_kv_splits`` fixes here.
+
+Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set before Triton
+is imported). Triton 3.9's interpreter computes bf16 ``tl.dot`` wrongly, so under the interpreter
+the dot operands are upcast to fp32 after the same bf16 rounding; compiled kernels keep bf16
+tensor-core dots.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .api import D_QK, D_V, AttnBatch  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+if INTERPRETED and type(tl.zeros).__name__ != "InterpretedFunction":
+    raise RuntimeError(
+        "triton was imported before TRITON_INTERPRET=1 was set, so its builtins cannot run in the "
+        "interpreter; set TRITON_INTERPRET=1 in the environment or import this module first"
+    )
+D_NOPE, D_ROPE = 512, 64  # BLOCK_DMODEL, BLOCK_DPE for Lq = 576
+DECODE_BLOCK_N = 32  # SGLang's grouped decode: BLOCK = 32, BLOCK_H = 16, MIN_BLOCK_KV = 32
+DECODE_BLOCK_H = 16
+MIN_BLOCK_KV = 32
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Launch parameters of the extend kernel for Lq = 576 on one GPU architecture."""
+
+    name: str
+    block_m: int
+    block_n: int
+    num_warps: int = 8  # SGLang: 4 if Lq <= 64 else 8
+    num_stages: int = 1  # SGLang launches the extend kernel with num_stages = 1 on NVIDIA
+
+
+# SGLang's _get_block_sizes_for_extend_attention for Lq = 576 (> 256).
+ARCH_CONFIGS = {
+    "sm80": ArchConfig("sm80", 32, 64),
+    "sm86": ArchConfig("sm86", 32, 32),  # sm86/sm89: ~100 KB shared memory
+    "sm90": ArchConfig("sm90", 32, 64),
+    "sm100": ArchConfig("sm100", 16, 64),
+    "sm120": ArchConfig("sm120", 32, 32),  # ~100 KB shared memory
+}
+
+
+def resolve_arch_config(arch_config: str, device: torch.device | str | None = None) -> ArchConfig:
+    """``auto`` picks the table entry of the device's architecture (sm90 without a GPU)."""
+    if arch_config != "auto":
+        if arch_config not in ARCH_CONFIGS:
+            choices = ["auto", *ARCH_CONFIGS]
+            raise ValueError(f"unknown arch_config {arch_config!r}; choose one of {choices}")
+        return ARCH_CONFIGS[arch_config]
+    dev = torch.device(device) if device is not None else None
+    if not torch.cuda.is_available() or (dev is not None and dev.type != "cuda"):
+        return ARCH_CONFIGS["sm90"]
+    major, minor = torch.cuda.get_device_capability(dev)
+    if major == 12:
+        return ARCH_CONFIGS["sm120"]
+    if major == 10:
+        return ARCH_CONFIGS["sm100"]
+    if major >= 9:
+        return ARCH_CONFIGS["sm90"]
+    if major == 8 and minor in (6, 9):
+        return ARCH_CONFIGS["sm86"]
+    return ARCH_CONFIGS["sm80"]
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _extend_kernel(
+    Q,
+    KV,
+    Out,
+    kv_indices,
+    kv_lens,
+    q_indptr,
+    tree_mask,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kv,
+    stride_idx_b,
+    stride_mask_b,
+    stride_mask_q,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_TREE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    block_m = tl.program_id(2)
+
+    q_start = tl.load(q_indptr + b)
+    q_len = tl.load(q_indptr + b + 1) - q_start
+    kv_len = tl.load(kv_lens + b)
+    prefix = kv_len - q_len
+    slots = kv_indices + b.to(tl.int64) * stride_idx_b
+
+    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < q_len
+    offs_d = tl.arange(0, D_NOPE)
+    offs_pe = D_NOPE + tl.arange(0, D_ROPE)
+    offs_dv = tl.arange(0, D_V)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + head * stride_qh
+    q = tl.load(Q + q_rows + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+    qpe = tl.load(Q + q_rows + offs_pe[None, :], mask=mask_m[:, None], other=0.0)
+
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+    deno = tl.zeros([BLOCK_M], dtype=tl.float32)
+    e_max = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+
+    # Stage 1: the prefix, fully visible, walked serially by this one program.
+    for start_n in range(0, prefix, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < prefix
+        loc = tl.load(slots + cols, mask=mask_n, other=0)
+        k = tl.load(
+            KV + loc[None, :] * stride_kv + offs_d[:, None], mask=mask_n[None, :], other=0.0
+        )
+        kpe = tl.load(
+            KV + loc[None, :] * stride_kv + offs_pe[:, None], mask=mask_n[None, :], other=0.0
+        )
+        qk = _dot(q.to(k.dtype), k, UPCAST) + _dot(qpe.to(kpe.dtype), kpe, UPCAST)
+        qk = tl.where(mask_m[:, None] & mask_n[None, :], qk * sm_scale, float("-inf"))
+        row_max = tl.max(qk, 1)
+        n_e_max = tl.maximum(tl.where(row_max == float("-inf"), -1e20, row_max), e_max)
+        re_scale = tl.exp(e_max - n_e_max)
+        p = tl.exp(qk - n_e_max[:, None])
+        deno = deno * re_scale + tl.sum(p, 1)
+        v = tl.load(
+            KV + loc[:, None] * stride_kv + offs_dv[None, :], mask=mask_n[:, None], other=0.0
+        )
+        acc = acc * re_scale[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+        e_max = n_e_max
+
+    # Stage 2: the draft tokens' own KV (the last q_len slots), causal or tree-masked.
+    draft_end = q_len if USE_TREE else tl.minimum(q_len, (block_m + 1) * BLOCK_M)
+    for start_n in range(0, draft_end, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < draft_end
+        valid = mask_m[:, None] & mask_n[None, :]
+        if USE_TREE:
+            vis = tl.load(
+                tree_mask
+                + b.to(tl.int64) * stride_mask_b
+                + offs_m[:, None] * stride_mask_q
+                + cols[None, :],
+                mask=valid,
+                other=0,
+            )
+            valid = valid & (vis != 0)
+        else:
+            valid = valid & (offs_m[:, None] >= cols[None, :])
+        loc = tl.load(slots + prefix + cols, mask=mask_n, other=0)
+        k = tl.load(
+            KV + loc[None, :] * stride_kv + offs_d[:, None], mask=mask_n[None, :], other=0.0
+        )
+        kpe = tl.load(
+            KV + loc[None, :] * stride_kv + offs_pe[:, None], mask=mask_n[None, :], other=0.0
+        )
+        qk = _dot(q.to(k.dtype), k, UPCAST) + _dot(qpe.to(kpe.dtype), kpe, UPCAST)
+        qk = tl.where(valid, qk * sm_scale, float("-inf"))
+        row_max = tl.max(qk, 1)
+        n_e_max = tl.maximum(tl.where(row_max == float("-inf"), -1e20, row_max), e_max)
+        re_scale = tl.exp(e_max - n_e_max)
+        p = tl.exp(qk - n_e_max[:, None])
+        deno = deno * re_scale + tl.sum(p, 1)
+        v = tl.load(
+            KV + loc[:, None] * stride_kv + offs_dv[None, :], mask=mask_n[:, None], other=0.0
+        )
+        acc = acc * re_scale[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+        e_max = n_e_max
+
+    o_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
+    tl.store(Out + o_rows + offs_dv[None, :], acc / deno[:, None], mask=mask_m[:, None])
+
+
+@triton.jit
+def _decode_stage1(
+    Q,
+    KV,
+    kv_indices,
+    kv_lens,
+    Att_Out,
+    Att_Lse,
+    sm_scale,
+    num_kv_splits,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_idx_b,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    stride_lse_b,
+    stride_lse_h,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    MIN_BLOCK_KV: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head_block = tl.program_id(1)
+    split = tl.program_id(2)
+
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = heads < num_heads
+    offs_d = tl.arange(0, D_NOPE)
+    offs_pe = D_NOPE + tl.arange(0, D_ROPE)
+    offs_dv = tl.arange(0, D_V)
+    slots = kv_indices + b.to(tl.int64) * stride_idx_b
+
+    kv_len = tl.load(kv_lens + b)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV
+    split_start = per_split * split
+    split_end = tl.minimum(split_start + per_split, kv_len)
+
+    e_max = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
+    e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
+
+    if split_end > split_start:
+        q_rows = b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+        q = tl.load(Q + q_rows + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+        qpe = tl.load(Q + q_rows + offs_pe[None, :], mask=mask_h[:, None], other=0.0)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            cols = start_n + tl.arange(0, BLOCK_N)
+            mask_n = cols < split_end
+            loc = tl.load(slots + cols, mask=mask_n, other=0)
+            k = tl.load(
+                KV + loc[None, :] * stride_kv + offs_d[:, None], mask=mask_n[None, :], other=0.0
+            )
+            kpe = tl.load(
+                KV + loc[None, :] * stride_kv + offs_pe[:, None], mask=mask_n[None, :], other=0.0
+            )
+            qk = _dot(q, k.to(q.dtype), UPCAST) + _dot(qpe, kpe.to(qpe.dtype), UPCAST)
+            qk = tl.where(mask_h[:, None] & mask_n[None, :], qk * sm_scale, float("-inf"))
+            v = tl.load(
+                KV + loc[:, None] * stride_kv + offs_dv[None, :], mask=mask_n[:, None], other=0.0
+            )
+            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
+            re_scale = tl.exp(e_max - n_e_max)
+            p = tl.exp(qk - n_e_max[:, None])
+            acc = acc * re_scale[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+            e_sum = e_sum * re_scale + tl.sum(p, 1)
+            e_max = n_e_max
+
+        mid = b.to(tl.int64) * stride_mid_b + heads[:, None] * stride_mid_h + split * stride_mid_s
+        tl.store(Att_Out + mid + offs_dv[None, :], acc / e_sum[:, None], mask=mask_h[:, None])
+        lse = b.to(tl.int64) * stride_lse_b + heads * stride_lse_h + split
+        tl.store(Att_Lse + lse, e_max + tl.log(e_sum), mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    Att_Out,
+    Att_Lse,
+    Out,
+    kv_lens,
+    num_kv_splits,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    stride_lse_b,
+    stride_lse_h,
+    stride_ot,
+    stride_oh,
+    MAX_KV_SPLITS: tl.constexpr,
+    MIN_BLOCK_KV: tl.constexpr,
+    D_V: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_len = tl.load(kv_lens + b)
+    offs_dv = tl.arange(0, D_V)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_kv_splits), MIN_BLOCK_KV) * MIN_BLOCK_KV
+    mid = b.to(tl.int64) * stride_mid_b + head * stride_mid_h
+    lse = b.to(tl.int64) * stride_lse_b + head * stride_lse_h
+
+    e_sum = 0.0
+    e_max = -float("inf")
+    acc = tl.zeros([D_V], dtype=tl.float32)
+    for split in range(0, MAX_KV_SPLITS):
+        split_start = per_split * split
+        split_end = tl.minimum(split_start + per_split, kv_len)
+        if split_end > split_start:
+            part = tl.load(Att_Out + mid + split * stride_mid_s + offs_dv)
+            part_lse = tl.load(Att_Lse + lse + split)
+            n_e_max = tl.maximum(part_lse, e_max)
+            old_scale = tl.exp(e_max - n_e_max)
+            weight = tl.exp(part_lse - n_e_max)
+            acc = acc * old_scale + weight * part
+            e_sum = e_sum * old_scale + weight
+            e_max = n_e_max
+    tl.store(Out + b.to(tl.int64) * stride_ot + head * stride_oh + offs_dv, acc / e_sum)
+
+
+def _quiet(step: Callable[[], None]) -> Callable[[], None]:
+    """Rows masked out (padding heads or queries) hold NaN that is never stored; numpy warns."""
+    import numpy as np
+
+    def run() -> None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            step()
+
+    return run
+
+
+def _check(batch: AttnBatch) -> None:
+    if batch.q.dim() != 3 or batch.q.shape[2] != D_QK:
+        raise ValueError(f"q must be [tokens, heads, {D_QK}], got {tuple(batch.q.shape)}")
+    if batch.kv_cache.dim() != 3 or batch.kv_cache.shape[2] != D_QK:
+        raise ValueError(f"kv_cache must be [pages, page_size, {D_QK}]")
+    if not batch.kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous (rows are addressed as slot * 576)")
+    if batch.q.stride(2) != 1:
+        raise ValueError("q must be contiguous in its last dimension")
+    if batch.q.dtype != batch.kv_cache.dtype:
+        raise ValueError(f"q is {batch.q.dtype} but kv_cache is {batch.kv_cache.dtype}")
+    if batch.q.device != batch.kv_cache.device:
+        raise ValueError("q and kv_cache must be on the same device")
+    if batch.q.is_cuda == INTERPRETED:
+        where = "a CUDA device" if INTERPRETED else "the CPU"
+        raise ValueError(
+            f"the triton backend was loaded for {where}; tensors are on {batch.q.device}"
+        )
+
+
+class TritonAttention:
+    """SGLang's Triton MLA attention: extend kernel for verify, grouped split-KV decode for L = 1.
+
+    ``arch_config`` picks the extend kernel's block sizes ("auto" = this GPU's entry of SGLang's
+    table); ``decode`` is "grouped" (SGLang's decode path) or "extend" (decode through the extend
+    kernel, as a verify of one token); ``num_kv_splits`` is the grouped decode's split count.
+    Workspaces grow to the largest batch seen and are reused, never reallocated per call.
+    """
+
+    name = "triton"
+
+    def __init__(self, arch_config: str = "auto", decode: str = "grouped", num_kv_splits: int = 8):
+        if decode not in ("grouped", "extend"):
+            raise ValueError(f"decode must be 'grouped' or 'extend', got {decode!r}")
+        if num_kv_splits < 1:
+            raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        self.arch_config = arch_config
+        self.decode = decode
+        self.num_kv_splits = num_kv_splits
+        self._config: ArchConfig | None = None
+        self._indices: torch.Tensor | None = None
+        self._logits: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
+
+    def config(self, device: torch.device | str | None = None) -> ArchConfig:
+        if self._config is None:
+            self._config = resolve_arch_config(self.arch_config, device)
+        return self._config
+
+    def _buffer(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device
+    ) -> torch.Tensor:
+        """A view of a persistent workspace at least ``shape`` large (grown, never shrunk)."""
+        buf = getattr(self, name)
+        fits = buf is not None and buf.device == device and buf.dtype == dtype
+        if not (fits and all(have >= need for have, need in zip(buf.shape, shape, strict=True))):
+            grown = shape if buf is None or not fits else tuple(map(max, buf.shape, shape))
+            buf = torch.empty(grown, dtype=dtype, device=device)
+            setattr(self, name, buf)
+        return buf[tuple(slice(0, n) for n in shape)]
+
+    def token_slots(self, batch: AttnBatch) -> torch.Tensor:
+        """[B, max_kv_len] int64 token slots (page * page_size + offset): SGLang's kv_indices."""
+        b, ps = batch.batch_size, batch.page_size
+        max_kv = batch.max_kv_len or int(batch.kv_lens.max())
+        slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, batch.q.device)
+        tok = torch.arange(slots.shape[1], device=batch.q.device)
+        page_col = (tok // ps).clamp_(max=batch.page_table.shape[1] - 1)
+        pages = batch.page_table[:b].index_select(1, page_col).to(torch.int64)
+        torch.add(pages * ps, tok % ps, out=slots)
+        return slots
+
+    def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+        """Build the metadata (outside any timed region) and return the launch-only step."""
+        _check(batch)
+        slots = self.token_slots(batch)
+        max_q = batch.max_q_len or int((batch.q_indptr[1:] - batch.q_indptr[:-1]).max())
+        if max_q == 1 and batch.q.shape[0] == batch.batch_size and self.decode == "grouped":
+            step = self._prepare_decode(batch, out, slots)
+        else:
+            step = self._prepare_extend(batch, out, slots, max_q)
+        return _quiet(step) if INTERPRETED else step
+
+    def _prepare_extend(self, batch, out, slots, max_q) -> Callable[[], None]:
+        cfg = self.config(batch.q.device)
+        q, kv = batch.q, batch.kv_cache.view(-1, D_QK)
+        tree = batch.tree_mask
+        if tree is not None:
+            tree = tree.view(torch.uint8) if tree.dtype == torch.bool else tree
+        mask_arg = tree if tree is not None else slots  # an unused pointer when there is no tree
+        mask_strides = (tree.stride(0), tree.stride(1)) if tree is not None else (0, 0)
+        grid = (batch.batch_size, batch.num_heads, triton.cdiv(max_q, cfg.block_m))
+
+        def step() -> None:
+            _extend_kernel[grid](
+                q, kv, out, slots, batch.kv_lens, batch.q_indptr, mask_arg, batch.sm_scale,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv.stride(0),
+                slots.stride(0), *mask_strides,
+                D_NOPE=D_NOPE, D_ROPE=D_ROPE, D_V=D_V, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                USE_TREE=tree is not None, UPCAST=INTERPRETED,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+
+        return step
+
+    def _prepare_decode(self, batch, out, slots) -> Callable[[], None]:
+        q, kv = batch.q, batch.kv_cache.view(-1, D_QK)
+        b, h, s = batch.batch_size, batch.num_heads, self.num_kv_splits
+        logits = self._buffer("_logits", (b, h, s, D_V), torch.float32, q.device)
+        lse = self._buffer("_lse", (b, h, s), torch.float32, q.device)
+        grid1 = (b, triton.cdiv(h, DECODE_BLOCK_H), s)
+        mid_strides = (logits.stride(0), logits.stride(1), logits.stride(2))
+        lse_strides = (lse.stride(0), lse.stride(1))
+
+        def step() -> None:
+            _decode_stage1[grid1](
+                q, kv, slots, batch.kv_lens, logits, lse, batch.sm_scale, s, h,
+                q.stride(0), q.stride(1), kv.stride(0), slots.stride(0), *mid_strides, *lse_strides,
+                D_NOPE=D_NOPE, D_ROPE=D_ROPE, D_V=D_V, BLOCK_N=DECODE_BLOCK_N,
+                BLOCK_H=DECODE_BLOCK_H, MIN_BLOCK_KV=MIN_BLOCK_KV, UPCAST=INTERPRETED,
+                num_warps=4, num_stages=2,
+            )  # fmt: skip
+            _decode_stage2[(b, h)](
+                logits, lse, out, batch.kv_lens, s, *mid_strides, *lse_strides,
+                out.stride(0), out.stride(1),
+                MAX_KV_SPLITS=s, MIN_BLOCK_KV=MIN_BLOCK_KV, D_V=D_V, num_warps=4, num_stages=2,
+            )  # fmt: skip
+
+        return step
+
+    def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+        out = batch.new_output() if out is None else out
+        self.prepare(batch, out)()
+        return out

@@ -1,0 +1,118 @@
+"""The kernel microbenchmark on the CPU at tiny sizes: the real CLI, its JSON, its error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodecliff.bench import kernels, roofline
+
+POINT_KEYS = {
+    "backend", "triton_config", "heads", "ctx", "mode", "q_len", "page_size", "batch", "ms", "gbs",
+    "tflops", "floor_ms", "roofline_frac", "rel_err", "status", "reason",
+}  # fmt: skip
+
+
+def bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "decodecliff.cli", "bench-kernels", "--device", "cpu"]
+    cmd += ["--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300), out
+
+
+def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
+    done, out = bench(
+        tmp_path, "--contexts", "40", "100", "--modes", "decode", "chain4", "tree5",
+        "--heads", "2", "--page-sizes", "1", "16", "--backends", "torch", "triton", "custom",
+        "--repeats", "1", "--decode-splits", "8", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "decodecliff.kernel-bench/1"
+    assert {"copy_gbs", "matmul_tflops", "device"} <= doc["ceilings"].keys()
+    assert doc["ceilings"]["copy_gbs"] > 0 and doc["ceilings"]["matmul_tflops"] > 0
+    assert doc["env"]["torch"] and doc["config"]["device"] == "cpu"
+    points = doc["points"]
+    # per (page size, ctx): decode torch + 2 triton variants + custom; chain and tree 3 each
+    assert len(points) == 2 * 2 * (4 + 3 + 3)
+    for p in points:
+        assert p.keys() >= POINT_KEYS
+        if p["backend"] == "custom":
+            assert p["status"] == "skipped" and p["reason"]
+            continue
+        assert p["status"] == "ok", p
+        assert p["ms"] > 0 and p["gbs"] > 0 and p["tflops"] > 0 and p["floor_ms"] > 0
+        assert p["roofline_frac"] == pytest.approx(p["floor_ms"] / p["ms"])
+        assert p["gbs"] == pytest.approx(p["ctx"] * 576 * 2 / (p["ms"] * 1e-3) / 1e9)
+        if p["backend"] == "triton":
+            assert p["rel_err"] is not None and p["rel_err"] < 2e-2
+    labels = {p["triton_config"] for p in points if p["backend"] == "triton"}
+    assert labels == {"grouped-s8", "sm90-extend", "sm90"}
+    assert "roofline" in done.stdout  # the printed table
+
+
+def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
+    done, out = bench(
+        tmp_path, "--contexts", "64", "--modes", "chain4", "--heads", "2", "--page-sizes", "1",
+        "--backends", "triton", "--repeats", "2", "--max-seconds-per-point", "0.001", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["status"] == "skipped" and "would pass" in point["reason"]
+    assert point["rel_err"] is not None  # the correctness guard still ran once
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--modes", "spiral3"], "is not decode, chainN or treeN"),
+        (["--backends", "cudnn"], "unknown backend"),
+        (["--contexts", "0"], "must be positive"),
+        (["--triton-config", "sm75"], "unknown --triton-config"),
+    ],
+)
+def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
+    done, out = bench(tmp_path, *args)
+    assert done.returncode == 2 and message in done.stderr
+    assert not out.exists()
+
+
+def test_a_failing_backend_is_recorded_and_the_bench_goes_on(tmp_path, monkeypatch) -> None:
+    class Broken:
+        name = "broken"
+
+        def __call__(self, batch, out=None):
+            raise RuntimeError("kernel launch failed")
+
+    real = kernels.get_backend
+    monkeypatch.setitem(kernels.BACKENDS, "broken", ("unused", "unused"))
+    monkeypatch.setattr(
+        kernels,
+        "get_backend",
+        lambda name, **kw: Broken() if name == "broken" else real(name, **kw),
+    )
+    out = tmp_path / "b.json"
+    argv = ["--device", "cpu", "--contexts", "32", "64", "--modes", "chain2", "--heads", "2"]
+    argv += ["--page-sizes", "1", "--backends", "broken", "torch", "--repeats", "1"]
+    assert kernels.cli([*argv, "--quiet", "--out", str(out)]) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [p["status"] for p in points] == ["failed", "ok", "failed", "ok"]
+    assert "kernel launch failed" in points[0]["reason"]
+
+
+def test_modes_and_roofline_definitions() -> None:
+    assert kernels.parse_mode("decode") == (1, False)
+    assert kernels.parse_mode("chain16") == (16, False)
+    assert kernels.parse_mode("tree64") == (64, True)
+    for bad in ("chain0", "tree", "decode1"):
+        with pytest.raises(ValueError):
+            kernels.parse_mode(bad)
+    # verify L=16, 8 heads, 185k: 213 MB and 51.5 GFLOP (the reference card's numbers)
+    assert roofline.attention_bytes(185_000) == 185_000 * 576 * 2
+    assert roofline.attention_flops(185_000, 16, 8) / 1e9 == pytest.approx(51.5, rel=1e-3)
+    assert roofline.floor_ms(4.3e9, 1e9, copy_gbs=4300, matmul_tflops=1000) == pytest.approx(1.0)
+    assert roofline.floor_ms(1e6, 1e12, copy_gbs=4300, matmul_tflops=1000) == pytest.approx(1.0)
