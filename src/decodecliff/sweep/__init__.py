@@ -1,0 +1,1 @@
+"""Context sweeps: streaming client, exact-length prompts, chunked runs with timeouts."""

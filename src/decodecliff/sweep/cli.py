@@ -1,0 +1,154 @@
+"""`decodecliff sweep`: a chunked context sweep against a launched server or a URL.
+
+Exit code 0 when every point got its file (failed and skipped points are results too), 2 for
+usage errors, 1 when a result file could not be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from decodecliff.sweep import client
+from decodecliff.sweep.runner import Chunk, Runner, SweepConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="decodecliff sweep",
+        description="Stream one request per context point and write <out>/ctx<N>.json each.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--server-cmd",
+        metavar="TEMPLATE",
+        help="command that starts the server; {port} (a free port) and {host} are filled in",
+    )
+    where.add_argument("--url", help="an already running server (not launched or stopped)")
+    p.add_argument("--name", required=True, help="name of the server configuration")
+    p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="prompt lengths")
+    p.add_argument(
+        "--chunks-json",
+        type=Path,
+        metavar="FILE",
+        help='chunks: [{"contexts": [...], "timeout_s": S, "point_timeout_s": S}, ...] '
+        "(timeouts default to the options); with --contexts only those points run",
+    )
+    p.add_argument("--gen-tokens", type=int, default=24, help="tokens generated per point")
+    p.add_argument("--point-timeout", type=float, default=1800.0, help="seconds per point")
+    p.add_argument("--chunk-timeout", type=float, default=7200.0, help="seconds per chunk")
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to get healthy")
+    p.add_argument("--stop-grace", type=float, default=10.0, help="SIGTERM -> SIGKILL seconds")
+    p.add_argument("--out", type=Path, required=True, help="folder of the point files")
+    p.add_argument("--api", choices=client.APIS, default="generate")
+    p.add_argument("--model", default="default", help="model name sent with --api openai")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids")
+    p.add_argument(
+        "--vocab-size", type=int, help="token id range when the server info has no vocab_size"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="host the launched server binds")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar on stderr")
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="without a terminal, a still-running line every S seconds (0: none)",
+    )
+    p.add_argument(
+        "--server-log", type=Path, help="server stdout/stderr (default <out>/server-<name>.log)"
+    )
+    return p
+
+
+def _load_chunks(path: Path, point_timeout: float, chunk_timeout: float) -> list[Chunk]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read chunks file {path}: {exc}") from exc
+    raw = raw.get("chunks") if isinstance(raw, dict) else raw
+    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+        raise ValueError(f"{path}: expected a list of chunk objects (or {{'chunks': [...]}})")
+    chunks = []
+    for i, c in enumerate(raw):
+        unknown = set(c) - {"contexts", "timeout_s", "point_timeout_s"}
+        if unknown or not isinstance(c.get("contexts"), list):
+            raise ValueError(f"{path}: chunk {i} needs 'contexts' (a list); unknown: {unknown}")
+        chunks.append(
+            Chunk(
+                contexts=c["contexts"],
+                timeout_s=float(c.get("timeout_s", chunk_timeout)),
+                point_timeout_s=float(c.get("point_timeout_s", point_timeout)),
+            )
+        )
+    return chunks
+
+
+def _select(chunks: list[Chunk], contexts: list[int]) -> list[Chunk]:
+    """Only the given points, each keeping its chunk's timeouts (to rerun single points)."""
+    known = {c for ch in chunks for c in ch.contexts}
+    missing = sorted(set(contexts) - known)
+    if missing:
+        raise ValueError(f"contexts {missing} are in no chunk of the chunks file")
+    picked = [
+        Chunk([c for c in ch.contexts if c in contexts], ch.timeout_s, ch.point_timeout_s)
+        for ch in chunks
+        if any(c in contexts for c in ch.contexts)
+    ]
+    return picked
+
+
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    """The sweep described by the parsed options; ValueError for bad combinations."""
+    if args.chunks_json is None and not args.contexts:
+        raise ValueError("give --contexts or --chunks-json")
+    if args.chunks_json is not None:
+        chunks = _load_chunks(args.chunks_json, args.point_timeout, args.chunk_timeout)
+        if args.contexts:
+            chunks = _select(chunks, args.contexts)
+    else:
+        chunks = [Chunk(list(args.contexts), args.chunk_timeout, args.point_timeout)]
+    if args.vocab_size is not None and args.vocab_size < 2:
+        raise ValueError(f"--vocab-size must be at least 2, got {args.vocab_size}")
+    return SweepConfig(
+        name=args.name,
+        chunks=chunks,
+        out=args.out,
+        server_cmd=args.server_cmd,
+        url=args.url,
+        gen_tokens=args.gen_tokens,
+        start_timeout_s=args.start_timeout,
+        api=args.api,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        host=args.host,
+        stop_grace_s=args.stop_grace,
+        model=args.model,
+        progress=not args.no_progress,
+        heartbeat_s=args.heartbeat,
+        server_log=args.server_log,
+    )
+
+
+def cli(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        runner = Runner(cfg)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2
+    try:
+        results = runner.run()
+    except OSError as exc:
+        print(f"decodecliff sweep: cannot write results: {exc}", file=sys.stderr)
+        return 1
+    counts = {s: sum(r["status"] == s for r in results) for s in ("ok", "failed", "skipped")}
+    print(
+        f"decodecliff sweep {cfg.name}: {len(results)} points in {cfg.out} "
+        f"({counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped)",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,149 @@
+"""Streaming client for SGLang's native ``POST /generate`` and OpenAI ``POST /v1/completions``.
+
+One request is recorded as a list of events ``(t, tokens)`` (seconds since the request was sent,
+cumulative generated tokens) into a :class:`StreamRecord` that the caller owns, so a request cut
+short by a timeout or a dying server still leaves the timings it got so far.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+APIS = ("generate", "openai")
+OnEvent = Callable[[float, int], None]
+
+
+@dataclass
+class StreamRecord:
+    """What one streamed request produced, filled in as the stream arrives."""
+
+    events: list[tuple[float, int]] = field(default_factory=list)
+    sent_at: float | None = None  # perf_counter at send
+    first_byte_s: float | None = None
+    last_byte_s: float | None = None
+    e2e_s: float | None = None  # send -> [DONE]
+    done: bool = False
+    http_status: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: object = None
+    meta_info: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def elapsed(self) -> float:
+        return 0.0 if self.sent_at is None else time.perf_counter() - self.sent_at
+
+
+def request_body(api: str, input_ids: list[int], gen_tokens: int, model: str) -> tuple[str, dict]:
+    """(path, JSON body) of a greedy request for exactly ``gen_tokens`` tokens (EOS ignored)."""
+    if api == "generate":
+        sampling = {"max_new_tokens": gen_tokens, "temperature": 0.0, "ignore_eos": True}
+        return "/generate", {"input_ids": input_ids, "sampling_params": sampling, "stream": True}
+    if api == "openai":
+        return "/v1/completions", {
+            "model": model,
+            "prompt": input_ids,
+            "max_tokens": gen_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+    raise ValueError(f"unknown api {api!r}; choose one of {APIS}")
+
+
+def _apply_generate(rec: StreamRecord, data: dict) -> int | None:
+    """Fold one /generate chunk into ``rec``; return the cumulative token count it reports."""
+    meta = data.get("meta_info") or {}
+    rec.meta_info = meta
+    if meta.get("prompt_tokens") is not None:
+        rec.prompt_tokens = int(meta["prompt_tokens"])
+    if meta.get("finish_reason") is not None:
+        rec.finish_reason = meta["finish_reason"]
+    if meta.get("completion_tokens") is not None:
+        return int(meta["completion_tokens"])
+    ids = data.get("output_ids")
+    return len(ids) if isinstance(ids, list) else None
+
+
+def _apply_openai(rec: StreamRecord, data: dict, last: int) -> int | None:
+    """Fold one /v1/completions chunk into ``rec``; return the cumulative token count."""
+    usage = data.get("usage") or {}
+    if usage.get("prompt_tokens") is not None:
+        rec.prompt_tokens = int(usage["prompt_tokens"])
+    choices = data.get("choices") or []
+    text = "".join(c.get("text") or "" for c in choices)
+    for c in choices:
+        if c.get("finish_reason") is not None:
+            rec.finish_reason = c["finish_reason"]
+    if usage.get("completion_tokens") is not None:
+        if not choices:  # final usage-only chunk: a total, not a token arrival
+            rec.completion_tokens = int(usage["completion_tokens"])
+            return None
+        return int(usage["completion_tokens"])
+    # Without per-chunk usage, count one token per text chunk (vLLM's bench convention).
+    return last + 1 if text else None
+
+
+async def stream(
+    client: httpx.AsyncClient,
+    base_url: str,
+    api: str,
+    input_ids: list[int],
+    gen_tokens: int,
+    rec: StreamRecord,
+    on_event: OnEvent | None = None,
+    model: str = "default",
+) -> StreamRecord:
+    """Send one streaming request and record its chunks into ``rec``.
+
+    Protocol and HTTP errors end up in ``rec.error``; cancellation (timeouts) propagates, with
+    ``rec`` holding whatever arrived before it.
+    """
+    path, body = request_body(api, input_ids, gen_tokens, model)
+    last = 0
+    rec.sent_at = time.perf_counter()
+    try:
+        async with client.stream("POST", base_url.rstrip("/") + path, json=body) as resp:
+            rec.http_status = resp.status_code
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:500]
+                rec.error = f"HTTP {resp.status_code}: {text}"
+                return rec
+            async for line in resp.aiter_lines():
+                t = rec.elapsed()
+                if rec.first_byte_s is None:
+                    rec.first_byte_s = t
+                rec.last_byte_s = t
+                if not line.startswith("data:"):
+                    continue  # blank separators, SSE comments, event names
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    rec.done, rec.e2e_s = True, t
+                    break
+                data = json.loads(payload)
+                if isinstance(data, dict) and data.get("error"):
+                    rec.error = f"server error: {json.dumps(data['error'])[:500]}"
+                    return rec
+                count = _apply_generate(rec, data) if api == "generate" else None
+                if api == "openai":
+                    count = _apply_openai(rec, data, last)
+                if count is not None and count > last:
+                    rec.events.append((t, count))
+                    last = count
+                    if on_event is not None:
+                        on_event(t, count)
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except json.JSONDecodeError as exc:
+        rec.error = f"malformed stream chunk: {exc}"
+    if rec.completion_tokens is None or rec.completion_tokens < last:
+        rec.completion_tokens = last
+    if rec.error is None and not rec.done:
+        rec.error = "stream ended before [DONE]"
+    return rec

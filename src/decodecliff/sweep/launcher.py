@@ -1,0 +1,199 @@
+"""The server under test: launched from a command template in its own process group, or a URL.
+
+A launched server is stopped as a whole process group (SIGCONT so a stopped one can die, SIGTERM,
+SIGKILL after a grace period), so nothing it spawned outlives the sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or reached."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def render_command(template: str, host: str, port: int) -> tuple[dict[str, str], list[str]]:
+    """(leading VAR=value assignments, argv) of the template with {host} and {port} filled in."""
+    try:
+        text = template.format(host=host, port=port)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"bad server command template {template!r}: only {{host}} and {{port}} are "
+            f"placeholders (write {{{{ and }}}} for literal braces): {exc}"
+        ) from exc
+    words = shlex.split(text)
+    env: dict[str, str] = {}
+    while words and _ENV_ASSIGNMENT.match(words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    if not words:
+        raise ValueError(f"server command template {template!r} names no program")
+    return env, words
+
+
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """GET /health answers 200 within ``timeout``."""
+    try:
+        return httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def server_info(url: str, timeout: float = 10.0) -> dict:
+    """The server's self-description (/get_server_info, or /server_info on newer SGLang)."""
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            resp = httpx.get(url.rstrip("/") + path, timeout=timeout)
+        except httpx.HTTPError:
+            continue
+        if resp.status_code == 200:
+            try:
+                info = resp.json()
+            except ValueError:
+                return {"raw": resp.text[:2000]}
+            return info if isinstance(info, dict) else {"raw": info}
+    return {}
+
+
+def info_field(info: dict, key: str) -> object:
+    """A field of the server info, also looked up in SGLang's per-rank ``internal_states``."""
+    if info.get(key) is not None:
+        return info[key]
+    for state in info.get("internal_states") or []:
+        if isinstance(state, dict) and state.get(key) is not None:
+            return state[key]
+    return None
+
+
+def flush_cache(url: str, timeout: float = 30.0) -> bool:
+    """Ask the server to drop its prefix cache; False when it cannot."""
+    try:
+        return httpx.post(url.rstrip("/") + "/flush_cache", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Server:
+    """A server process launched from a template, or an already running one at ``url``.
+
+    A template with ``{port}`` gets a free port on every launch; without it, ``url`` says where
+    the launched server listens.
+    """
+
+    def __init__(
+        self,
+        template: str | None = None,
+        url: str | None = None,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+        stop_grace_s: float = 10.0,
+    ) -> None:
+        if template is None and url is None:
+            raise ValueError("give a server command template or a URL")
+        if template is not None and "{port}" not in template and url is None:
+            raise ValueError("a server command template without {port} needs the server's URL")
+        self.template, self.host, self.log_path = template, host, log_path
+        self.stop_grace_s = stop_grace_s
+        self.url = url.rstrip("/") if url else None
+        self.proc: subprocess.Popen | None = None
+        self.command: list[str] | None = None
+        self.launches = 0
+
+    @property
+    def launched(self) -> bool:
+        return self.template is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def exit_code(self) -> int | None:
+        """The launched process's exit code, None while it runs (or for a URL server)."""
+        return self.proc.poll() if self.proc else None
+
+    def start(self, timeout_s: float) -> dict:
+        """Launch (if a template) and wait until healthy; return its server info."""
+        if not self.launched:
+            return self._wait_healthy(timeout_s)
+        self.stop()
+        port = free_port(self.host) if "{port}" in self.template else 0
+        env, argv = render_command(self.template, self.host, port)
+        self.url = f"http://{self.host}:{port}" if port else self.url
+        self.command = argv
+        self.launches += 1
+        log = self._open_log()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot launch {argv[0]!r}: {exc}") from exc
+        finally:
+            log.close()
+        return self._wait_healthy(timeout_s)
+
+    def _open_log(self):
+        if self.log_path is None:
+            return open(os.devnull, "wb")  # noqa: SIM115 (closed by start)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 (closed by start)
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        log.write(f"\n==== launch {self.launches} at {stamp}: {self.command}\n".encode())
+        log.flush()
+        return log
+
+    def _wait_healthy(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                raise ServerError(f"server exited with code {code} while starting (see log)")
+            if healthy(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
+                return server_info(self.url)
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"server not healthy within the start timeout ({timeout_s:g} s)")
+
+    def stop(self) -> None:
+        """Stop a launched server's whole process group; a no-op for a URL server."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            _killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=self.stop_grace_s)
+        _killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, even if the leader left
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

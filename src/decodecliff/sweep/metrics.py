@@ -1,0 +1,97 @@
+"""Per-point latency metrics from a recorded stream, defined as in SGLang's bench_serving.
+
+A stream is recorded as events ``(t, tokens)``: ``t`` seconds since the request was sent,
+``tokens`` the cumulative number of generated tokens the server had reported at that chunk.
+
+- ``ttft_s``: send -> first chunk that carries a token.
+- ``e2e_s``: send -> end of the stream (``[DONE]``), bench_serving's "E2E latency".
+- ``tpot_ms``: ``(e2e - ttft) / (completion_tokens - 1)``, bench_serving's TPOT.
+- ``itl_ms_*``: inter-token latency. A chunk may carry several tokens (speculative decoding
+  accepts a block per verify step); like bench_serving, its gap to the previous token-bearing
+  chunk is split evenly over its new tokens (``[gap / n] * n``), so every token after the first
+  chunk contributes one ITL sample and the samples sum to ``decode_wall_s``. Chunks that add
+  no token are ignored and their gap rolls into the next token-bearing chunk.
+- ``decode_tok_s``: ``(completion_tokens - 1) / (t_last - t_first)``; ``decode_wall_s`` is that
+  denominator (first to last token-bearing chunk).
+- ``prefill_tok_s``: ``prompt_tokens / ttft``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Event = tuple[float, int]
+
+
+def itl_samples(events: Sequence[Event]) -> list[float]:
+    """Inter-token latencies in seconds, one per token after the first (bench_serving rule)."""
+    samples: list[float] = []
+    last_t: float | None = None
+    last_n = 0
+    for t, n in events:
+        if n <= last_n:
+            continue
+        if last_t is not None:
+            new = n - last_n
+            samples.extend([(t - last_t) / new] * new)
+        last_t, last_n = t, n
+    return samples
+
+
+def _token_events(events: Sequence[Event]) -> list[Event]:
+    """The events that brought new tokens, in order."""
+    out: list[Event] = []
+    last_n = 0
+    for t, n in events:
+        if n > last_n:
+            out.append((t, n))
+            last_n = n
+    return out
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def compute(
+    events: Sequence[Event],
+    prompt_tokens: int | None,
+    e2e_s: float | None = None,
+    completion_tokens: int | None = None,
+) -> dict:
+    """Metrics of one request; fields that cannot be defined (e.g. ITL of one token) are None.
+
+    ``completion_tokens`` defaults to the last event's count; ``e2e_s`` is None for a stream
+    that never finished (then TPOT is undefined too).
+    """
+    for (t0, _), (t1, _) in zip(events, events[1:], strict=False):
+        if t1 < t0:
+            raise ValueError(f"event times must not decrease: {t0} then {t1}")
+    tokens = _token_events(events)
+    n = completion_tokens if completion_tokens is not None else (tokens[-1][1] if tokens else 0)
+    ttft = tokens[0][0] if tokens else None
+    decode_wall = tokens[-1][0] - tokens[0][0] if tokens else None
+    itl = itl_samples(events)
+    m: dict = {
+        "ttft_s": ttft,
+        "e2e_s": e2e_s,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n,
+        "prefill_tok_s": _ratio(prompt_tokens, ttft) if prompt_tokens and ttft else None,
+        "decode_wall_s": decode_wall,
+        "decode_tok_s": _ratio(n - 1, decode_wall) if decode_wall is not None and n > 1 else None,
+        "tpot_ms": None,
+        "token_chunks": len(tokens),
+        "itl_ms_mean": _ms(float(np.mean(itl))) if itl else None,
+    }
+    if ttft is not None and e2e_s is not None and n > 1:
+        m["tpot_ms"] = _ms((e2e_s - ttft) / (n - 1))
+    for q in (50, 90, 99):
+        m[f"itl_ms_p{q}"] = _ms(float(np.percentile(itl, q))) if itl else None
+    return m

@@ -1,0 +1,459 @@
+"""Chunked context sweeps: one server per chunk, one point at a time, one JSON file per point.
+
+A failed point is data, not a crash: a timeout, a dead or hung server is written down as a failed
+point (with its reason and the timings so far), the server is restarted for the next point, and
+files already written are never touched again. Each file is written atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from decodecliff import envinfo
+from decodecliff.sweep import client, launcher, metrics, prompts
+
+SCHEMA = "decodecliff.sweep-point/1"
+SCHEMA_PATH = Path(__file__).with_name("point.schema.json")
+PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Context points run against one server launch, with a time budget for the whole chunk."""
+
+    contexts: list[int]
+    timeout_s: float
+    point_timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not self.contexts:
+            raise ValueError("a chunk needs at least one context")
+        if any(int(c) != c or c < 1 for c in self.contexts):
+            raise ValueError(f"contexts must be positive integers, got {self.contexts}")
+        if self.timeout_s <= 0 or self.point_timeout_s <= 0:
+            raise ValueError("chunk and point timeouts must be positive")
+
+
+@dataclass
+class SweepConfig:
+    """Everything a sweep needs; recorded verbatim in every point file."""
+
+    name: str
+    chunks: list[Chunk]
+    out: Path
+    server_cmd: str | None = None
+    url: str | None = None
+    gen_tokens: int = 24
+    start_timeout_s: float = 600.0
+    api: str = "generate"
+    seed: int = 0
+    vocab_size: int | None = None
+    host: str = "127.0.0.1"
+    stop_grace_s: float = 10.0
+    model: str = "default"
+    progress: bool = True
+    heartbeat_s: float = 60.0
+    server_log: Path | None = None  # default: <out>/server-<name>.log
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
+            raise ValueError(f"name {self.name!r}: use letters, digits, '.', '_' and '-'")
+        if not self.chunks:
+            raise ValueError("a sweep needs at least one chunk")
+        if self.gen_tokens < 1:
+            raise ValueError(f"gen tokens must be at least 1, got {self.gen_tokens}")
+        if self.api not in client.APIS:
+            raise ValueError(f"unknown api {self.api!r}; choose one of {client.APIS}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative, got {self.seed}")
+        if self.start_timeout_s <= 0:
+            raise ValueError("the start timeout must be positive")
+        seen = [c for ch in self.chunks for c in ch.contexts]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"a context appears twice in the sweep: {seen}")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["server_log"] = None if self.server_log is None else str(self.server_log)
+        return d
+
+
+def point_path(out: Path, ctx: int) -> Path:
+    return out / f"ctx{ctx}.json"
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` so a reader sees the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Runner:
+    """Runs a :class:`SweepConfig`; ``on_event`` sees every token-bearing chunk of every point."""
+
+    def __init__(self, cfg: SweepConfig, on_event: PointHook | None = None) -> None:
+        self.cfg = cfg
+        self.on_event = on_event
+        if cfg.server_cmd is not None:
+            launcher.render_command(cfg.server_cmd, cfg.host, 0)  # bad templates fail early
+        self.log_path = None
+        if cfg.server_cmd is not None:
+            self.log_path = cfg.server_log or cfg.out / f"server-{cfg.name}.log"
+        self.server = launcher.Server(
+            cfg.server_cmd, cfg.url, cfg.host, self.log_path, cfg.stop_grace_s
+        )
+        self.info: dict = {}
+        self.up = False
+        self.console = Console(stderr=True, soft_wrap=True)
+        self.written: list[Path] = []
+
+    # -- the sweep -----------------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        """Run every chunk; return the point results (each also written to its file)."""
+        results: list[dict] = []
+        for index, chunk in enumerate(self.cfg.chunks):
+            results += self.run_chunk(index, chunk)
+        return results
+
+    def run_chunk(self, index: int, chunk: Chunk) -> list[dict]:
+        deadline = time.monotonic() + chunk.timeout_s
+        results = []
+        try:
+            for ctx in chunk.contexts:
+                res = self._new_result(ctx, index, chunk)
+                if time.monotonic() >= deadline:
+                    self._fail(res, f"chunk timeout ({chunk.timeout_s:g} s) before the point")
+                else:
+                    self._run_point_safely(res, chunk, deadline)
+                res["finished_at"] = _now()
+                self._write(res)
+                results.append(res)
+        finally:
+            self._stop()
+        return results
+
+    # -- one point ------------------------------------------------------------------------------
+
+    def _new_result(self, ctx: int, index: int, chunk: Chunk) -> dict:
+        return {
+            "schema": SCHEMA,
+            "name": self.cfg.name,
+            "requested_ctx": ctx,
+            "prompt_tokens": None,
+            "gen_tokens": self.cfg.gen_tokens,
+            "status": "ok",
+            "reason": None,
+            "warnings": [],
+            "metrics": {},
+            "api": self.cfg.api,
+            "server_url": self.server.url,
+            "server_info": {},
+            "server_command": self.server.command,
+            "server_log": str(self.log_path) if self.log_path else None,
+            "server_launch": self.server.launches,
+            "chunk": {"index": index, **asdict(chunk)},
+            "config": self.cfg.as_dict(),
+            "env": envinfo.collect(),
+            "started_at": _now(),
+            "finished_at": None,
+            "prompt": None,
+            "health": {"before": None, "after": None},
+            "flushed_cache": None,
+            "finish_reason": None,
+            "meta_info": {},
+            "stream": None,
+            "token_timestamps": [],
+        }
+
+    def _fail(self, res: dict, reason: str) -> None:
+        res["status"], res["reason"] = "failed", reason
+        self.console.print(f"[red]{self.cfg.name} ctx {res['requested_ctx']}: failed: {reason}")
+
+    def _run_point_safely(self, res: dict, chunk: Chunk, deadline: float) -> None:
+        """Run the point; an unexpected error fails this point only (hours of sweep stay)."""
+        try:
+            self._run_point(res, chunk, deadline)
+        except Exception as exc:  # noqa: BLE001 (recorded in the point, not swallowed)
+            self._fail(res, f"sweep error: {''.join(traceback.format_exception(exc))[-2000:]}")
+            self._stop()
+
+    def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
+        ctx, gen = res["requested_ctx"], self.cfg.gen_tokens
+        if not self._ensure_up(res, deadline):
+            return
+        self._describe_server(res)
+        max_total = launcher.info_field(self.info, "max_total_num_tokens")
+        if isinstance(max_total, int) and ctx + gen > max_total:
+            res["status"] = "skipped"
+            res["reason"] = (
+                f"prompt {ctx} + {gen} generated tokens exceed the server's "
+                f"max_total_num_tokens {max_total}"
+            )
+            self.console.print(f"{self.cfg.name} ctx {ctx}: skipped: {res['reason']}")
+            return
+        res["health"]["before"] = launcher.healthy(self.server.url)
+        if not res["health"]["before"]:
+            if not self.server.launched:
+                return self._fail(res, "server not healthy before the point")
+            self.up = False  # restart once, then go on
+            if not self._ensure_up(res, deadline):
+                return
+            self._describe_server(res)
+        res["flushed_cache"] = launcher.flush_cache(self.server.url)
+        ids = self._prompt(res, ctx)
+        timeout = min(chunk.point_timeout_s, deadline - time.monotonic())
+        rec, reason = self._stream(ctx, ids, timeout, chunk)
+        self._record_stream(res, rec, ctx)
+        if reason is not None:
+            self._fail(res, reason)
+            self._stop()  # a failed point leaves the server in an unknown state
+            return
+        res["health"]["after"] = launcher.healthy(self.server.url)
+        if not res["health"]["after"]:
+            res["warnings"].append("server not healthy after the point; restarting it")
+            self._stop()
+        self._summary(res)
+
+    def _ensure_up(self, res: dict, deadline: float) -> bool:
+        if self.up and self.server.exit_code() is None:
+            return True
+        budget = min(self.cfg.start_timeout_s, deadline - time.monotonic())
+        try:
+            self.info = self.server.start(timeout_s=max(budget, 0.001))
+        except launcher.ServerError as exc:
+            self.up = False
+            self.server.stop()
+            limit = "chunk timeout" if budget < self.cfg.start_timeout_s else "start timeout"
+            what = "failed to start" if self.server.launched else "not reachable"
+            self._fail(res, f"server {what} ({limit} {budget:.3g} s): {exc}")
+            return False
+        self.up = True
+        return True
+
+    def _stop(self) -> None:
+        self.server.stop()
+        self.up = False
+
+    def _describe_server(self, res: dict) -> None:
+        res.update(
+            server_url=self.server.url,
+            server_info=self.info,
+            server_command=self.server.command,
+            server_launch=self.server.launches,
+        )
+
+    def _prompt(self, res: dict, ctx: int) -> list[int]:
+        vocab = launcher.info_field(self.info, "vocab_size")
+        rng = prompts.id_range(vocab if isinstance(vocab, int) else None, self.cfg.vocab_size)
+        if rng.source == "default":
+            res["warnings"].append(
+                f"vocab size unknown (not in server info, no --vocab-size): prompt ids drawn "
+                f"from the default range [{rng.low}, {rng.high})"
+            )
+        res["prompt"] = {"tokens": ctx, "seed": self.cfg.seed, "id_range": rng.as_dict()}
+        return prompts.make_input_ids(ctx, rng, self.cfg.seed, ctx)
+
+    # -- streaming with a deadline and a watch on the server process -----------------------------
+
+    def _stream(
+        self, ctx: int, ids: list[int], timeout: float, chunk: Chunk
+    ) -> tuple[client.StreamRecord, str | None]:
+        """Stream one request; (record, None) or (record so far, why it failed)."""
+        with _PointProgress(self, ctx) as on_event:
+            return asyncio.run(self._stream_async(ids, timeout, chunk, on_event))
+
+    async def _stream_async(
+        self, ids: list[int], timeout: float, chunk: Chunk, on_event: client.OnEvent
+    ) -> tuple[client.StreamRecord, str | None]:
+        rec = client.StreamRecord()
+        limits = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
+        async with httpx.AsyncClient(timeout=limits) as http:
+            cfg = self.cfg
+            request = client.stream(
+                http, self.server.url, cfg.api, ids, cfg.gen_tokens, rec, on_event, cfg.model
+            )
+            task = asyncio.create_task(request)
+            start = time.monotonic()
+            reason = None
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.1)
+                code = self.server.exit_code()
+                if code is not None:
+                    reason = f"server process died mid-point ({_exit_text(code)})"
+                elif time.monotonic() - start >= timeout and not task.done():
+                    which = "point" if timeout >= chunk.point_timeout_s - 1e-9 else "chunk"
+                    limit = chunk.point_timeout_s if which == "point" else chunk.timeout_s
+                    reason = f"{which} timeout ({limit:g} s) {self._phase(rec)}"
+                if reason is not None:
+                    task.cancel()
+                    break
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if reason is None and rec.error is not None:
+            reason = self._error_reason(rec)
+        return rec, reason
+
+    def _phase(self, rec: client.StreamRecord) -> str:
+        got = rec.events[-1][1] if rec.events else 0
+        where = "in prefill (no token yet)" if not got else f"after {got} tokens"
+        if rec.last_byte_s is None:
+            return f"{where}; no bytes received"
+        return f"{where}; no bytes for the last {rec.elapsed() - rec.last_byte_s:.1f} s"
+
+    def _error_reason(self, rec: client.StreamRecord) -> str:
+        # A killed server closes the socket a moment before its exit is visible.
+        for _ in range(20):
+            code = self.server.exit_code()
+            if code is not None:
+                return f"server process died mid-point ({_exit_text(code)}): {rec.error}"
+            if not self.server.launched:
+                break
+            time.sleep(0.05)
+        return rec.error or "unknown error"
+
+    def _record_stream(self, res: dict, rec: client.StreamRecord, ctx: int) -> None:
+        res["metrics"] = metrics.compute(
+            rec.events, rec.prompt_tokens, rec.e2e_s, rec.completion_tokens
+        )
+        meta = rec.meta_info
+        for key in ("spec_accept_length", "spec_verify_ct"):
+            res["metrics"][key] = meta.get(key)
+        verify_ct, n = meta.get("spec_verify_ct"), res["metrics"]["completion_tokens"]
+        if res["metrics"]["spec_accept_length"] is None and verify_ct:
+            # bench_serving's accept length: generated tokens per verify step
+            res["metrics"]["spec_accept_length"] = n / verify_ct
+        res["prompt_tokens"] = rec.prompt_tokens
+        res["meta_info"] = meta
+        res["finish_reason"] = rec.finish_reason
+        res["token_timestamps"] = [[round(t, 6), count] for t, count in rec.events]
+        res["stream"] = {
+            "done": rec.done,
+            "http_status": rec.http_status,
+            "first_byte_s": rec.first_byte_s,
+            "last_byte_s": rec.last_byte_s,
+            "error": rec.error,
+        }
+        if rec.prompt_tokens is not None and rec.prompt_tokens != ctx:
+            res["warnings"].append(
+                f"prompt token mismatch: sent {ctx}, server reports {rec.prompt_tokens}"
+            )
+        got = rec.completion_tokens
+        if rec.done and got is not None and got != self.cfg.gen_tokens:
+            res["warnings"].append(f"asked for {self.cfg.gen_tokens} tokens, got {got}")
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def _write(self, res: dict) -> None:
+        path = point_path(self.cfg.out, res["requested_ctx"])
+        write_json_atomic(path, res)
+        self.written.append(path)
+
+    def _summary(self, res: dict) -> None:
+        m = res["metrics"]
+
+        def f(key: str, fmt: str) -> str:
+            return "-" if m.get(key) is None else format(m[key], fmt)
+
+        self.console.print(
+            f"{self.cfg.name} ctx {res['requested_ctx']}: ok  ttft {f('ttft_s', '.3f')} s  "
+            f"prefill {f('prefill_tok_s', '.0f')} tok/s  decode {f('decode_tok_s', '.2f')} tok/s  "
+            f"itl p50 {f('itl_ms_p50', '.1f')} ms"
+        )
+
+
+class _PointProgress:
+    """A live line on stderr while a point streams (prefill of a long context takes minutes)."""
+
+    def __init__(self, runner: Runner, ctx: int) -> None:
+        self.runner, self.ctx = runner, ctx
+        self.progress: Progress | None = None
+        self.stopped = threading.Event()
+        self.tokens = 0
+
+    def __enter__(self) -> Callable[[float, int], None]:
+        gen, hook = self.runner.cfg.gen_tokens, self.runner.on_event
+        label, task = f"{self.runner.cfg.name} ctx {self.ctx}", None
+        if self.runner.cfg.progress and self.runner.console.is_terminal:
+            self.progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.runner.console,
+                transient=True,
+            )
+            self.progress.start()
+            task = self.progress.add_task(f"{label} prefill", total=gen)
+        elif self.runner.cfg.heartbeat_s > 0:
+            every = self.runner.cfg.heartbeat_s
+            threading.Thread(target=self._heartbeat, args=(label, every), daemon=True).start()
+
+        def on_event(t: float, tokens: int) -> None:
+            self.tokens = tokens
+            if self.progress is not None:
+                self.progress.update(task, completed=tokens, description=f"{label} decode")
+            if hook is not None:
+                hook(self.ctx, t, tokens)
+
+        return on_event
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        self.stopped.set()
+
+    def _heartbeat(self, label: str, every: float) -> None:
+        """Without a terminal (logs), say every ``every`` s that the point is still running."""
+        start = time.monotonic()
+        while not self.stopped.wait(every):
+            gen = self.runner.cfg.gen_tokens
+            phase = f"decode {self.tokens}/{gen} tokens" if self.tokens else "prefill"
+            self.runner.console.print(f"{label}: {phase}, {time.monotonic() - start:.0f} s")

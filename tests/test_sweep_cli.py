@@ -1,0 +1,125 @@
+"""`decodecliff sweep` options: usage errors, chunk files, and points without a reachable server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from decodecliff.sweep import cli, launcher
+from decodecliff.sweep.runner import SCHEMA_PATH
+
+
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{launcher.free_port('127.0.0.1')}"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "give --contexts or --chunks-json"),
+        (["--contexts", "64", "64"], "appears twice"),
+        (["--contexts", "0"], "positive integers"),
+        (["--contexts", "64", "--gen-tokens", "0"], "at least 1"),
+        (["--contexts", "64", "--seed", "-1"], "non-negative"),
+        (["--contexts", "64", "--name", "a/b"], "letters, digits"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, capsys, extra, message):
+    argv = ["--url", "http://127.0.0.1:1", "--name", "x", "--out", str(tmp_path), *extra]
+    with pytest.raises(SystemExit) as exc:
+        cli.cli(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_template_is_a_usage_error(tmp_path, capsys):
+    argv = ["--server-cmd", "serve --port {prot}", "--name", "x", "--contexts", "8"]
+    with pytest.raises(SystemExit) as exc:
+        cli.cli([*argv, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "only {host} and {port}" in capsys.readouterr().err
+
+
+def test_render_command_fills_placeholders_and_leading_env():
+    env, argv = launcher.render_command("A=1 B='x y' srv --host {host} --port {port}", "h", 9)
+    assert env == {"A": "1", "B": "x y"}
+    assert argv == ["srv", "--host", "h", "--port", "9"]
+
+
+def test_chunks_file_and_selecting_single_points(tmp_path):
+    chunks = [
+        {"contexts": [64, 128], "timeout_s": 50, "point_timeout_s": 5},
+        {"contexts": [4096], "timeout_s": 900},
+    ]
+    path = tmp_path / "chunks.json"
+    path.write_text(json.dumps({"chunks": chunks}))
+    base = ["--url", "http://h:1", "--name", "x", "--out", str(tmp_path)]
+    base += ["--chunks-json", str(path)]
+    cfg = cli.config_from_args(cli._parser().parse_args([*base, "--point-timeout", "7"]))
+    assert [c.contexts for c in cfg.chunks] == [[64, 128], [4096]]
+    assert (cfg.chunks[1].timeout_s, cfg.chunks[1].point_timeout_s) == (900, 7)
+    cfg = cli.config_from_args(cli._parser().parse_args([*base, "--contexts", "128"]))
+    assert len(cfg.chunks) == 1 and cfg.chunks[0].contexts == [128]
+    assert (cfg.chunks[0].timeout_s, cfg.chunks[0].point_timeout_s) == (50, 5)
+    with pytest.raises(ValueError, match=r"\[999\] are in no chunk"):
+        cli.config_from_args(cli._parser().parse_args([*base, "--contexts", "999"]))
+    path.write_text(json.dumps([{"ctx": [1]}]))
+    with pytest.raises(ValueError, match="needs 'contexts'"):
+        cli.config_from_args(cli._parser().parse_args(base))
+
+
+def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--url", _dead_url(), "--name", "gone", "--contexts", "16", "32"]
+    rc = cli.cli([*argv, "--start-timeout", "0.5", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    schema = json.loads(SCHEMA_PATH.read_text())
+    for ctx in (16, 32):
+        point = json.loads((out / f"ctx{ctx}.json").read_text())
+        jsonschema.validate(point, schema)
+        assert point["status"] == "failed"
+        assert "server not reachable" in point["reason"]
+    assert not list(out.glob(".*tmp"))
+
+
+def test_unwritable_output_exits_1(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    argv = ["--url", _dead_url(), "--name", "x", "--contexts", "16", "--start-timeout", "0.2"]
+    assert cli.cli([*argv, "--out", str(blocker / "out"), "--no-progress"]) == 1
+
+
+def test_schema_rejects_an_ok_point_without_a_stream():
+    schema = json.loads(Path(SCHEMA_PATH).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    point = {
+        "schema": "decodecliff.sweep-point/1",
+        "name": "x",
+        "requested_ctx": 8,
+        "prompt_tokens": 8,
+        "gen_tokens": 2,
+        "status": "ok",
+        "reason": None,
+        "warnings": [],
+        "metrics": {"ttft_s": 0.1, "e2e_s": 0.2, "completion_tokens": 2, "decode_tok_s": 10.0},
+        "api": "generate",
+        "server_url": None,
+        "server_info": {},
+        "server_command": None,
+        "server_log": None,
+        "chunk": {"index": 0, "contexts": [8], "timeout_s": 1, "point_timeout_s": 1},
+        "config": {"name": "x", "chunks": [], "gen_tokens": 2, "api": "generate", "seed": 0},
+        "env": {"host": "h", "torch": "t", "git": None},
+        "started_at": "2026-01-01T00:00:00.000+00:00",
+        "finished_at": "2026-01-01T00:00:01.000+00:00",
+        "token_timestamps": [[0.1, 1], [0.2, 2]],
+    }
+    jsonschema.validate(point, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**point, "token_timestamps": []}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**point, "status": "failed"}, schema)  # a failure needs a reason

@@ -1,0 +1,93 @@
+"""Metric arithmetic on recorded streams, and the exact-length prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from decodecliff.sweep import metrics, prompts
+
+
+def test_one_token_per_chunk():
+    events = [(0.5, 1), (0.6, 2), (0.8, 3), (0.9, 4)]
+    m = metrics.compute(events, prompt_tokens=1000, e2e_s=0.95)
+    assert m["ttft_s"] == 0.5
+    assert m["prefill_tok_s"] == pytest.approx(2000.0)
+    assert m["completion_tokens"] == 4
+    assert m["decode_wall_s"] == pytest.approx(0.4)
+    assert m["decode_tok_s"] == pytest.approx(3 / 0.4)
+    assert m["tpot_ms"] == pytest.approx((0.95 - 0.5) / 3 * 1e3)
+    assert m["itl_ms_p50"] == pytest.approx(100.0)
+    assert m["itl_ms_mean"] == pytest.approx(400.0 / 3)
+    assert m["itl_ms_p99"] == pytest.approx(198.0)  # linear interpolation of [100, 100, 200]
+    assert m["e2e_s"] == 0.95
+    assert m["token_chunks"] == 4
+
+
+def test_several_tokens_per_chunk_split_the_gap_evenly():
+    # A verify step that accepts 3 tokens in 0.3 s gives three ITL samples of 100 ms.
+    events = [(1.0, 1), (1.3, 4), (1.5, 5)]
+    assert metrics.itl_samples(events) == pytest.approx([0.1, 0.1, 0.1, 0.2])
+    m = metrics.compute(events, prompt_tokens=10, e2e_s=1.5)
+    assert m["itl_ms_p50"] == pytest.approx(100.0)
+    assert m["itl_ms_p90"] == pytest.approx(170.0)
+    assert m["decode_tok_s"] == pytest.approx(4 / 0.5)
+    assert m["tpot_ms"] == pytest.approx(125.0)
+    assert metrics.compute(events, prompt_tokens=10)["tpot_ms"] is None  # stream cut short
+    assert m["token_chunks"] == 3
+
+
+def test_itl_samples_sum_to_the_decode_wall_time():
+    events = [(0.25, 2), (0.5, 5), (0.55, 6), (1.75, 10)]
+    m = metrics.compute(events, prompt_tokens=5)
+    assert sum(metrics.itl_samples(events)) == pytest.approx(m["decode_wall_s"])
+    assert len(metrics.itl_samples(events)) == 10 - 2
+
+
+def test_single_token_has_no_decode_metrics():
+    m = metrics.compute([(0.2, 1)], prompt_tokens=64, e2e_s=0.25)
+    assert m["ttft_s"] == 0.2
+    assert m["prefill_tok_s"] == pytest.approx(320.0)
+    assert m["completion_tokens"] == 1
+    assert m["decode_wall_s"] == 0.0
+    for key in ("decode_tok_s", "tpot_ms", "itl_ms_mean", "itl_ms_p50", "itl_ms_p99"):
+        assert m[key] is None, key
+
+
+def test_chunks_without_new_tokens_roll_into_the_next_gap():
+    events = [(0.3, 1), (0.4, 1), (0.6, 2)]
+    assert metrics.itl_samples(events) == pytest.approx([0.3])
+    assert metrics.compute(events, 8)["token_chunks"] == 2
+
+
+def test_empty_stream_and_reported_totals():
+    m = metrics.compute([], prompt_tokens=None)
+    assert m["ttft_s"] is None and m["completion_tokens"] == 0 and m["prefill_tok_s"] is None
+    # A final usage total larger than the counted chunks wins (OpenAI streams without usage).
+    m = metrics.compute([(0.1, 1), (0.2, 2)], prompt_tokens=4, e2e_s=0.3, completion_tokens=3)
+    assert m["completion_tokens"] == 3
+    assert m["decode_tok_s"] == pytest.approx(2 / 0.1)
+
+
+def test_time_going_backwards_is_an_error():
+    with pytest.raises(ValueError, match="must not decrease"):
+        metrics.compute([(0.5, 1), (0.4, 2)], prompt_tokens=1)
+
+
+def test_prompts_are_exact_unique_and_reproducible():
+    ids = prompts.IdRange(0, 50, "server_info")
+    a = prompts.make_input_ids(1000, ids, seed=1, ctx=1000)
+    assert len(a) == 1000 and min(a) >= 0 and max(a) < 50
+    assert a == prompts.make_input_ids(1000, ids, seed=1, ctx=1000)
+    b = prompts.make_input_ids(2000, ids, seed=1, ctx=2000)
+    c = prompts.make_input_ids(1000, ids, seed=2, ctx=1000)
+    assert b[:16] != a[:16] and c[:16] != a[:16]  # no shared prefix for a cache to reuse
+    with pytest.raises(ValueError, match="at least 1"):
+        prompts.make_input_ids(0, ids, seed=1, ctx=0)
+
+
+def test_id_range_prefers_the_server_then_the_option_then_a_default():
+    assert prompts.id_range(1024, 5000) == prompts.IdRange(0, 1024, "server_info")
+    assert prompts.id_range(None, 5000) == prompts.IdRange(0, 5000, "--vocab-size")
+    assert prompts.id_range(None, None) == prompts.IdRange(*prompts.DEFAULT_ID_RANGE, "default")
+    with pytest.raises(ValueError, match="at least 2"):
+        prompts.id_range(None, 1)

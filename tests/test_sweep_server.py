@@ -1,0 +1,203 @@
+"""Sweeps against the real embedded server (`decodecliff serve`, tiny, CPU), faults included."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from decodecliff.sweep import launcher
+from decodecliff.sweep.runner import SCHEMA_PATH, Chunk, Runner, SweepConfig
+
+SERVE = (
+    f"{sys.executable} -m decodecliff.cli serve --preset tiny --backend torch --page-size 1 "
+    "--device cpu --host {host} --port {port}"
+)
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+# Enough tokens that the server is still generating (about 4 ms a token on tiny/CPU) when a
+# fault hits it on the first token: a short answer would already sit in the socket buffer.
+GEN = 300
+
+
+def _points(out: Path) -> dict[int, dict]:
+    points = {}
+    for path in sorted(out.glob("ctx*.json")):
+        point = json.loads(path.read_text())
+        jsonschema.validate(point, SCHEMA)
+        points[point["requested_ctx"]] = point
+    return points
+
+
+def _sweep(out: Path, contexts: list[int], *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
+    argv += ["--name", "tiny", "--contexts", *map(str, contexts), "--gen-tokens", "6"]
+    argv += ["--point-timeout", "60", "--chunk-timeout", "120", "--start-timeout", "60"]
+    argv += ["--out", str(out), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240)
+
+
+def _config(out: Path, contexts: list[int], point_timeout: float = 60.0, **kw) -> SweepConfig:
+    return SweepConfig(
+        name="tiny",
+        chunks=[Chunk(contexts, timeout_s=180.0, point_timeout_s=point_timeout)],
+        out=out,
+        server_cmd=kw.pop("server_cmd", SERVE),
+        gen_tokens=kw.pop("gen_tokens", GEN),
+        start_timeout_s=60.0,
+        stop_grace_s=3.0,
+        progress=False,
+        **kw,
+    )
+
+
+class _Fault:
+    """On the first token of ``ctx``, send ``sig`` to the real server process."""
+
+    def __init__(self, ctx: int, sig: signal.Signals) -> None:
+        self.ctx, self.sig, self.pid = ctx, sig, None
+        self.runner: Runner | None = None
+
+    def __call__(self, ctx: int, t: float, tokens: int) -> None:
+        if ctx == self.ctx and self.pid is None:
+            self.pid = self.runner.server.pid
+            os.kill(self.pid, self.sig)
+
+    def cleanup(self) -> None:
+        if self.pid is None:
+            return
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+def _run_with_fault(out: Path, fault: _Fault, contexts: list[int], **kw) -> list[dict]:
+    runner = Runner(_config(out, contexts, **kw), on_event=fault)
+    fault.runner = runner
+    try:
+        return runner.run()
+    finally:
+        fault.cleanup()
+        runner.server.stop()
+
+
+def test_short_sweep_end_to_end_and_rerun_one_point(tmp_path):
+    out = tmp_path / "tiny"
+    done = _sweep(out, [48, 96])
+    assert done.returncode == 0, done.stderr
+    points = _points(out)
+    assert sorted(points) == [48, 96]
+    for ctx, p in points.items():
+        assert p["status"] == "ok", p["reason"]
+        assert p["prompt_tokens"] == ctx and p["warnings"] == []
+        m = p["metrics"]
+        assert m["completion_tokens"] == 6
+        assert 0 < m["ttft_s"] <= m["e2e_s"]
+        assert m["prefill_tok_s"] == pytest.approx(ctx / m["ttft_s"])
+        assert m["decode_tok_s"] > 0 and m["itl_ms_p50"] > 0 and m["tpot_ms"] > 0
+        assert p["token_timestamps"][-1][1] == 6
+        assert p["server_info"]["max_total_num_tokens"] >= ctx + 6
+        assert p["health"] == {"before": True, "after": True}
+        assert Path(p["server_log"]).is_file()
+    assert "server ready" in Path(points[48]["server_log"]).read_text()
+
+    other = out / "ctx96.json"
+    before = (other.read_bytes(), other.stat().st_mtime_ns)
+    log = tmp_path / "rerun.log"
+    done = _sweep(out, [48], "--server-log", str(log))
+    assert done.returncode == 0, done.stderr
+    assert (other.read_bytes(), other.stat().st_mtime_ns) == before
+    rerun = json.loads((out / "ctx48.json").read_text())
+    assert rerun["started_at"] != points[48]["started_at"]
+    assert rerun["server_log"] == str(log) and "==== launch 1" in log.read_text()
+
+
+def test_server_killed_mid_point_is_a_failed_point_then_restarts(tmp_path):
+    fault = _Fault(64, signal.SIGKILL)
+    results = _run_with_fault(tmp_path, fault, [64, 80])
+    killed, after = results
+    assert killed["status"] == "failed"
+    assert "server process died mid-point (killed by SIGKILL)" in killed["reason"]
+    assert killed["metrics"]["completion_tokens"] < GEN  # timings so far are kept
+    assert killed["token_timestamps"] and killed["metrics"]["ttft_s"] > 0
+    assert after["status"] == "ok" and after["metrics"]["completion_tokens"] == GEN
+    assert after["server_launch"] == killed["server_launch"] + 1
+    assert sorted(_points(tmp_path)) == [64, 80]
+
+
+def test_hung_server_trips_the_point_timeout_then_restarts(tmp_path):
+    fault = _Fault(64, signal.SIGSTOP)
+    results = _run_with_fault(tmp_path, fault, [64, 80], point_timeout=6.0)
+    hung, after = results
+    assert hung["status"] == "failed"
+    assert hung["reason"].startswith("point timeout (6 s) after")
+    assert hung["metrics"]["e2e_s"] is None and hung["metrics"]["ttft_s"] > 0
+    assert after["status"] == "ok" and after["server_launch"] == hung["server_launch"] + 1
+    assert sorted(_points(tmp_path)) == [64, 80]
+
+
+def test_context_beyond_the_pool_is_skipped_not_sent(tmp_path):
+    cfg = _config(tmp_path, [32, 512], server_cmd=SERVE + " --max-total-tokens 200", gen_tokens=8)
+    runner = Runner(cfg)
+    small, big = runner.run()
+    assert small["status"] == "ok"
+    assert big["status"] == "skipped"
+    assert big["reason"].endswith("max_total_num_tokens 200")
+    assert big["token_timestamps"] == [] and big["metrics"] == {}
+    assert sorted(_points(tmp_path)) == [32, 512]
+
+
+def test_chunk_timeout_fails_the_rest_of_the_chunk(tmp_path):
+    fault = _Fault(48, signal.SIGSTOP)
+    cfg = _config(tmp_path, [48, 56, 64])
+    cfg.chunks = [Chunk([48, 56, 64], timeout_s=8.0, point_timeout_s=60.0)]
+    runner = Runner(cfg, on_event=fault)
+    fault.runner = runner
+    try:
+        hung, *rest = runner.run()
+    finally:
+        fault.cleanup()
+    assert hung["status"] == "failed" and hung["reason"].startswith("chunk timeout (8 s) after")
+    for point in rest:
+        assert point["status"] == "failed"
+        assert point["reason"] == "chunk timeout (8 s) before the point"
+    assert sorted(_points(tmp_path)) == [48, 56, 64]
+
+
+def test_url_server_is_used_not_launched_and_openai_api(tmp_path):
+    port = launcher.free_port("127.0.0.1")
+    argv = SERVE.format(host="127.0.0.1", port=port).split()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "serve.log", "wb") as log:
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not launcher.healthy(url) and time.monotonic() < deadline:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        argv = ["--url", url, "--name", "tiny", "--contexts", "40", "--gen-tokens", "6"]
+        done = subprocess.run(
+            [sys.executable, "-m", "decodecliff.cli", "sweep", *argv, "--api", "openai"]
+            + ["--out", str(tmp_path / "out"), "--point-timeout", "60", "--heartbeat", "0.01"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        point = _points(tmp_path / "out")[40]
+        assert point["status"] == "ok", point["reason"]
+        assert point["server_command"] is None and point["server_log"] is None
+        assert point["metrics"]["completion_tokens"] == 6 and point["metrics"]["ttft_s"] > 0
+        assert server.poll() is None  # a server given by URL is left running
+        assert re.search(r"tiny ctx 40: (prefill|decode \d/6 tokens), \d+ s", done.stderr)
+    finally:
+        server.kill()
+        server.wait()
