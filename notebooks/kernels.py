@@ -1,0 +1,97 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Kernel microbenchmark: verify attention vs context
+#
+# One attention call per layer at the Kimi-K2 TP8-rank shape (absorbed MLA, latent KV 576 wide),
+# per backend, against the ceilings measured on the same device in the same run.
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import display
+
+from decodecliff.analysis import figures, layout, style, summarize, tables
+
+# %% tags=["parameters"]
+kernels_csv = "results/summary/kernels.csv"  # from the summarize rule
+results = "results"  # figures and tables go under {results}/figures|tables/kernels/
+published = ""  # a published study folder with the same layout, shown beside this one if present
+
+# %%
+style.apply()
+studies = {"this run": pd.read_csv(kernels_csv)}
+if published and Path(published).is_dir():
+    studies["published"] = summarize.load_study(published).kernels
+fig_dir, table_dir = layout.figure_dir(results, "kernels"), layout.table_dir(results, "kernels")
+table_dir.mkdir(parents=True, exist_ok=True)
+kernels = studies["this run"]
+print(
+    f"{len(kernels)} points on {kernels['device'].iloc[0]}:",
+    kernels["status"].value_counts().to_dict(),
+)
+
+
+# %%
+def draw(study: str, name: str, fig) -> None:
+    """Save the figure of this run under its layout name, the published study's with a prefix."""
+    prefix = "" if study == "this run" else "published_"
+    figures.save(fig, fig_dir / f"{prefix}{name}.png")
+    plt.show()
+
+
+# %% [markdown]
+# ## Time per layer and effective bandwidth
+# Effective GB/s counts the latent KV read once (ctx x 576 x 2 bytes); the dashed line is the
+# device's measured copy bandwidth, the ceiling for a memory-bound kernel.
+
+# %%
+for study, df in studies.items():
+    draw(study, "time_per_layer", figures.kernel_lines(df, "ms", "time per layer (ms)"))
+    draw(
+        study,
+        "bandwidth",
+        figures.kernel_lines(df, "gbs", "effective bandwidth (GB/s)", "copy_gbs"),
+    )
+
+# %% [markdown]
+# ## Roofline
+# Attained TFLOP/s against arithmetic intensity, under the measured copy and matmul ceilings.
+
+# %%
+for study, df in studies.items():
+    draw(study, "roofline", figures.roofline(df))
+
+# %% [markdown]
+# ## Speedup of the custom kernel over the Triton baseline
+
+# %%
+for study, df in studies.items():
+    speedup = tables.kernel_speedup(df)
+    if study == "this run":
+        speedup.to_csv(table_dir / "speedup.csv", index=False)
+    draw(study, "speedup", figures.kernel_speedup(speedup, df))
+    display(speedup.round(3))
+
+# %% [markdown]
+# ## Points that did not run, and why
+
+# %%
+not_ok = tables.not_ok(kernels, "kernels")
+not_ok.to_csv(table_dir / "not_ok.csv", index=False)
+display(not_ok if len(not_ok) else "every point ran")

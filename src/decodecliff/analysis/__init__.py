@@ -1,0 +1,1 @@
+"""From raw result JSON to tidy tables, figures and the report (shared by notebooks/*)."""

@@ -1,0 +1,219 @@
+"""Raw result JSON -> tidy tables: one row per kernel point, one row per sweep point.
+
+Failed and skipped points stay in the tables with their status and reason: a missing number is a
+result too. ``python -m decodecliff.analysis.summarize --help`` writes the tables of one study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+KERNEL_SCHEMA = "decodecliff.kernel-bench/"
+SWEEP_SCHEMA = "decodecliff.sweep-point/"
+SERVER_KEYS = ("backend", "page_size", "cuda_graph", "defrag", "spec")
+ENV_KEYS = ("gpu", "gpu_capability", "driver", "torch", "triton", "cuda_runtime", "git", "host")
+_CTX_FILE = re.compile(r"^ctx(\d+)\.json$")
+
+
+class ResultError(ValueError):
+    """A result file is missing, unreadable or not of the expected schema."""
+
+
+def read_json(path: str | Path, schema_prefix: str | None = None) -> dict:
+    """The parsed file, checked against the schema tag when one is given."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ResultError(f"{path}: no such result file") from exc
+    except json.JSONDecodeError as exc:
+        raise ResultError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ResultError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    schema = str(data.get("schema", ""))
+    if schema_prefix and not schema.startswith(schema_prefix):
+        raise ResultError(f"{path}: schema {schema!r}, expected {schema_prefix}N")
+    return data
+
+
+def _env_columns(env: dict | None) -> dict:
+    env = env or {}
+    return {k: env.get(k) for k in ENV_KEYS}
+
+
+def kernel_table(bench: dict) -> pd.DataFrame:
+    """One row per microbenchmark point, with the machine's measured ceilings on every row."""
+    ceilings = bench.get("ceilings") or {}
+    env = _env_columns(bench.get("env"))
+    rows = []
+    for point in bench.get("points", []):
+        row = dict(point)
+        config = row.get("triton_config")
+        row["series"] = f"{row['backend']} ({config})" if config else row["backend"]
+        row["copy_gbs"] = ceilings.get("copy_gbs")
+        row["matmul_tflops"] = ceilings.get("matmul_tflops")
+        row["device"] = ceilings.get("device")
+        rows.append(row | env)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    for col in ("status", "reason", "triton_config"):
+        if col not in df:
+            df[col] = None
+    df["status"] = df["status"].fillna("ok")
+    return df
+
+
+def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
+    """Backend, page size, graphs, defrag, spec of a point's server: config first, then the file."""
+    recorded = point.get("config") if isinstance(point.get("config"), dict) else {}
+    extra = recorded.get("extra") if isinstance(recorded.get("extra"), dict) else {}
+    sources = [servers.get(name, {}), extra.get("server", {}), extra, recorded]
+    meta = {}
+    for key in SERVER_KEYS:
+        value = next((s[key] for s in sources if isinstance(s, dict) and key in s), None)
+        meta[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+    return meta
+
+
+def sweep_row(path: str | Path, servers: dict[str, dict] | None = None) -> dict:
+    """One tidy row of a sweep point file results/sweep/{server}/ctx{N}.json."""
+    path = Path(path)
+    point = read_json(path, SWEEP_SCHEMA)
+    server = point.get("name") or path.parent.name  # the point's server configuration
+    metrics = point.get("metrics") or {}
+    row = {
+        "server": server,
+        **_server_meta(server, point, servers or {}),
+        "requested_ctx": point.get("requested_ctx"),
+        "prompt_tokens": point.get("prompt_tokens", metrics.get("prompt_tokens")),
+        "gen_tokens": point.get("gen_tokens"),
+        "status": point.get("status", "ok"),
+        "reason": point.get("reason"),
+    }
+    for key, value in metrics.items():
+        if key not in row and not isinstance(value, dict | list):
+            row[key] = value
+    row |= {"started_at": point.get("started_at"), "finished_at": point.get("finished_at")}
+    return row | _env_columns(point.get("env")) | {"file": str(path)}
+
+
+def sweep_table(paths: Iterable[str | Path], servers: Sequence[dict] | None = None) -> pd.DataFrame:
+    """One row per sweep point, ordered by server and context; ``ctx`` is the context it ran at."""
+    by_name = {s["name"]: s for s in servers or []}
+    df = pd.DataFrame([sweep_row(p, by_name) for p in paths])
+    if df.empty:
+        return pd.DataFrame(columns=["server", "requested_ctx", "ctx", "status", "reason"])
+    # A failed point may never have built its prompt: place it at the context it asked for.
+    df.insert(
+        df.columns.get_loc("prompt_tokens") + 1,
+        "ctx",
+        df["prompt_tokens"].fillna(df["requested_ctx"]),
+    )
+    return df.sort_values(["server", "requested_ctx"], kind="stable").reset_index(drop=True)
+
+
+def sweep_files(sweep_dir: str | Path) -> list[Path]:
+    """Every results/sweep/{server}/ctx{N}.json under ``sweep_dir``."""
+    return sorted(p for p in Path(sweep_dir).glob("*/ctx*.json") if _CTX_FILE.match(p.name))
+
+
+def reference_table(path: str | Path) -> tuple[pd.DataFrame, str]:
+    """The published reference table and its source (the file's leading ``#`` lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ResultError(f"{path}: reference table not found")
+    lines = path.read_text().splitlines()
+    source = " ".join(ln.lstrip("#").strip() for ln in lines if ln.startswith("#"))
+    df = pd.read_csv(path, comment="#")
+    missing = {"actual_ctx", "decode_tok_s"} - set(df.columns)
+    if missing:
+        raise ResultError(f"{path}: reference table lacks columns {sorted(missing)}")
+    return df, source
+
+
+def write_table(df: pd.DataFrame, csv_path: str | Path, parquet: bool = True) -> list[Path]:
+    """Write ``df`` as CSV (and Parquet beside it when pyarrow is installed)."""
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(csv_path, index=False)
+    written = [csv_path]
+    if parquet:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            return written
+        pq = csv_path.with_suffix(".parquet")
+        # Mixed None/str/number object columns do not round-trip; Parquet gets them as text.
+        obj = [c for c in df.columns if df[c].dtype == object]
+        df.astype({c: "string" for c in obj}).to_parquet(pq, index=False)
+        written.append(pq)
+    return written
+
+
+@dataclass
+class Study:
+    """The result tables of one study folder (this run's results/ or a published copy)."""
+
+    root: Path
+    kernels: pd.DataFrame
+    sweep: pd.DataFrame
+    build: dict = field(default_factory=dict)
+    bench_env: dict = field(default_factory=dict)
+    ceilings: dict = field(default_factory=dict)
+
+
+def load_study(root: str | Path) -> Study:
+    """A study folder: summary/*.csv where present, else computed from the raw JSON."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ResultError(f"{root}: study folder not found")
+    bench_path, build_path = root / "kernels" / "bench.json", root / "build" / "build.json"
+    bench = read_json(bench_path, KERNEL_SCHEMA) if bench_path.is_file() else {}
+    if (root / "summary" / "kernels.csv").is_file():
+        kernels = pd.read_csv(root / "summary" / "kernels.csv")
+    else:
+        kernels = kernel_table(bench)
+    if (root / "summary" / "sweep.csv").is_file():
+        sweep = pd.read_csv(root / "summary" / "sweep.csv")
+    else:
+        sweep = sweep_table(sweep_files(root / "sweep"))
+    build = read_json(build_path) if build_path.is_file() else {}
+    return Study(root, kernels, sweep, build, bench.get("env") or {}, bench.get("ceilings") or {})
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="decodecliff-summarize", description=__doc__)
+    ap.add_argument("--bench", type=Path, help="results/kernels/bench.json")
+    ap.add_argument("--sweep", type=Path, nargs="*", default=[], help="sweep point files")
+    ap.add_argument("--sweep-dir", type=Path, help="or: every {server}/ctx{N}.json under this")
+    ap.add_argument("--servers", default="[]", help="JSON list of the config's server entries")
+    ap.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, sweep.csv")
+    ap.add_argument("--no-parquet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        servers = json.loads(args.servers)
+        paths = list(args.sweep) + (sweep_files(args.sweep_dir) if args.sweep_dir else [])
+        kernels = kernel_table(read_json(args.bench, KERNEL_SCHEMA)) if args.bench else None
+        sweep = sweep_table(paths, servers)
+    except (ResultError, json.JSONDecodeError) as exc:
+        print(f"summarize: {exc}", file=sys.stderr)
+        return 1
+    if kernels is not None:
+        for p in write_table(kernels, args.out / "kernels.csv", not args.no_parquet):
+            print(f"wrote {p} ({len(kernels)} rows)")
+    for p in write_table(sweep, args.out / "sweep.csv", not args.no_parquet):
+        print(f"wrote {p} ({len(sweep)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,174 @@
+"""The analysis rules on recorded results: summaries, papermill notebooks, the report page."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pandas as pd
+import pytest
+from report_study import PUBLISHED, REPO, SERVERS, STUDY, executed
+
+from decodecliff.analysis import layout, style, summarize
+
+NOTEBOOKS = ["kernels", "compare", "report"] + [f"sweep-{s}" for s in SERVERS]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    root, done = executed(tmp_path_factory.getbasetemp() / "analysed-study")
+    assert done.returncode == 0, (
+        f"analysis rules failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return root
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def raw_points() -> list[dict]:
+    return [json.loads(p.read_text()) for p in summarize.sweep_files(STUDY / "sweep")]
+
+
+def test_summary_keeps_every_point_with_status_and_reason(study: Path) -> None:
+    sweep = pd.read_csv(study / "results/summary/sweep.csv")
+    raw = raw_points()
+    assert len(sweep) == len(raw)
+    assert set(sweep["status"]) == {"ok", "failed", "skipped"}
+    bad = sweep[sweep["status"] != "ok"]
+    assert bad["reason"].notna().all()
+    assert bad.set_index("requested_ctx").loc[4096, "reason"].count("max_total_num_tokens") == 1
+    # backends come from the config's server entries
+    assert dict(zip(sweep["server"], sweep["backend"], strict=True)) == {
+        name: backend for name, (backend, _) in SERVERS.items()
+    }
+    for point in raw:
+        row = sweep[
+            (sweep["server"] == point["name"]) & (sweep["requested_ctx"] == point["requested_ctx"])
+        ]
+        expected = point["metrics"].get("decode_tok_s")
+        assert (
+            row["decode_tok_s"].isna().all()
+            if expected is None
+            else row["decode_tok_s"].item() == pytest.approx(expected)
+        )
+    kernels = pd.read_csv(study / "results/summary/kernels.csv")
+    bench = json.loads((STUDY / "kernels/bench.json").read_text())
+    assert len(kernels) == len(bench["points"])
+    assert (kernels["copy_gbs"] == bench["ceilings"]["copy_gbs"]).all()
+    assert len(pd.read_parquet(study / "results/summary/sweep.parquet")) == len(sweep)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_executed_with_parameters_and_no_error(study: Path, name: str) -> None:
+    nb = nbformat.read(study / f"results/notebooks/{name}.ipynb", as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1, "papermill did not inject the rule's parameters"
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    if name.startswith("sweep-"):
+        assert f'server = "{name.removeprefix("sweep-")}"' in injected[0].source
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure shown"
+
+
+def test_every_declared_figure_and_table_is_written(study: Path) -> None:
+    figures = layout.figure_paths("results", "kernels") + layout.figure_paths("results", "compare")
+    tables = layout.table_paths("results", "kernels") + layout.table_paths("results", "compare")
+    for server in SERVERS:
+        figures += layout.figure_paths("results", "sweep", server)
+        tables += layout.table_paths("results", "sweep", server)
+    tables += layout.table_paths("results", "report")
+    for fig in figures:
+        width, height = png_size(study / fig)
+        assert width > 300 and height > 200, fig
+    for table in tables:
+        assert (study / table).is_file(), table
+    # the published study is drawn beside this run's
+    assert (study / "results/figures/kernels/published_speedup.png").is_file()
+
+
+def test_failed_and_skipped_points_are_listed_not_dropped(study: Path) -> None:
+    triton = pd.read_csv(study / "results/tables/sweep/triton-chain16-p1/points.csv")
+    failed = triton[triton["status"] == "failed"]
+    assert list(failed["requested_ctx"]) == [512] and "timeout" in failed["reason"].item()
+    headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
+    cells = set(headline.to_numpy().ravel().astype(str))
+    assert {"failed", "skipped"} <= cells
+    not_ok = pd.read_csv(study / "results/tables/kernels/not_ok.csv")
+    assert (not_ok["reason"].str.contains("CUDA GPU")).any()
+
+
+def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
+    headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
+    for point in raw_points():
+        if point["status"] != "ok":
+            continue
+        row = next(i for i in headline.index if i.endswith(f"({point['requested_ctx']:,})"))
+        cell = headline.loc[row, f"{point['name']} decode tok/s"]
+        assert cell == format(point["metrics"]["decode_tok_s"], ".3g")
+    speed = [c for c in headline.columns if c.endswith("vs triton-chain16-p1")]
+    assert speed == ["torch-chain16-p1 vs triton-chain16-p1"]
+
+
+def test_report_page_is_self_contained(study: Path) -> None:
+    html = (study / "results/report.html").read_text()
+    assert 'id="headline"' in html and 'id="headline-published"' in html
+    assert html.count("data:image/png;base64,") >= 8
+    assert "<script src=" not in html, "the page must not fetch scripts"
+    assert "import pandas" not in html, "code must be hidden"
+    for fact in ("PyTorch", "Triton", "NVIDIA driver", "commit", "What ran where"):
+        assert fact in html
+
+
+@pytest.mark.parametrize("name", ["kernels", "sweep", "compare", "report"])
+def test_notebook_pairs_are_in_sync_and_parameterised(name: str) -> None:
+    py = jupytext.read(REPO / "notebooks" / f"{name}.py")
+    ipynb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    assert [c.source for c in py.cells] == [c.source for c in ipynb.cells], (
+        f"notebooks/{name}.ipynb is out of date: run `jupytext --sync notebooks/{name}.py`"
+    )
+    tagged = [c for c in ipynb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+
+
+def test_summarize_rejects_bad_files_with_a_clear_message(tmp_path: Path) -> None:
+    wrong = tmp_path / "bench.json"
+    wrong.write_text(json.dumps({"schema": "something-else/1", "points": []}))
+    cmd = [sys.executable, "-m", "decodecliff.analysis.summarize", "--out", str(tmp_path / "o")]
+    done = subprocess.run([*cmd, "--bench", str(wrong)], capture_output=True, text=True)
+    assert done.returncode == 1 and "decodecliff.kernel-bench/" in done.stderr
+    missing = tmp_path / "sweep" / "s" / "ctx5.json"
+    done = subprocess.run([*cmd, "--sweep", str(missing)], capture_output=True, text=True)
+    assert done.returncode == 1 and "no such result file" in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_published_study_loads_from_raw_files_without_summaries() -> None:
+    published = summarize.load_study(PUBLISHED)
+    assert set(published.sweep["server"]) == {"triton", "custom", "custom-graphs"}
+    assert published.ceilings["copy_gbs"] > 0 and len(published.kernels) > 0
+
+
+def test_server_colours_are_fixed_and_distinct() -> None:
+    sweep = pd.DataFrame(
+        {
+            "server": ["zeta", "alpha", "beta", "triton"],
+            "backend": ["custom", "custom", "torch", "triton"],
+        }
+    )
+    style.register_servers(sweep)
+    colours = {s: style.color(s) for s in sweep["server"]}
+    assert len(set(colours.values())) == 4
+    assert (
+        colours["alpha"] == style.COLORS["custom"] and colours["triton"] == style.COLORS["triton"]
+    )
+    style.register_servers(sweep)
+    assert {s: style.color(s) for s in sweep["server"]} == colours

@@ -1,0 +1,95 @@
+# Raw JSON -> tidy summary tables -> the analysis notebooks (papermill), each writing its figures
+# and tables under results/figures|tables/<analysis>/ (per server configuration for the sweep).
+
+include: "analysis_functions.smk"
+
+
+rule summarize:
+    input:
+        bench=KERNEL_BENCH,
+        points=sweep_outputs(),
+    output:
+        kernels=report(
+            f"{SUMMARY_DIR}/kernels.csv",
+            caption="../report/summary_kernels.rst",
+            category="4. Summary tables",
+        ),
+        sweep=report(
+            f"{SUMMARY_DIR}/sweep.csv",
+            caption="../report/summary_sweep.rst",
+            category="4. Summary tables",
+        ),
+        kernels_parquet=f"{SUMMARY_DIR}/kernels.parquet",
+        sweep_parquet=f"{SUMMARY_DIR}/sweep.parquet",
+    params:
+        # a function: command templates hold braces that are not wildcards
+        servers=lambda wildcards: json.dumps(config["sweep"]["servers"]),
+        outdir=lambda wildcards, output: os.path.dirname(output.kernels),
+    log:
+        "results/logs/analysis/summarize.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "python -m decodecliff.analysis.summarize --bench {input.bench} --sweep {input.points}"
+        " --servers {params.servers:q} --out {params.outdir} > {log} 2>&1"
+
+
+rule notebook_kernels:
+    input:
+        notebook="notebooks/kernels.ipynb",
+        kernels=rules.summarize.output.kernels,
+        published=published_inputs,
+    output:
+        notebook=f"{NOTEBOOK_DIR}/kernels.ipynb",
+        **figure_outputs("kernels", "5. Kernel microbenchmark"),
+        tables=layout.table_paths("results", "kernels"),
+    params:
+        published=published_dir(),
+    log:
+        "results/logs/analysis/notebook_kernels.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+        " -p kernels_csv {input.kernels} -p results results -p published {params.published:q}"
+        " > {log} 2>&1"
+
+
+rule notebook_sweep:
+    input:
+        notebook="notebooks/sweep.ipynb",
+        sweep=rules.summarize.output.sweep,
+    output:
+        notebook=f"{NOTEBOOK_DIR}/sweep-{{server}}.ipynb",
+        **figure_outputs("sweep", "6. Context sweep", "{server}"),
+        tables=layout.table_paths("results", "sweep", "{server}"),
+    log:
+        "results/logs/analysis/notebook_sweep_{server}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+        " -p sweep_csv {input.sweep} -p server {wildcards.server} -p results results"
+        " > {log} 2>&1"
+
+
+rule notebook_compare:
+    input:
+        notebook="notebooks/compare.ipynb",
+        sweep=rules.summarize.output.sweep,
+        reference=config["reference"],
+        published=published_inputs,
+    output:
+        notebook=f"{NOTEBOOK_DIR}/compare.ipynb",
+        **figure_outputs("compare", "7. Baseline vs custom"),
+        tables=layout.table_paths("results", "compare"),
+    params:
+        published=published_dir(),
+    log:
+        "results/logs/analysis/notebook_compare.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+        " -p sweep_csv {input.sweep} -p reference_csv {input.reference} -p results results"
+        " -p published {params.published:q} > {log} 2>&1"

@@ -1,0 +1,58 @@
+# The report: the report notebook assembles the headline tables, the setup and every figure of
+# the analysis notebooks; nbconvert renders it as one self-contained page (code hidden, figures
+# embedded as data URIs, no script fetched from the network).
+
+rule notebook_report:
+    input:
+        notebook="notebooks/report.ipynb",
+        kernels=rules.summarize.output.kernels,
+        sweep=rules.summarize.output.sweep,
+        bench=KERNEL_BENCH,
+        build=BUILD_INFO,
+        reference=config["reference"],
+        figures=analysis_figures,
+        published=published_inputs,
+    output:
+        notebook=f"{NOTEBOOK_DIR}/report.ipynb",
+        headline=report(
+            layout.table_paths("results", "report")[0],
+            caption="../report/report_headline.rst",
+            category="0. Report",
+        ),
+        kernels=report(
+            layout.table_paths("results", "report")[1],
+            caption="../report/report_kernels.rst",
+            category="0. Report",
+        ),
+    params:
+        summary=lambda wildcards, input: os.path.dirname(input.kernels),
+        published=published_dir(),
+        # a function: the config's command templates hold braces that are not wildcards
+        config=lambda wildcards: yaml.safe_dump({"config": config}, sort_keys=False),
+    log:
+        "results/logs/report/notebook_report.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+        " -p summary_dir {params.summary} -p results results -p bench_json {input.bench}"
+        " -p build_json {input.build} -p reference_csv {input.reference}"
+        " -p published {params.published:q} -y {params.config:q} > {log} 2>&1"
+
+
+rule render_report:
+    input:
+        notebook=rules.notebook_report.output.notebook,
+        template="notebooks/report.html.j2",
+    output:
+        report(REPORT, caption="../report/report_html.rst", category="0. Report"),
+    params:
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
+        name=lambda wildcards, output: os.path.basename(output[0]).removesuffix(".html"),
+    log:
+        "results/logs/report/render_report.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "jupyter nbconvert --to html --no-input --no-prompt --template-file {input.template}"
+        " {input.notebook} --output-dir {params.outdir} --output {params.name} > {log} 2>&1"
