@@ -1,0 +1,225 @@
+"""`decodecliff build-kernel`: compile the custom MLA kernel into one fat shared library.
+
+nvcc builds SASS for every requested architecture plus PTX for the highest one, and the step then
+checks what it built: the SASS targets in the binary (``cuobjdump --list-elf``), and per kernel the
+registers, spills and shared memory from ``ptxas -v`` plus the dynamic shared memory the library
+reports. ``build.json`` beside the library records all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "mla_verify.cu"
+LIB_NAME = "libdecodecliff_mla.so"
+DEFAULT_OUT = Path("build/kernels")
+DEFAULT_ARCHS = (120, 90, 80)
+REQUIRED_ARCHS = (120, 90)
+CUDA_ROOTS = ("/usr/local/cuda",)  # searched after PATH, $CUDA_HOME and $CUDA_PATH
+SMEM_LIMIT = 101_376  # sm_120: 99 KB of shared memory per block
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def find_nvcc() -> str:
+    candidates = [shutil.which("nvcc")]
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *CUDA_ROOTS):
+        if root:
+            candidates.append(str(Path(root) / "bin" / "nvcc"))
+    for path in candidates:
+        if path and Path(path).is_file():
+            return path
+    raise BuildError(
+        "nvcc not found: install the CUDA toolkit or put nvcc on PATH (or set CUDA_HOME)"
+    )
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, the nvidia-cuda-cuobjdump wheel, or Triton's wheel (in that order)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(Path(root).glob("*/bin/cuobjdump")):
+            return str(path)
+    spec = importlib.util.find_spec("triton")
+    if spec and spec.origin:
+        path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def nvcc_command(nvcc: str, archs: list[int], lib: Path) -> list[str]:
+    cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+    for arch in sorted(set(archs)):
+        cmd += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    top = max(archs)
+    cmd += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
+    return cmd + ["-I", str(CSRC), "-o", str(lib), str(SOURCE)]
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\d+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(log: str) -> list[dict]:
+    """One record per (kernel, arch) from ``ptxas -v`` output."""
+    kernels: list[dict] = []
+    current: dict | None = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = {
+                "kernel": m.group(1),
+                "arch": int(m.group(2)),
+                "registers": None,
+                "stack_bytes": 0,
+                "spill_stores": 0,
+                "spill_loads": 0,
+                "static_smem": 0,
+            }
+            kernels.append(current)
+        elif current is None:
+            continue
+        elif m := _SPILL.search(line):
+            current["stack_bytes"], current["spill_stores"], current["spill_loads"] = map(
+                int, m.groups()
+            )
+        elif m := _USED.search(line):
+            current["registers"] = int(m.group(1))
+            if s := _SMEM.search(line):
+                current["static_smem"] = int(s.group(1))
+    return kernels
+
+
+def dynamic_smem(handle: ctypes.CDLL, kernel: str) -> int:
+    """Dynamic shared memory a kernel launches with, as the library itself reports it."""
+    m = re.search(r"mla_attn_kernelILi(\d+)E", kernel)
+    return int(handle.dcmla_smem_bytes(int(m.group(1)))) if m else 0
+
+
+def sass_archs(cuobjdump: str | None, lib: Path) -> list[int] | None:
+    if cuobjdump is None:
+        return None
+    out = subprocess.run([cuobjdump, "--list-elf", str(lib)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise BuildError(f"cuobjdump --list-elf failed: {out.stderr.strip()}")
+    return sorted({int(a) for a in re.findall(r"\.sm_(\d+)\.cubin", out.stdout)})
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1]
+
+
+def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
+    """Compile, inspect and write ``build.json``; raises BuildError when a check fails."""
+    nvcc = find_nvcc()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / LIB_NAME
+    cmd = nvcc_command(nvcc, archs, lib)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    (out_dir / "ptxas.log").write_text(log)
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
+    kernels = parse_ptxas(log)
+    handle = ctypes.CDLL(str(lib.resolve()))  # host-only query: needs no GPU
+    for k in kernels:
+        k["dynamic_smem"] = dynamic_smem(handle, k["kernel"])
+        k["smem_total"] = k["static_smem"] + k["dynamic_smem"]
+        k["smem_ok"] = k["smem_total"] <= SMEM_LIMIT
+        k["spill_ok"] = k["spill_stores"] == 0 and k["spill_loads"] == 0
+    cuobjdump = find_cuobjdump()
+    found = sass_archs(cuobjdump, lib)
+    missing = sorted(set(required) - set(found or []))
+    info = {
+        "library": str(lib.resolve()),
+        "nvcc": nvcc,
+        "nvcc_version": nvcc_version(nvcc),
+        "command": cmd,
+        "archs_requested": sorted(set(archs)),
+        "ptx_arch": max(archs),
+        "cuobjdump": cuobjdump,
+        "sass_archs": found,
+        "kernels": kernels,
+        "smem_limit": SMEM_LIMIT,
+        "ok": {
+            "sass": found is not None and not missing,
+            "smem": all(k["smem_ok"] for k in kernels),
+            "spills": all(k["spill_ok"] for k in kernels),
+        },
+    }
+    (out_dir / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    problems = []
+    if found is None:
+        problems.append("cuobjdump not found (install nvidia-cuda-cuobjdump): cannot check SASS")
+    elif missing:
+        problems.append(f"SASS missing for sm_{missing} (found {found})")
+    problems += [
+        f"{k['kernel']} on sm_{k['arch']}: {k['smem_total']} B shared memory > {SMEM_LIMIT} B"
+        for k in kernels
+        if not k["smem_ok"]
+    ]
+    if not kernels:
+        problems.append("no kernel found in the ptxas -v output")
+    if problems:
+        raise BuildError("; ".join(problems))
+    return info
+
+
+def summary(info: dict) -> str:
+    lines = [f"built {info['library']} (nvcc {info['nvcc_version']}, SASS {info['sass_archs']})"]
+    for k in info["kernels"]:
+        lines.append(
+            f"  sm_{k['arch']:<4} {k['kernel'][:48]:<48} regs {k['registers']:>3}  "
+            f"smem {k['smem_total']:>6} B  spills {k['spill_stores'] + k['spill_loads']}"
+        )
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="decodecliff build-kernel", description=__doc__)
+    parser.add_argument(
+        "--arch",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_ARCHS),
+        help="SM architectures to build SASS for (default: 120 90 80)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: build/kernels)"
+    )
+    parser.add_argument(
+        "--require",
+        type=int,
+        nargs="*",
+        default=list(REQUIRED_ARCHS),
+        help="SASS that must be present (default: 120 90)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        info = build(args.arch, args.out, args.require)
+    except BuildError as exc:
+        print(f"build-kernel: error: {exc}", file=sys.stderr)
+        return 1
+    print(summary(info))
+    if not info["ok"]["spills"]:
+        print("build-kernel: warning: register spills (see build.json)", file=sys.stderr)
+    return 0

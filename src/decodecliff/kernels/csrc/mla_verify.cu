@@ -1,0 +1,498 @@
+// Absorbed-MLA decode / speculative-verify attention over a paged latent KV cache.
+//
+// One CTA = (row tile, KV split, request). A row tile packs 16*MT query rows, row = token * H + head,
+// so every head and draft token of a request shares one pass over the latent tile. The KV split's
+// tokens stream through a 2-stage cp.async ring of 32-token tiles (2 x 36,864 B), gathered through
+// the page table. Per tile:
+//   phase 1  S = Q K^T : Q sits in registers split over the 576 dims (warp w holds dims
+//            [144 (w%4), +144) of m-tile w/4), partial S tiles go to shared memory;
+//   reduce   all 256 threads sum the 4 partials, scale, mask, online softmax, write P (bf16);
+//   phase 2  O += P V  : warp w owns V columns [64 w, 64 w + 64) of every m-tile (ldmatrix.trans on
+//            the V part of the same tile).
+// Each CTA writes fp32 partial O (normalised) + log2-sum-exp per row; a combine kernel merges the
+// splits into bf16 output. The split's KV range comes from kv_lens on the device, so the launch
+// configuration never depends on the context length (CUDA-graph safe).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "mla_ptx.cuh"
+
+namespace dcmla {
+
+constexpr int kDqk = 576;                  // 512 latent + 64 rope
+constexpr int kDv = 512;                   // V = latent part of the same row
+constexpr int kRowBytes = kDqk * 2;        // 1152 B per cached token
+constexpr int kBlockN = 32;                // KV tokens per tile
+constexpr int kThreads = 256;              // 8 warps
+constexpr int kStages = 2;                 // cp.async ring depth
+constexpr int kTileBytes = kBlockN * kRowBytes;  // 36,864 B
+constexpr int kSpStride = 40;              // floats per partial-S row (pad: conflict-free float2)
+constexpr int kPStride = 40;               // bf16 per P row (pad: conflict-free ldmatrix)
+constexpr int kDimGroups = 4;              // phase 1 splits the 576 dims over 4 warps
+constexpr int kKSteps = kDqk / kDimGroups / 16;  // 9 k-steps of 16 dims per warp
+constexpr int kMaxSplits = 1024;
+constexpr int kCombineThreads = 256;
+constexpr int kCombineCols = 128;          // output columns per combine CTA
+constexpr int kSmemLimit = 101376;         // sm_120: 99 KB per block
+
+static_assert(kDqk % (kDimGroups * 16) == 0, "dims must split evenly over the warps");
+
+template <int MT>
+struct SmemLayout {
+  static constexpr int kRows = 16 * MT;
+  static constexpr int kKv = 0;
+  static constexpr int kSp = kKv + kStages * kTileBytes;
+  static constexpr int kP = kSp + kDimGroups * kRows * kSpStride * 4;
+  static constexpr int kScale = kP + kRows * kPStride * 2;
+  static constexpr int kFinal = kScale + kRows * 4;
+  static constexpr int kBytes = kFinal + 2 * kRows * 4;
+};
+static_assert(SmemLayout<2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<1>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+
+struct Params {
+  const __nv_bfloat16* q;      // [total_q, H, 576]
+  const __nv_bfloat16* kv;     // [num_pages * page_size, 576]
+  const int* page_table;       // [B, pt_stride]
+  const int* kv_lens;          // [B]
+  const int* q_indptr;         // [B + 1]
+  const uint8_t* tree_mask;    // [B, tree_stride, tree_stride] or null (chain)
+  float* ws_o;                 // [total_q * H, num_splits, 512]
+  float* ws_lse;               // [total_q * H, num_splits] (log2 domain)
+  int heads;
+  int page_size;
+  int pt_stride;
+  int tree_stride;
+  int num_splits;
+  float scale_log2;            // sm_scale * log2(e)
+};
+
+// Swizzled byte offset of 16-byte chunk `chunk` of token row `tok` inside one KV tile: rows are
+// 1152 B (a multiple of 128 B), so unswizzled column reads of 8 rows hit the same banks 8 times.
+__device__ __forceinline__ uint32_t kv_offset(int tok, int chunk) {
+  return tok * kRowBytes + ((chunk ^ (tok & 7)) << 4);
+}
+
+__device__ __forceinline__ bool draft_visible(const Params& p, int b, int qi, int j) {
+  if (p.tree_mask == nullptr) return j <= qi;
+  const int64_t n = p.tree_stride;
+  return p.tree_mask[(static_cast<int64_t>(b) * n + qi) * n + j] != 0;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
+  using L = SmemLayout<MT>;
+  constexpr int R = L::kRows;
+  constexpr int NT = (MT == 2) ? 4 : 2;    // n-tiles of 8 tokens per warp in phase 1
+  constexpr int TPR = kThreads / R;        // reduce: threads per row
+  constexpr int TPT = kBlockN / TPR;       // reduce: tokens per thread
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int H = p.heads;
+  const int q_begin = p.q_indptr[b];
+  const int q_len = p.q_indptr[b + 1] - q_begin;
+  const int rows = q_len * H;
+  if (rt * R >= rows) return;
+  const int kv_len = p.kv_lens[b];
+  int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  const int kv_begin = split * chunk;
+  const int kv_end = min(kv_len, kv_begin + chunk);
+  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
+  const int S = p.num_splits;
+  if (kv_begin >= kv_end) {  // nothing in this split: mark its partials empty
+    if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = -INFINITY;
+    return;
+  }
+  const int prefix = kv_len - q_len;
+
+  const uint32_t kv_smem = smem_addr(smem + L::kKv);
+  float* sp_smem = reinterpret_cast<float*>(smem + L::kSp);
+  __nv_bfloat16* p_smem = reinterpret_cast<__nv_bfloat16*>(smem + L::kP);
+  float* scale_smem = reinterpret_cast<float*>(smem + L::kScale);
+  float* final_smem = reinterpret_cast<float*>(smem + L::kFinal);
+
+  const int gid = lane >> 2, tig = lane & 3;
+  const int dq = warp & 3;                       // phase 1: which quarter of the dims
+  const int mt_w = (MT == 2) ? (warp >> 2) : 0;  // phase 1: which m-tile
+  const int nt0 = (MT == 2) ? 0 : (warp >> 2) * 2;  // phase 1: first n-tile
+
+  // Q fragments (A operand of m16n8k16) for this warp's m-tile and dim quarter, loaded once.
+  uint32_t qf[kKSteps][4];
+  {
+    const int r0 = mt_w * 16 + gid, r1 = r0 + 8;
+    const bool v0 = rt * R + r0 < rows, v1 = rt * R + r1 < rows;
+    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(p.q + (g0 + (v0 ? r0 : 0)) * kDqk);
+    const uint32_t* q1 = reinterpret_cast<const uint32_t*>(p.q + (g0 + (v1 ? r1 : 0)) * kDqk);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const int w = (dq * (kDqk / kDimGroups) + kk * 16 + 2 * tig) / 2;
+      qf[kk][0] = v0 ? __ldg(q0 + w) : 0u;
+      qf[kk][1] = v1 ? __ldg(q1 + w) : 0u;
+      qf[kk][2] = v0 ? __ldg(q0 + w + 4) : 0u;
+      qf[kk][3] = v1 ? __ldg(q1 + w + 4) : 0u;
+    }
+  }
+
+  // Loader: thread -> token tid/8, chunks (tid%8) + 8k, k < 9: one page-table lookup per tile.
+  const int ld_tok = tid >> 3, ld_c = tid & 7;
+  const int* pt = p.page_table + static_cast<int64_t>(b) * p.pt_stride;
+  auto load_tile = [&](int stage, int tile_begin) {
+    const int t = tile_begin + ld_tok;
+    const bool ok = t < kv_end;
+    const __nv_bfloat16* src = p.kv;
+    if (ok) {
+      const int64_t page = pt[t / p.page_size];
+      src = p.kv + (page * p.page_size + t % p.page_size) * kDqk;
+    }
+    const uint32_t dst = kv_smem + stage * kTileBytes;
+#pragma unroll
+    for (int k = 0; k < kRowBytes / 16 / 8; ++k) {
+      const int c = ld_c + 8 * k;
+      cp_async16(dst + kv_offset(ld_tok, c), src + c * 8, ok ? 16 : 0);
+    }
+  };
+
+  // Reduce-phase ownership: row rr, tokens [rj * TPT, +TPT); running max / sum live here.
+  const int rr = tid / TPR, rj = tid % TPR;
+  const int lrow = rt * R + rr;
+  const bool row_valid = lrow < rows;
+  const int qi = lrow / H;  // draft index of this row's query token
+  float row_m = -INFINITY, row_l = 0.f;
+
+  float o[MT][8][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
+
+  const int n_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
+  load_tile(0, kv_begin);
+  cp_async_commit();
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    const int tile_begin = kv_begin + it * kBlockN;
+    cp_async_wait_all();
+    __syncthreads();  // tile `it` visible; everyone is done with tile it-1 (its stage is free)
+    if (it + 1 < n_tiles) load_tile(stage ^ 1, tile_begin + kBlockN);
+    cp_async_commit();
+    const uint32_t kv_s = kv_smem + stage * kTileBytes;
+
+    // ---- phase 1: partial S over this warp's 144 dims ----
+    {
+      float s[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+      const int b_tok = (lane & 7) + ((lane >> 4) << 3);
+      const int b_half = (lane >> 3) & 1;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        const int c = dq * (kKSteps * 2) + kk * 2 + b_half;
+#pragma unroll
+        for (int pr = 0; pr < NT / 2; ++pr) {
+          uint32_t kb[4];
+          ldmatrix_x4(kv_s + kv_offset((nt0 + 2 * pr) * 8 + b_tok, c), kb);
+          mma_bf16(s[2 * pr], qf[kk], kb[0], kb[1]);
+          mma_bf16(s[2 * pr + 1], qf[kk], kb[2], kb[3]);
+        }
+      }
+      float* sp = sp_smem + dq * R * kSpStride;
+      const int r = mt_w * 16 + gid;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int col = (nt0 + n) * 8 + 2 * tig;
+        *reinterpret_cast<float2*>(sp + r * kSpStride + col) = make_float2(s[n][0], s[n][1]);
+        *reinterpret_cast<float2*>(sp + (r + 8) * kSpStride + col) = make_float2(s[n][2], s[n][3]);
+      }
+    }
+    __syncthreads();
+
+    // ---- reduce: sum partials, scale, mask, online softmax, P -> smem ----
+    {
+      float sv[TPT];
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) sv[e] = 0.f;
+#pragma unroll
+      for (int d = 0; d < kDimGroups; ++d) {
+        const float* src = sp_smem + (d * R + rr) * kSpStride + rj * TPT;
+        if constexpr (TPT == 4) {
+          const float4 v = *reinterpret_cast<const float4*>(src);
+          sv[0] += v.x;
+          sv[1] += v.y;
+          sv[2] += v.z;
+          sv[3] += v.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < TPT; e += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(src + e);
+            sv[e] += v.x;
+            sv[e + 1] += v.y;
+          }
+        }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) {
+        const int t = tile_begin + rj * TPT + e;
+        const bool vis = row_valid && t < kv_end &&
+                         (t < prefix || draft_visible(p, b, qi, t - prefix));
+        sv[e] = vis ? sv[e] * p.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, sv[e]);
+      }
+#pragma unroll
+      for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(row_m, mx);
+      const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+      const float alpha = fast_exp2(row_m - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) {
+        sv[e] = fast_exp2(sv[e] - m_use);
+        sum += sv[e];
+      }
+#pragma unroll
+      for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      row_l = row_l * alpha + sum;
+      row_m = m_new;
+      uint32_t* pdst = reinterpret_cast<uint32_t*>(p_smem + rr * kPStride + rj * TPT);
+#pragma unroll
+      for (int e = 0; e < TPT; e += 2) pdst[e / 2] = pack_bf16x2(sv[e], sv[e + 1]);
+      if (rj == 0) scale_smem[rr] = alpha;
+    }
+    __syncthreads();
+
+    // ---- phase 2: O = O * alpha + P V over this warp's 64 V columns ----
+    {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const float a0 = scale_smem[m * 16 + gid], a1 = scale_smem[m * 16 + gid + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[m][n][0] *= a0;
+          o[m][n][1] *= a0;
+          o[m][n][2] *= a1;
+          o[m][n][3] *= a1;
+        }
+      }
+      const uint32_t p_base = smem_addr(p_smem);
+      const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          ldmatrix_x4(p_base + ((m * 16 + a_row) * kPStride + ks * 16 + (lane >> 4) * 8) * 2, pa[m]);
+        const int v_tok = ks * 16 + a_row;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(kv_s + kv_offset(v_tok, warp * 8 + np * 2 + (lane >> 4)), vb);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma_bf16(o[m][2 * np], pa[m], vb[0], vb[1]);
+            mma_bf16(o[m][2 * np + 1], pa[m], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: normalised partial O and log2-sum-exp per row ----
+  if (rj == 0) {
+    const bool any = row_l > 0.f;
+    final_smem[rr] = any ? row_m + __log2f(row_l) : -INFINITY;
+    final_smem[R + rr] = any ? 1.f / row_l : 0.f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m * 16 + gid + h * 8;
+      if (rt * R + r >= rows) continue;
+      const float inv = final_smem[R + r];
+      float* dst = p.ws_o + ((g0 + r) * S + split) * kDv + warp * 64 + 2 * tig;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+    }
+  }
+  if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
+}
+
+// Merge the splits of one row (grid.x = row, grid.y = 128-column segment) into bf16 output.
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
+    const float* __restrict__ ws_o, const float* __restrict__ ws_lse, __nv_bfloat16* __restrict__ out,
+    int num_splits) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float red[kCombineThreads / 32];
+  __shared__ float4 acc_smem[kCombineThreads / 32][kCombineCols / 4];
+  const int64_t g = blockIdx.x;
+  const int seg = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* lse = ws_lse + g * num_splits;
+
+  float mx = -INFINITY;
+  for (int s = tid; s < num_splits; s += kCombineThreads) mx = fmaxf(mx, lse[s]);
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();
+
+  float total = 0.f;
+  for (int s = tid; s < num_splits; s += kCombineThreads) {
+    const float v = lse[s];
+    const float w = (v == -INFINITY) ? 0.f : exp2f(v - mx);
+    weight[s] = w;
+    total += w;
+  }
+  for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+  if (lane == 0) red[warp] = total;
+  __syncthreads();
+  total = 0.f;
+  for (int w = 0; w < kCombineThreads / 32; ++w) total += red[w];
+
+  // warp w sums splits w, w+8, ...; lane holds 4 columns of the segment.
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int col = seg * kCombineCols + lane * 4;
+  for (int s = warp; s < num_splits; s += kCombineThreads / 32) {
+    const float w = weight[s];
+    if (w == 0.f) continue;  // empty split: its partial O was never written
+    const float4 v = *reinterpret_cast<const float4*>(ws_o + (g * num_splits + s) * kDv + col);
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  acc_smem[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float4 sum = acc_smem[0][lane];
+    for (int w = 1; w < kCombineThreads / 32; ++w) {
+      const float4 v = acc_smem[w][lane];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    uint2 packed;
+    packed.x = pack_bf16x2(sum.x * inv, sum.y * inv);
+    packed.y = pack_bf16x2(sum.z * inv, sum.w * inv);
+    *reinterpret_cast<uint2*>(out + g * kDv + col) = packed;
+  }
+}
+
+template <int MT>
+cudaError_t prepare_kernel() {
+  // The >48 KB dynamic shared memory opt-in is per device; remember it per device (host only, no
+  // stream work, so this is safe during graph capture).
+  static bool done[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 0 && dev < 64 && done[dev]) return cudaSuccess;
+  err = cudaFuncSetAttribute(mla_attn_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SmemLayout<MT>::kBytes);
+  if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
+  return err;
+}
+
+template <int MT>
+cudaError_t launch_attn(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
+  cudaError_t err = prepare_kernel<MT>();
+  if (err != cudaSuccess) return err;
+  dim3 grid(row_tiles, p.num_splits, batch);
+  mla_attn_kernel<MT><<<grid, kThreads, SmemLayout<MT>::kBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dcmla
+
+extern "C" {
+
+// Rows per CTA row tile for a variant: 16 * mtiles.
+int dcmla_rows_per_tile(int mtiles) { return 16 * mtiles; }
+
+int dcmla_max_splits() { return dcmla::kMaxSplits; }
+
+// Dynamic shared memory of the attention kernel variant (static shared memory is in ptxas -v).
+int dcmla_smem_bytes(int mtiles) {
+  return mtiles == 1 ? dcmla::SmemLayout<1>::kBytes : dcmla::SmemLayout<2>::kBytes;
+}
+
+const char* dcmla_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+// Resident CTAs per SM of the attention kernel variant on the current device.
+int dcmla_ctas_per_sm(int mtiles, int* out) {
+  cudaError_t err;
+  if (mtiles == 1) {
+    err = dcmla::prepare_kernel<1>();
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dcmla::mla_attn_kernel<1>,
+                                                          dcmla::kThreads,
+                                                          dcmla::SmemLayout<1>::kBytes);
+  } else {
+    err = dcmla::prepare_kernel<2>();
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dcmla::mla_attn_kernel<2>,
+                                                          dcmla::kThreads,
+                                                          dcmla::SmemLayout<2>::kBytes);
+  }
+  return static_cast<int>(err);
+}
+
+// out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
+// ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
+int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
+                        const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
+                        float* ws_lse, int batch, int heads, int total_q, int max_q_len,
+                        int page_size, int pt_stride, int tree_stride, int num_splits, int mtiles,
+                        float sm_scale, cudaStream_t stream) {
+  if (batch <= 0 || total_q <= 0) return static_cast<int>(cudaSuccess);
+  if (heads <= 0 || max_q_len <= 0 || page_size <= 0 || pt_stride <= 0 || num_splits <= 0 ||
+      num_splits > dcmla::kMaxSplits || (mtiles != 1 && mtiles != 2) ||
+      (tree_mask != nullptr && tree_stride < max_q_len))
+    return static_cast<int>(cudaErrorInvalidValue);
+  dcmla::Params p;
+  p.q = static_cast<const __nv_bfloat16*>(q);
+  p.kv = static_cast<const __nv_bfloat16*>(kv);
+  p.page_table = page_table;
+  p.kv_lens = kv_lens;
+  p.q_indptr = q_indptr;
+  p.tree_mask = tree_mask;
+  p.ws_o = ws_o;
+  p.ws_lse = ws_lse;
+  p.heads = heads;
+  p.page_size = page_size;
+  p.pt_stride = pt_stride;
+  p.tree_stride = tree_stride;
+  p.num_splits = num_splits;
+  p.scale_log2 = sm_scale * 1.4426950408889634f;
+  const int rows = 16 * mtiles;
+  const int row_tiles = (max_q_len * heads + rows - 1) / rows;
+  cudaError_t err = mtiles == 1 ? dcmla::launch_attn<1>(p, row_tiles, batch, stream)
+                                : dcmla::launch_attn<2>(p, row_tiles, batch, stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  dim3 grid(static_cast<unsigned>(total_q) * heads, dcmla::kDv / dcmla::kCombineCols);
+  dcmla::mla_combine_kernel<<<grid, dcmla::kCombineThreads, 0, stream>>>(
+      ws_o, ws_lse, static_cast<__nv_bfloat16*>(out), num_splits);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,239 @@
+"""The `custom` backend: the CUDA MLA verify/decode kernel (csrc/mla_verify.cu) through ctypes.
+
+The library is found at $DECODECLIFF_KERNEL_LIB, else ./build/kernels/libdecodecliff_mla.so; build
+it with `decodecliff build-kernel`. A call launches the split-KV attention kernel and its combine
+kernel on the current stream: no host sync and no allocation once the workspace is large enough, so
+a step can be captured in a CUDA graph (fix ``num_splits`` at construction, reserve the workspace).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .api import D_QK, D_V, AttnBatch
+
+LIB_ENV = "DECODECLIFF_KERNEL_LIB"
+DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
+MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def library_path(path: str | os.PathLike | None = None) -> Path:
+    """The library to load: the argument, $DECODECLIFF_KERNEL_LIB, or the default build dir."""
+    chosen = Path(path or os.environ.get(LIB_ENV) or DEFAULT_LIB)
+    if not chosen.is_file():
+        raise FileNotFoundError(
+            f"custom kernel library not found at {chosen}: build it with "
+            f"`decodecliff build-kernel` (writes {DEFAULT_LIB}) or set ${LIB_ENV}"
+        )
+    return chosen.resolve()
+
+
+def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
+    resolved = str(library_path(path))
+    if resolved not in _LIBS:
+        lib = ctypes.CDLL(resolved)
+        ptr, i32 = ctypes.c_void_p, ctypes.c_int
+        lib.dcmla_mla_attention.argtypes = [ptr] * 9 + [i32] * 9 + [ctypes.c_float, ptr]
+        lib.dcmla_mla_attention.restype = i32
+        lib.dcmla_ctas_per_sm.argtypes = [i32, ctypes.POINTER(i32)]
+        lib.dcmla_ctas_per_sm.restype = i32
+        lib.dcmla_error_string.argtypes = [i32]
+        lib.dcmla_error_string.restype = ctypes.c_char_p
+        _LIBS[resolved] = lib
+    return _LIBS[resolved]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    mtiles: int  # m16 tiles per row tile: 1 (<= 16 rows per request) or 2
+    row_tiles: int  # row tiles per request
+    num_splits: int  # KV splits per request
+    max_q_len: int
+
+
+def plan_launch(
+    heads: int,
+    max_q_len: int,
+    max_kv_len: int,
+    batch_size: int,
+    ctas_per_wave: int,
+    max_splits: int,
+    num_splits: int | None = None,
+) -> LaunchPlan:
+    """Pick the row-tile variant and the number of KV splits (host-side, from hints only).
+
+    Splits fill one wave of CTAs: (row tiles x batch x splits) ~ SMs x resident CTAs per SM, but no
+    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint.
+    """
+    rows = max_q_len * heads
+    mtiles = 1 if rows <= 16 else 2
+    row_tiles = math.ceil(rows / (16 * mtiles))
+    if num_splits is None:
+        num_splits = max(1, ctas_per_wave // (row_tiles * batch_size))
+        num_splits = min(num_splits, max(1, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
+    if not 1 <= num_splits <= max_splits:
+        raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
+    return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f"custom attention: {message}")
+
+
+def validate(batch: AttnBatch, out: torch.Tensor) -> None:
+    """Shapes, dtypes, layouts and devices the kernel relies on; raises ValueError otherwise."""
+    q, kv = batch.q, batch.kv_cache
+    _check(q.is_cuda, "tensors must be on a CUDA device")
+    _check(q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, "q and kv_cache must be bf16")
+    _check(q.dim() == 3 and q.shape[2] == D_QK and q.is_contiguous(), "q must be [T, H, 576]")
+    _check(
+        kv.dim() == 3 and kv.shape[2] == D_QK and kv.is_contiguous(),
+        "kv_cache must be contiguous [pages, page_size, 576]",
+    )
+    pt = batch.page_table
+    _check(
+        pt.dtype == torch.int32 and pt.dim() == 2 and pt.stride(1) == 1,
+        "page_table must be int32 [B, max_pages] with unit column stride",
+    )
+    b = batch.batch_size
+    _check(batch.kv_lens.dtype == torch.int32 and batch.kv_lens.shape == (b,), "kv_lens: int32 [B]")
+    _check(
+        batch.q_indptr.dtype == torch.int32 and batch.q_indptr.shape == (b + 1,),
+        "q_indptr: int32 [B + 1]",
+    )
+    _check(pt.shape[0] >= b, "page_table needs a row per request")
+    _check(
+        out.dtype == torch.bfloat16
+        and out.is_contiguous()
+        and out.shape == (q.shape[0], q.shape[1], D_V),
+        "out must be bf16 [T, H, 512]",
+    )
+    tensors = [kv, pt, batch.kv_lens, batch.q_indptr, out]
+    tm = batch.tree_mask
+    if tm is not None:
+        _check(
+            tm.dtype in (torch.bool, torch.uint8)
+            and tm.dim() == 3
+            and tm.is_contiguous()
+            and tm.shape[0] >= b
+            and tm.shape[1] == tm.shape[2],
+            "tree_mask must be contiguous bool [B, n, n]",
+        )
+        tensors.append(tm)
+    _check(all(t.device == q.device for t in tensors), "all tensors must be on q's device")
+
+
+class CustomAttention:
+    """Split-KV absorbed-MLA attention on tensor cores (mma.sync), any page size, chain or tree.
+
+    ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
+    batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
+    """
+
+    name = "custom"
+
+    def __init__(self, num_splits: int | None = None, lib_path: str | os.PathLike | None = None):
+        self.lib = load_library(lib_path)
+        self.max_splits = int(self.lib.dcmla_max_splits())
+        if num_splits is not None and not 1 <= num_splits <= self.max_splits:
+            raise ValueError(f"num_splits must be in 1..{self.max_splits}, got {num_splits}")
+        self.num_splits = num_splits
+        self.workspace: torch.Tensor | None = None
+        self._wave: dict[tuple[int, int], int] = {}
+
+    def _raise(self, code: int, what: str) -> None:
+        if code != 0:
+            msg = self.lib.dcmla_error_string(code).decode()
+            raise RuntimeError(f"custom attention: {what} failed: {msg} (cudaError {code})")
+
+    def ctas_per_wave(self, device: torch.device, mtiles: int) -> int:
+        key = (device.index if device.index is not None else torch.cuda.current_device(), mtiles)
+        if key not in self._wave:
+            per_sm = ctypes.c_int(0)
+            with torch.cuda.device(key[0]):
+                self._raise(self.lib.dcmla_ctas_per_sm(mtiles, ctypes.byref(per_sm)), "occupancy")
+            sms = torch.cuda.get_device_properties(key[0]).multi_processor_count
+            self._wave[key] = sms * max(1, per_sm.value)
+        return self._wave[key]
+
+    def plan(self, batch: AttnBatch) -> LaunchPlan:
+        heads = batch.num_heads
+        max_q = batch.max_q_len or batch.q.shape[0]
+        if batch.max_q_len is None and batch.tree_mask is not None:
+            max_q = min(max_q, batch.tree_mask.shape[1])  # a tree mask bounds every q_len
+        max_kv = batch.max_kv_len or batch.page_table.shape[1] * batch.page_size
+        mtiles = 1 if max_q * heads <= 16 else 2
+        wave = self.ctas_per_wave(batch.q.device, mtiles)
+        return plan_launch(
+            heads, max_q, max_kv, batch.batch_size, wave, self.max_splits, self.num_splits
+        )
+
+    def reserve(self, rows: int, num_splits: int, device: torch.device) -> torch.Tensor:
+        """Workspace for ``rows`` query rows (tokens x heads) x ``num_splits``: fp32 O + LSE."""
+        need = rows * num_splits * (D_V + 1)
+        ws = self.workspace
+        if ws is None or ws.numel() < need or ws.device != device:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "custom attention: the workspace would have to grow during CUDA graph capture "
+                    f"({need * 4} B needed); run one call at the largest shape before capturing "
+                    "or call reserve() with it"
+                )
+            self.workspace = ws = torch.empty(need, dtype=torch.float32, device=device)
+        return ws
+
+    def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+        """Validate, plan and size the workspace; return the launch-only step (timing, graphs)."""
+        validate(batch, out)
+        total_q, heads = batch.q.shape[0], batch.num_heads
+        if total_q == 0 or batch.batch_size == 0:
+            return lambda: None
+        plan = self.plan(batch)
+        rows = total_q * heads
+        ws = self.reserve(rows, plan.num_splits, batch.q.device)
+        ws_o = ws.data_ptr()
+        ws_lse = ws_o + rows * plan.num_splits * D_V * 4
+        tm = batch.tree_mask
+        args = (
+            batch.q.data_ptr(),
+            batch.kv_cache.data_ptr(),
+            batch.page_table.data_ptr(),
+            batch.kv_lens.data_ptr(),
+            batch.q_indptr.data_ptr(),
+            None if tm is None else tm.data_ptr(),
+            out.data_ptr(),
+            ws_o,
+            ws_lse,
+            batch.batch_size,
+            heads,
+            total_q,
+            plan.max_q_len,
+            batch.page_size,
+            batch.page_table.stride(0),
+            0 if tm is None else tm.shape[1],
+            plan.num_splits,
+            plan.mtiles,
+            float(batch.sm_scale),
+        )
+        device = batch.q.device
+
+        def step() -> None:
+            stream = torch.cuda.current_stream(device).cuda_stream
+            self._raise(self.lib.dcmla_mla_attention(*args, stream), "launch")
+
+        return step
+
+    def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+        out = batch.new_output() if out is None else out
+        self.prepare(batch, out)()
+        return out

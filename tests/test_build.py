@@ -1,0 +1,89 @@
+"""The kernel build (CPU): fat binary with sm_120 + sm_90 SASS, smem within 99 KB, no spills."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from decodecliff.kernels import build
+from decodecliff.kernels.custom import library_path, plan_launch
+
+needs_nvcc = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not build.Path("/usr/local/cuda/bin/nvcc").is_file(),
+    reason="nvcc not installed",
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernels")
+    assert build.cli(["--out", str(out)]) == 0
+    return out, json.loads((out / "build.json").read_text())
+
+
+@needs_nvcc
+def test_build_has_required_sass_and_fits_smem(built):
+    out, info = built
+    assert (out / build.LIB_NAME).is_file()
+    assert {120, 90} <= set(info["sass_archs"])
+    assert info["ok"] == {"sass": True, "smem": True, "spills": True}
+    archs = {k["arch"] for k in info["kernels"]}
+    assert archs == {80, 90, 120}
+    attn = [k for k in info["kernels"] if "mla_attn_kernel" in k["kernel"]]
+    assert len(attn) == 6  # two row-tile variants x three archs
+    for k in info["kernels"]:
+        assert 0 < k["smem_total"] <= build.SMEM_LIMIT, k
+        assert k["spill_stores"] == k["spill_loads"] == 0, k
+    # the big buffers are dynamic: the report must count them, not only ptxas' static bytes
+    assert min(k["dynamic_smem"] for k in attn) > 64 * 1024
+
+
+@needs_nvcc
+def test_missing_required_sass_fails(tmp_path, capsys):
+    assert build.cli(["--arch", "80", "--out", str(tmp_path), "--require", "120", "90"]) == 1
+    assert "SASS missing" in capsys.readouterr().err
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no nvcc anywhere
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build, "CUDA_ROOTS", ())
+    assert build.cli(["--out", str(tmp_path / "out")]) == 1
+    assert "nvcc not found" in capsys.readouterr().err
+
+
+def test_parse_ptxas():
+    log = (
+        "ptxas info    : Compiling entry function '_ZN5dcmla15mla_attn_kernelILi2EEEvNS_6ParamsE'"
+        " for 'sm_90'\n"
+        "ptxas info    : Function properties for _ZN5dcmla15mla_attn_kernelILi2EEEvNS_6ParamsE\n"
+        "    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 198 registers, used 1 barriers, 1024 bytes smem\n"
+    )
+    (k,) = build.parse_ptxas(log)
+    assert (k["arch"], k["registers"], k["static_smem"]) == (90, 198, 1024)
+    assert (k["stack_bytes"], k["spill_stores"], k["spill_loads"]) == (16, 8, 4)
+
+
+def test_loader_says_how_to_build(tmp_path, monkeypatch):
+    monkeypatch.delenv("DECODECLIFF_KERNEL_LIB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="decodecliff build-kernel"):
+        library_path()
+
+
+def test_plan_fills_one_wave_and_respects_short_contexts():
+    verify = plan_launch(8, 16, 185_000, 1, ctas_per_wave=132, max_splits=1024)
+    assert (verify.mtiles, verify.row_tiles, verify.num_splits) == (2, 4, 33)
+    decode = plan_launch(8, 1, 185_000, 1, ctas_per_wave=132, max_splits=1024)
+    assert (decode.mtiles, decode.row_tiles, decode.num_splits) == (1, 1, 132)
+    short = plan_launch(8, 1, 1000, 1, ctas_per_wave=132, max_splits=1024)
+    assert short.num_splits == 4  # >= 256 tokens per split
+    wide = plan_launch(64, 256, 185_000, 4, ctas_per_wave=132, max_splits=1024)
+    assert wide.num_splits == 1
+    assert plan_launch(8, 16, 10, 1, 132, 1024, num_splits=7).num_splits == 7
+    with pytest.raises(ValueError, match="num_splits"):
+        plan_launch(8, 16, 10, 1, 132, 1024, num_splits=2000)
