@@ -1,0 +1,389 @@
+"""The engine: admits requests, runs chunked prefill and batched decode / verify steps.
+
+Each loop iteration runs at most one prefill chunk (of one request) and then one decode step over
+every request that has finished its prefill, so running streams keep flowing while a long prompt is
+prefilled (continuous batching of decode steps). A decode step feeds every request the same number
+of query tokens: 1 (plain), the chain length, or the tree size, so its shapes are fixed.
+
+The engine runs in its own thread (``start``) or is stepped by the caller (``generate``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import torch
+
+from decodecliff.kernels.registry import get_backend
+
+from .config import EngineConfig
+from .kv_pool import KVPool, PoolExhausted
+from .model import StepInput, SyntheticMLA
+from .request import Request, SamplingParams
+from .spec import DraftTree, NgramDrafter, accept_chain, accept_tree
+
+log = logging.getLogger("decodecliff.engine")
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        cfg.validate()
+        self.cfg, self.mcfg = cfg, cfg.model
+        self.device = torch.device(cfg.device)
+        dtype = cfg.torch_dtype
+        if cfg.threads is not None:
+            # Process-wide; on a busy CPU one thread per process beats oversubscribed spinning.
+            torch.set_num_threads(cfg.threads)
+        self.model = SyntheticMLA(self.mcfg, self.device, dtype, cfg.seed)
+        self.backend = get_backend(cfg.backend, **cfg.backend_options)
+        self.pool = KVPool(
+            num_layers=self.mcfg.num_layers,
+            num_pages=self._num_pages(dtype),
+            page_size=cfg.page_size,
+            row_dim=self.mcfg.kv_row_dim,
+            max_requests=cfg.max_running_requests,
+            dtype=dtype,
+            device=self.device,
+            scatter_seed=cfg.scatter_seed,
+        )
+        self.drafter = NgramDrafter()
+        self.graphs = None
+        if cfg.cuda_graph:
+            from .graphs import GraphRunner
+
+            self.graphs = GraphRunner(self)
+        self.inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.steps = 0
+        self.defrag_runs = 0
+        self.defrag_pages_moved = 0
+        self._request_no = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failed: BaseException | None = None
+
+    # sizing ------------------------------------------------------------------------------------
+    def _num_pages(self, dtype: torch.dtype) -> int:
+        cfg = self.cfg
+        per_token = KVPool.bytes_per_token(self.mcfg.num_layers, self.mcfg.kv_row_dim, dtype)
+        if cfg.max_total_tokens is not None:
+            tokens = cfg.max_total_tokens
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            tokens = int(free * cfg.mem_fraction) // per_token
+        else:
+            tokens = cfg.CPU_DEFAULT_TOKENS
+        pages = tokens // cfg.page_size
+        if pages < 1:
+            raise ValueError(f"KV pool too small: {tokens} tokens for page size {cfg.page_size}")
+        return pages
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.pool.max_total_tokens
+
+    def check(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise ValueError when a request can never be served by this engine."""
+        vocab = self.mcfg.vocab_size
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        need = len(prompt) + params.max_new_tokens + self.cfg.spec_tokens - 1
+        if need > self.max_total_num_tokens:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens})"
+                + (
+                    f" + draft tokens ({self.cfg.spec_tokens - 1})"
+                    if self.cfg.spec != "none"
+                    else ""
+                )
+                + f" exceeds max_total_num_tokens ({self.max_total_num_tokens})"
+            )
+
+    # threading ---------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self.inbox.put(req)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="decodecliff-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.failed is None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.step():
+                    with contextlib.suppress(queue.Empty):
+                        self.waiting.append(self.inbox.get(timeout=0.05))
+        except BaseException as exc:  # keep the reason for /health
+            self.failed = exc
+            log.exception("engine loop died")
+            for req in list(self.running) + list(self.waiting):
+                self._finish(req, abort=f"engine stopped: {exc}", status=500)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
+        """Serve the prompts concurrently in the calling thread; returns the finished requests."""
+        reqs = [Request(prompt=list(p), params=params) for p in prompts]
+        for req in reqs:
+            self.check(req.prompt, params)
+            self.waiting.append(req)
+        while any(r.finish_reason is None for r in reqs):
+            self.step()
+        return reqs
+
+    # scheduling --------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One scheduling iteration; False when there was nothing to do."""
+        while True:
+            try:
+                self.waiting.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        for req in [r for r in self.running + list(self.waiting) if r.cancelled]:
+            self._finish(req, abort="cancelled by the client")
+        while self.waiting and len(self.running) < self.cfg.max_running_requests:
+            self._admit(self.waiting.popleft())
+        if not self.running:
+            return False
+        prefilling = next((r for r in self.running if not r.prefill_done), None)
+        if prefilling is not None:
+            self._guarded([prefilling], self._prefill_chunk, prefilling)
+        decoding = [r for r in self.running if r.prefill_done and r.finish_reason is None]
+        if decoding:
+            self._guarded(decoding, self._decode_step, decoding)
+        self.steps += 1
+        if self.cfg.defrag and self.steps % self.cfg.defrag_interval == 0:
+            self.maybe_defrag()
+        return True
+
+    def _admit(self, req: Request) -> None:
+        req.row = self.pool.open()
+        if self.cfg.spec != "none":
+            req.drafter_state = self.drafter.new_state()
+        if req.params.temperature > 0:
+            seed = req.params.seed
+            if seed is None:
+                seed = self.cfg.seed + self._request_no
+            req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._request_no += 1
+        self.running.append(req)
+
+    def _guarded(self, reqs: list[Request], fn, *args) -> None:
+        """Run a step; a failure ends only the requests in it, with their memory given back."""
+        try:
+            fn(*args)
+        except torch.OutOfMemoryError as exc:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            for req in reqs:
+                self._finish(req, abort=f"out of device memory: {exc}", status=503)
+        except Exception as exc:  # a bug must not take the server down with it
+            log.exception("step failed")
+            for req in reqs:
+                self._finish(req, abort=f"internal error: {exc!r}", status=500)
+
+    def _finish(self, req: Request, abort: str | None = None, status: int = 200) -> None:
+        if abort is not None and req.finish_reason is None:
+            req.finish_reason = {"type": "abort", "message": abort}
+            req.error, req.status = abort, status if status != 200 else 499
+        req.finished_at = time.perf_counter()
+        if req.row is not None:
+            self.pool.close(req.row)
+            req.row = None
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.on_update(req.snapshot())
+
+    def _reserve(self, reqs: list[Request], extra: int) -> list[Request]:
+        """Reserve cache for `extra` more tokens per request; requests that do not fit end (503)."""
+        ok = []
+        for req in reqs:
+            try:
+                self.pool.reserve(req.row, req.kv_len + extra)
+                ok.append(req)
+            except PoolExhausted as exc:
+                self._finish(req, abort=str(exc), status=503)
+        return ok
+
+    # emitting tokens ---------------------------------------------------------------------------
+    def _emit(self, req: Request, tokens: list[int]) -> None:
+        params, eos = req.params, self.mcfg.eos_token_id
+        for tok in tokens:
+            req.tokens.append(tok)
+            if not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
+                req.finish_reason = {"type": "stop", "matched": tok}
+            elif len(req.output) >= params.max_new_tokens:
+                req.finish_reason = {"type": "length", "length": params.max_new_tokens}
+            if req.finish_reason is not None:
+                self._finish(req)
+                return
+        req.on_update(req.snapshot())
+
+    def _targets(self, reqs: list[Request], counts: list[int], logits: torch.Tensor) -> list[list]:
+        """The target's token at every query row: argmax, or a seeded sample at temperature > 0."""
+        chosen = logits.argmax(dim=-1)
+        start = 0
+        for req, n in zip(reqs, counts, strict=True):
+            if req.params.temperature > 0:
+                probs = torch.softmax(logits[start : start + n] / req.params.temperature, dim=-1)
+                sample = torch.multinomial(probs, 1, generator=req.generator)
+                chosen[start : start + n] = sample[:, 0]
+            start += n
+        flat = chosen.tolist()
+        out, start = [], 0
+        for n in counts:
+            out.append(flat[start : start + n])
+            start += n
+        return out
+
+    # forward passes ----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def build_step(
+        self,
+        reqs: list[Request],
+        tokens: list[list[int]],
+        offsets: list[list[int]],
+        tree_mask: torch.Tensor | None,
+        logit_rows: list[int] | None,
+    ) -> StepInput:
+        """Inputs for tokens[b] of request b at positions kv_len + offsets[b][i].
+
+        The tokens take the request's next cache slots kv_len .. kv_len + len(tokens[b]) - 1.
+        """
+        dev, pool = self.device, self.pool
+        ids, pos, slots, kv_lens, indptr = [], [], [], [], [0]
+        for req, toks, offs in zip(reqs, tokens, offsets, strict=True):
+            ids += toks
+            pos += [req.kv_len + o for o in offs]
+            slots += pool.slots(req.row, req.kv_len, req.kv_len + len(toks))
+            kv_lens.append(req.kv_len + len(toks))
+            indptr.append(indptr[-1] + len(toks))
+        max_pages = pool.pages_for(max(kv_lens))
+        rows = torch.tensor([r.row for r in reqs], device=dev)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long).to(dev)  # noqa: E731
+        as_int = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev)  # noqa: E731
+        return StepInput(
+            input_ids=as_long(ids),
+            positions=as_long(pos),
+            out_slots=as_long(slots),
+            page_table=pool.req_to_page[rows, :max_pages],
+            kv_lens=as_int(kv_lens),
+            q_indptr=as_int(indptr),
+            tree_mask=None if tree_mask is None else tree_mask.to(dev),
+            max_q_len=max(len(t) for t in tokens),
+            max_kv_len=max(kv_lens),
+            logit_rows=None if logit_rows is None else as_long(logit_rows),
+        )
+
+    def forward(self, step: StepInput, decode: bool = False) -> torch.Tensor:
+        if decode and self.graphs is not None:
+            return self.graphs.forward(step)
+        return self.model.forward(step, self.pool.cache, self.backend)
+
+    def _prefill_chunk(self, req: Request) -> None:
+        start = req.prefilled
+        end = min(start + self.cfg.chunk_size, len(req.prompt))
+        if not self._reserve([req], end - start):
+            return
+        n = end - start
+        step = self.build_step([req], [req.prompt[start:end]], [list(range(n))], None, [n - 1])
+        self._sync()
+        t0 = time.perf_counter()
+        logits = self.forward(step)
+        last = end == len(req.prompt)
+        target = self._targets([req], [1], logits)[0][0] if last else None
+        self._sync()
+        req.prefill_ms += (time.perf_counter() - t0) * 1e3
+        req.prefilled = req.kv_len = end
+        if last:
+            self._emit(req, [target])
+
+    def _decode_step(self, reqs: list[Request]) -> None:
+        q = self.cfg.spec_tokens
+        reqs = self._reserve(reqs, q)
+        if not reqs:
+            return
+        trees: list[DraftTree] = []
+        if self.cfg.spec == "none":
+            tokens = [[r.tokens[-1]] for r in reqs]
+            offsets = [[0]] * len(reqs)
+        elif self.cfg.spec == "chain":
+            tokens = [
+                [r.tokens[-1]] + self.drafter.draft_chain(r.drafter_state, r.tokens, q - 1)
+                for r in reqs
+            ]
+            offsets = [list(range(q))] * len(reqs)
+        else:
+            trees = [self.drafter.draft_tree(r.drafter_state, r.tokens, q) for r in reqs]
+            tokens = [t.tokens for t in trees]
+            offsets = [t.depths() for t in trees]
+        mask = torch.stack([t.ancestor_mask() for t in trees]) if trees else None
+        step = self.build_step(reqs, tokens, offsets, mask, None)
+        self._sync()
+        t0 = time.perf_counter()
+        logits = self.forward(step, decode=True)
+        targets = self._targets(reqs, [q] * len(reqs), logits)
+        self._sync()
+        ms = (time.perf_counter() - t0) * 1e3
+        for i, req in enumerate(reqs):
+            req.decode_ms.append(ms)
+            if self.cfg.spec == "none":
+                req.kv_len += 1
+                self._emit(req, targets[i])
+                continue
+            if self.cfg.spec == "chain":
+                emitted = accept_chain(tokens[i][1:], targets[i])
+            else:
+                path, emitted = accept_tree(trees[i], targets[i])
+                self._compact_path(req, path)
+            req.verify_ms.append(ms)
+            req.accepted += len(emitted)
+            req.kv_len += len(emitted)  # the last token and the accepted drafts
+            self.pool.truncate(req.row, req.kv_len)
+            self._emit(req, emitted)
+
+    def _compact_path(self, req: Request, path: list[int]) -> None:
+        """Move the accepted tree nodes' KV to consecutive slots right after the prefix."""
+        moves = [(node, i) for i, node in enumerate(path) if node != i]
+        if not moves:
+            return
+        slot = lambda i: self.pool.slots(req.row, req.kv_len + i, req.kv_len + i + 1)[0]  # noqa: E731
+        self.pool.move_rows([slot(s) for s, _ in moves], [slot(d) for _, d in moves])
+
+    # defragmentation ---------------------------------------------------------------------------
+    def fragmentation(self) -> dict:
+        info = self.pool.fragmentation()
+        info.update(defrag_runs=self.defrag_runs, defrag_pages_moved=self.defrag_pages_moved)
+        return info
+
+    def maybe_defrag(self, force: bool = False) -> int:
+        """Compact every running request's pages when fragmentation passes the threshold."""
+        frag = self.pool.fragmentation()["request_fragmentation"]
+        if not force and frag <= self.cfg.defrag_threshold:
+            return 0
+        self._sync()
+        moved = self.pool.defragment()
+        self.defrag_runs += 1
+        self.defrag_pages_moved += moved
+        return moved

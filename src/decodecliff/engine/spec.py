@@ -1,0 +1,164 @@
+"""Speculative decoding: drafters and greedy acceptance for chains and trees.
+
+A verify step scores a fixed number of query tokens per request, so its shapes never change and the
+step can be captured once: a chain is [last token, d_1 .. d_{L-1}]; a tree has N nodes in
+topological order, node 0 the last token, each other node a draft token under its parent.
+
+Acceptance compares the drafts with the target's own choice at every position (argmax, or a sample
+at temperature > 0): the longest matching chain prefix or tree path is accepted, plus the target's
+token after it (the bonus). The emitted tokens are exactly those plain decoding would produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int]  # [N], tokens[0] is the last committed token
+    parents: list[int]  # [N], parents[0] = -1, parents[i] < i
+
+    def depths(self) -> list[int]:
+        depth = [0] * len(self.parents)
+        for i in range(1, len(self.parents)):
+            depth[i] = depth[self.parents[i]] + 1
+        return depth
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: node i sees node j when j is i or one of its ancestors."""
+        n = len(self.parents)
+        mask = np.zeros((n, n), dtype=bool)
+        for i, parent in enumerate(self.parents):  # parents come first: copy the parent's row
+            if parent >= 0:
+                mask[i] = mask[parent]
+            mask[i, i] = True
+        return torch.from_numpy(mask)
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens from a request's committed tokens; state is per request."""
+
+    def new_state(self) -> object: ...
+
+    def draft_chain(self, state: object, history: list[int], n: int) -> list[int]: ...
+
+    def draft_tree(self, state: object, history: list[int], num_nodes: int) -> DraftTree: ...
+
+
+class NgramIndex:
+    """Where each n-gram of a growing token list occurred: n-gram -> positions of the next token."""
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.table: dict[tuple[int, ...], list[int]] = {}
+        self.indexed = 0  # positions < indexed are in the table
+
+    def update(self, history: list[int]) -> None:
+        for pos in range(max(self.indexed, 1), len(history)):
+            for n in range(1, min(self.max_ngram, pos) + 1):
+                self.table.setdefault(tuple(history[pos - n : pos]), []).append(pos)
+        self.indexed = max(self.indexed, len(history))
+
+    def continuations(self, context: list[int], limit: int) -> list[int]:
+        """Up to limit positions whose preceding tokens match the context's tail, best first."""
+        found: list[int] = []
+        for n in range(min(self.max_ngram, len(context)), 0, -1):
+            for pos in reversed(self.table.get(tuple(context[-n:]), [])):
+                if pos not in found:
+                    found.append(pos)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the most recent longest n-gram match of the history's tail.
+
+    When the history offers fewer tokens than asked the drafter keeps guessing (it looks up its own
+    continuation again, then repeats the last token), so every draft has the full size.
+    """
+
+    def __init__(self, max_ngram: int = 4, max_candidates: int = 8) -> None:
+        self.max_ngram, self.max_candidates = max_ngram, max_candidates
+
+    def new_state(self) -> NgramIndex:
+        return NgramIndex(self.max_ngram)
+
+    def draft_chain(self, state: NgramIndex, history: list[int], n: int) -> list[int]:
+        state.update(history)
+        return self._chain(state, history, history, n)
+
+    @staticmethod
+    def _chain(state: NgramIndex, history: list[int], prefix: list[int], n: int) -> list[int]:
+        """n tokens after prefix (history plus uncommitted guesses), looked up in history."""
+        draft: list[int] = []
+        while len(draft) < n:
+            context = prefix[-state.max_ngram :] + draft
+            starts = state.continuations(context, 1)
+            if not starts:
+                draft.extend([context[-1]] * (n - len(draft)))
+                break
+            draft.extend(history[starts[0] : starts[0] + n - len(draft)])
+        return draft[:n]
+
+    def draft_tree(self, state: NgramIndex, history: list[int], num_nodes: int) -> DraftTree:
+        state.update(history)
+        tree = DraftTree(tokens=[history[-1]], parents=[-1])
+        children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+        def insert(parent: int, seq: list[int]) -> None:
+            for tok in seq:
+                if len(tree.tokens) >= num_nodes:
+                    return
+                node = children.get((parent, tok))
+                if node is None:
+                    node = len(tree.tokens)
+                    tree.tokens.append(tok)
+                    tree.parents.append(parent)
+                    children[(parent, tok)] = node
+                parent = node
+
+        depth = max(num_nodes // 4, 1)
+        for start in state.continuations(history, self.max_candidates):
+            insert(0, history[start : start + depth])
+        # Pad with best guesses below the newest node (a leaf, so every guess adds nodes).
+        while len(tree.tokens) < num_nodes:
+            leaf = len(tree.tokens) - 1
+            path, node = [], leaf
+            while node > 0:
+                path.append(tree.tokens[node])
+                node = tree.parents[node]
+            prefix = history[-self.max_ngram :] + path[::-1]
+            guess = self._chain(state, history, prefix, num_nodes - len(tree.tokens))
+            insert(leaf, guess)
+        return tree
+
+
+def accept_chain(draft: list[int], target: list[int]) -> list[int]:
+    """Tokens emitted by one chain verify step.
+
+    draft = [d_1 .. d_{L-1}] (the tokens after the last committed one); target[i] is the target's
+    token after query position i. Returns the accepted drafts plus the bonus token.
+    """
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == target[accepted]:
+        accepted += 1
+    return draft[:accepted] + [target[accepted]]
+
+
+def accept_tree(tree: DraftTree, target: list[int]) -> tuple[list[int], list[int]]:
+    """(accepted node path starting at the root, emitted tokens) for one tree verify step."""
+    children: dict[int, dict[int, int]] = {}
+    for node in range(1, len(tree.parents)):
+        children.setdefault(tree.parents[node], {}).setdefault(tree.tokens[node], node)
+    path, node = [0], 0
+    while (nxt := children.get(node, {}).get(target[node])) is not None:
+        path.append(nxt)
+        node = nxt
+    emitted = [tree.tokens[n] for n in path[1:]] + [target[node]]
+    return path, emitted
