@@ -1,14 +1,17 @@
 """Check the custom MLA kernel on a GPU: correctness over many random shapes, sanitizers, timing.
 
-    python scripts/check_custom_kernel.py [--out DIR] [--cases N] [--no-sanitizer] [--no-timing]
+    python scripts/check_custom_kernel.py [--variants v1 v2] [--quick] [--sanitize] [--out DIR]
+                                          [--cases N] [--seed N] [--no-timing]
 
 Needs a CUDA GPU and the built library (`decodecliff build-kernel`). Every case draws fresh random
-inputs, poisons the output with NaN, compares with a float64 reference (||out - ref|| / ||ref||),
-and reruns to check the result is bit-identical. A CUDA-graph case replays one captured launch at
-several context lengths. The sanitizer pass reruns a few small cases under compute-sanitizer
-(memcheck, racecheck). The timing pass uses triton.testing.do_bench (median, L2 flushed)
+inputs, poisons the output with NaN, runs each kernel variant twice (the reruns must be
+bit-identical) and compares with one float64 reference (||out - ref|| / ||ref||). A CUDA-graph
+case per variant replays one captured launch at several context lengths. With --sanitize a few
+small cases rerun under compute-sanitizer (memcheck, racecheck) per variant. The timing pass uses
+triton.testing.do_bench (median, L2 flushed), times the variants side by side on the same batch,
 and reports each point against the floors: bytes / measured copy bandwidth and FLOPs / the
-mma.sync peak (648 TFLOP/s measured on H200). Tables print last; JSON + logs go to --out.
+mma.sync peak (648 TFLOP/s measured on H200). --quick keeps 10 random cases and the main timing
+points (about a minute on an H200). Tables print last; JSON + logs go to --out.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from decodecliff import envinfo
 from decodecliff.kernels.api import D_QK, D_V, AttnBatch
-from decodecliff.kernels.custom import CustomAttention
+from decodecliff.kernels.custom import VARIANTS, CustomAttention
 from decodecliff.kernels.reference import TorchAttention, reference_attention
 from decodecliff.kernels.synthetic import random_batch, random_tree_mask, relative_error
 
@@ -71,7 +74,8 @@ def gpu_reference(batch: AttnBatch) -> torch.Tensor:
     return TorchAttention(torch.float64)(up)
 
 
-def run_case(case: dict, log) -> dict:
+def run_case(case: dict, variants: list[str], log) -> list[dict]:
+    """One random problem, one float64 reference, every variant run twice on NaN-poisoned output."""
     kw = {k: case[k] for k in ("kv_lens", "q_len", "heads", "page_size", "tree")}
     if case.get("cpu_builder"):
         batch = random_batch(**kw, seed=case["seed"], device="cuda", spare_pages=2)
@@ -80,33 +84,40 @@ def run_case(case: dict, log) -> dict:
     if case.get("drop_hints"):
         batch.max_q_len = None
         batch.max_kv_len = None
-    backend = CustomAttention(num_splits=case.get("num_splits"))
-    out = torch.full(
-        (batch.q.shape[0], batch.num_heads, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"
-    )
-    backend(batch, out)
-    torch.cuda.synchronize()
-    first = out.clone()
-    out.fill_(float("nan"))
-    backend(batch, out)
-    torch.cuda.synchronize()
     small = sum(case["kv_lens"]) * case["q_len"] * case["heads"] < 2e6
     ref = reference_attention(batch) if small else gpu_reference(batch).cpu()
-    err = relative_error(out, ref)
-    res = {
-        **{k: v for k, v in case.items() if k != "kv_lens"},
-        "kv_lens": case["kv_lens"][:4],
-        "batch": len(case["kv_lens"]),
-        "splits": backend.plan(batch).num_splits,
-        "rel_err": err,
-        "finite": bool(torch.isfinite(out).all()),
-        "deterministic": bool(torch.equal(first, out)),
-    }
-    res["ok"] = res["finite"] and res["deterministic"] and err < TOL
-    if not res["ok"]:
-        log(f"FAIL {res}")
-        diagnose(out, ref, batch, log)
-    return res
+    results = []
+    for variant in variants:
+        backend = CustomAttention(num_splits=case.get("num_splits"), variant=variant)
+        out = torch.full(
+            (batch.q.shape[0], batch.num_heads, D_V),
+            float("nan"),
+            dtype=torch.bfloat16,
+            device="cuda",
+        )
+        backend(batch, out)
+        torch.cuda.synchronize()
+        first = out.clone()
+        out.fill_(float("nan"))
+        backend(batch, out)
+        torch.cuda.synchronize()
+        err = relative_error(out, ref)
+        res = {
+            "variant": variant,
+            **{k: v for k, v in case.items() if k != "kv_lens"},
+            "kv_lens": case["kv_lens"][:4],
+            "batch": len(case["kv_lens"]),
+            "splits": backend.plan(batch).num_splits,
+            "rel_err": err,
+            "finite": bool(torch.isfinite(out).all()),
+            "deterministic": bool(torch.equal(first, out)),
+        }
+        res["ok"] = res["finite"] and res["deterministic"] and err < TOL
+        if not res["ok"]:
+            log(f"FAIL {res}")
+            diagnose(out, ref, batch, log)
+        results.append(res)
+    return results
 
 
 def diagnose(out: torch.Tensor, ref: torch.Tensor, batch: AttnBatch, log) -> None:
@@ -140,6 +151,8 @@ def correctness_cases(n_random: int, seed: int) -> list[dict]:
         {"kv_lens": [50000], "q_len": 16, "heads": 8, "num_splits": 1},
         {"kv_lens": [2000], "q_len": 2, "heads": 8, "num_splits": 1024},
         {"kv_lens": [12345, 678], "q_len": 16, "heads": 8, "drop_hints": True},
+        {"kv_lens": [40, 3, 17], "q_len": 3, "heads": 5},  # fewer tiles than the ring holds
+        {"kv_lens": [131072], "q_len": 1, "heads": 8, "page_size": 16},
     ]
     cases = [{**base, **c} for c in fixed]
     rng = random.Random(seed)
@@ -172,10 +185,10 @@ def correctness_cases(n_random: int, seed: int) -> list[dict]:
     return cases
 
 
-def graph_case(log) -> dict:
+def graph_case(variant: str, log) -> dict:
     """One captured launch (fixed splits), replayed after kv_lens change on the device."""
     batch = gpu_batch([150_000, 40_000], q_len=16, heads=8, seed=7)
-    backend = CustomAttention(num_splits=16)
+    backend = CustomAttention(num_splits=16, variant=variant)
     out = batch.new_output()
     backend(batch, out)  # sizes the workspace before capture
     torch.cuda.synchronize()
@@ -189,12 +202,18 @@ def graph_case(log) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         errs.append(relative_error(out, gpu_reference(batch).cpu()))
-    res = {"case": "cuda_graph_replay", "rel_errs": errs, "ok": all(e < TOL for e in errs)}
+    res = {
+        "variant": variant,
+        "case": "cuda_graph_replay",
+        "rel_errs": errs,
+        "rel_err": max(errs),
+        "ok": all(e < TOL for e in errs),
+    }
     log(f"graph: {res}")
     return res
 
 
-def sanitizer_child() -> int:
+def sanitizer_child(variants: list[str]) -> int:
     """Small cases to run under compute-sanitizer (inputs on the GPU before the kernels)."""
     for kw in (
         {"kv_lens": [300], "q_len": 16, "heads": 8, "page_size": 1},
@@ -202,16 +221,18 @@ def sanitizer_child() -> int:
         {"kv_lens": [90], "q_len": 16, "heads": 4, "page_size": 64, "tree": True},
     ):
         batch = gpu_batch(**kw, seed=3)
-        out = CustomAttention(num_splits=3)(batch)
-        torch.cuda.synchronize()
-        err = relative_error(out, reference_attention(batch))
-        print(f"sanitizer case {kw}: rel_err {err:.2e}")
-        if not err < TOL:
-            return 3
+        ref = reference_attention(batch)
+        for variant in variants:
+            out = CustomAttention(num_splits=3, variant=variant)(batch)
+            torch.cuda.synchronize()
+            err = relative_error(out, ref)
+            print(f"sanitizer case {variant} {kw}: rel_err {err:.2e}")
+            if not err < TOL:
+                return 3
     return 0
 
 
-def run_sanitizers(out_dir: Path, log) -> list[dict]:
+def run_sanitizers(out_dir: Path, variants: list[str], log) -> list[dict]:
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(tool).exists():
         log("compute-sanitizer not found: skipped")
@@ -229,6 +250,8 @@ def run_sanitizers(out_dir: Path, log) -> list[dict]:
             sys.executable,
             __file__,
             "--sanitizer-child",
+            "--variants",
+            *variants,
         ]
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -261,41 +284,47 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3)
 
 
-def timing(log, bw: float) -> list[dict]:
-    import triton.testing
-
+def timing_points(quick: bool) -> list[tuple]:
+    """(ctx, L, heads, tree, page_size, fixed splits or None) per timed point."""
+    ctxs = (16384, 65536, 131072, 185000) if quick else (1024, 16384, 65536, 131072, 185000)
     points = []
-    for ctx in (1024, 16384, 65536, 131072, 185000):
+    for ctx in ctxs:
         points += [
             (ctx, 1, 8, False, 1, None),
             (ctx, 16, 8, False, 1, None),
             (ctx, 64, 8, True, 1, None),
         ]
-    points += [
-        (185000, 16, 8, False, 64, None),
-        (185000, 16, 64, False, 1, None),
-        (16384, 16, 64, False, 1, None),
-        (185000, 1, 64, False, 1, None),
-        (185000, 16, 8, False, 1, 16),
-        (185000, 16, 8, False, 1, 66),
-        (185000, 16, 8, False, 1, 132),
-        (185000, 1, 8, False, 1, 132),
-        (185000, 1, 8, False, 1, 528),
-    ]
-    try:
-        from decodecliff.kernels.triton_baseline import TritonAttention
+    points += [(185000, 16, 8, False, 64, None), (185000, 16, 64, False, 1, None)]
+    if not quick:
+        points += [
+            (16384, 16, 64, False, 1, None),
+            (185000, 1, 64, False, 1, None),
+            (185000, 16, 8, False, 1, 16),
+            (185000, 16, 8, False, 1, 66),
+            (185000, 16, 8, False, 1, 132),
+            (185000, 1, 8, False, 1, 132),
+            (185000, 1, 8, False, 1, 528),
+        ]
+    return points
 
-        triton_points = {(16384, 16, 8), (185000, 16, 8), (185000, 1, 8), (1024, 16, 8)}
-    except Exception as exc:  # the baseline is optional here
-        log(f"triton baseline unavailable: {exc!r}")
-        triton_points = set()
+
+def timing(log, bw: float, variants: list[str], quick: bool) -> list[dict]:
+    """Each point once per variant on the same batch; triton baseline on a few (not with quick)."""
+    import triton.testing
+
+    triton_points: set = set()
+    if not quick:
+        try:
+            from decodecliff.kernels.triton_baseline import TritonAttention
+
+            triton_points = {(16384, 16, 8), (185000, 16, 8), (185000, 1, 8), (1024, 16, 8)}
+        except Exception as exc:  # the baseline is optional here
+            log(f"triton baseline unavailable: {exc!r}")
+    warmup, rep = (10, 40) if quick else (25, 100)
     rows = []
-    for ctx, q_len, heads, tree, ps, splits in points:
+    for ctx, q_len, heads, tree, ps, splits in timing_points(quick):
         batch = gpu_batch([ctx], q_len, heads, page_size=ps, tree=tree, seed=ctx + q_len)
         out = batch.new_output()
-        backend = CustomAttention(num_splits=splits)
-        step = backend.prepare(batch, out)
-        ms = triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
         nbytes = ctx * D_QK * 2
         flops = q_len * heads * ctx * (D_QK + D_V) * 2
         floor = max(nbytes / bw, flops / MMA_PEAK) * 1e3
@@ -305,13 +334,21 @@ def timing(log, bw: float) -> list[dict]:
             "heads": heads,
             "tree": tree,
             "page": ps,
-            "splits": backend.plan(batch).num_splits,
-            "ms": ms,
-            "GBps": nbytes / ms / 1e6,
-            "TFLOPs": flops / ms / 1e9,
+            "fixed_splits": splits,
             "floor_ms": floor,
-            "of_floor": floor / ms,
+            "variants": {},
         }
+        for variant in variants:
+            backend = CustomAttention(num_splits=splits, variant=variant)
+            step = backend.prepare(batch, out)
+            ms = triton.testing.do_bench(step, warmup=warmup, rep=rep, return_mode="median")
+            row["variants"][variant] = {
+                "splits": backend.plan(batch).num_splits,
+                "ms": ms,
+                "GBps": nbytes / ms / 1e6,
+                "TFLOPs": flops / ms / 1e9,
+                "of_floor": floor / ms,
+            }
         if (ctx, q_len, heads) in triton_points and not tree and ps == 1 and splits is None:
             tstep = TritonAttention().prepare(batch, batch.new_output())
             row["triton_ms"] = triton.testing.do_bench(
@@ -323,20 +360,59 @@ def timing(log, bw: float) -> list[dict]:
     return rows
 
 
+def print_timing(rows: list[dict], variants: list[str], copy_gbps: float) -> None:
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s; per variant: splits, ms, GB/s, % of floor")
+    head = f"{'ctx':>7} {'L':>3} {'H':>3} {'tree':>5} {'pg':>3} {'floor':>7}"
+    for v in variants:
+        head += f" | {v + ' S':>6} {'ms':>8} {'GB/s':>6} {'%fl':>5}"
+    if len(variants) > 1:
+        head += f" | {variants[-1] + '/' + variants[0]:>7}"
+    print(head + f" | {'triton':>8} {'x':>6}")
+    for r in rows:
+        line = (
+            f"{r['ctx']:>7} {r['L']:>3} {r['heads']:>3} {r['tree']!s:>5} {r['page']:>3} "
+            f"{r['floor_ms']:7.4f}"
+        )
+        for v in variants:
+            t = r["variants"][v]
+            line += (
+                f" | {t['splits']:>6} {t['ms']:8.4f} {t['GBps']:6.0f} {100 * t['of_floor']:4.0f}%"
+            )
+        if len(variants) > 1:
+            speedup = r["variants"][variants[0]]["ms"] / r["variants"][variants[-1]]["ms"]
+            line += f" | {speedup:6.2f}x"
+        tr = r.get("triton_ms")
+        if tr is not None:
+            line += f" | {tr:8.3f} {tr / r['variants'][variants[0]]['ms']:6.1f}"
+        print(line)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kernel-check"))
-    parser.add_argument("--cases", type=int, default=40, help="random cases beyond the fixed ones")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=["v1", "v2"],
+        help="kernel variants to check and time side by side (default: v1 v2)",
+    )
+    parser.add_argument("--quick", action="store_true", help="10 random cases, main timing points")
+    parser.add_argument(
+        "--cases", type=int, default=None, help="random cases beyond the fixed ones"
+    )
     parser.add_argument("--seed", type=int, default=None, help="default: fresh every run")
-    parser.add_argument("--no-sanitizer", action="store_true")
+    parser.add_argument("--sanitize", action="store_true", help="also run compute-sanitizer")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--sanitizer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("check_custom_kernel: no CUDA device", file=sys.stderr)
         return 2
+    variants = list(dict.fromkeys(args.variants))
     if args.sanitizer_child:
-        return sanitizer_child()
+        return sanitizer_child(variants)
+    n_cases = args.cases if args.cases is not None else (10 if args.quick else 40)
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "check.log"
     log_path.write_text("")
@@ -346,46 +422,43 @@ def main() -> int:
         with log_path.open("a") as f:
             f.write(msg + "\n")
 
+    start = time.time()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    report = {"env": envinfo.collect(), "seed": seed}
-    log(f"seed {seed}  device {torch.cuda.get_device_name()}")
+    report = {"env": envinfo.collect(), "seed": seed, "variants": variants, "quick": args.quick}
+    log(f"seed {seed}  device {torch.cuda.get_device_name()}  variants {variants}")
     results = []
-    for case in correctness_cases(args.cases, seed):
+    for case in correctness_cases(n_cases, seed):
         t0 = time.time()
-        res = run_case(case, log)
-        log(
-            f"{'ok  ' if res['ok'] else 'FAIL'} err {res['rel_err']:.2e} "
-            f"{time.time() - t0:5.1f}s {json.dumps({k: res[k] for k in res if k != 'ok'})}"
-        )
-        results.append(res)
-    results.append(graph_case(log))
+        for res in run_case(case, variants, log):
+            shown = {k: res[k] for k in res if k not in ("ok", "variant")}
+            log(
+                f"{'ok  ' if res['ok'] else 'FAIL'} {res['variant']} err {res['rel_err']:.2e} "
+                f"{time.time() - t0:5.1f}s {json.dumps(shown)}"
+            )
+            results.append(res)
+    for variant in variants:
+        results.append(graph_case(variant, log))
+    log(f"correctness done in {time.time() - start:.0f} s")
     report["correctness"] = results
-    report["sanitizers"] = [] if args.no_sanitizer else run_sanitizers(args.out, log)
+    report["sanitizers"] = run_sanitizers(args.out, variants, log) if args.sanitize else []
     if not args.no_timing:
         report["copy_GBps"] = copy_bandwidth() / 1e9
-        report["timing"] = timing(log, report["copy_GBps"] * 1e9)
+        report["timing"] = timing(log, report["copy_GBps"] * 1e9, variants, args.quick)
+    report["seconds"] = time.time() - start
     (args.out / "check.json").write_text(json.dumps(report, indent=1, default=str))
 
-    ok = [r for r in results if r["ok"]]
-    errs = [r["rel_err"] for r in results if "rel_err" in r]
-    print(f"\ncorrectness: {len(ok)}/{len(results)} ok, max rel err {max(errs):.2e}")
+    print()
+    for variant in variants:
+        mine = [r for r in results if r["variant"] == variant]
+        n_ok = sum(r["ok"] for r in mine)
+        worst = max(r["rel_err"] for r in mine)
+        print(f"correctness {variant}: {n_ok}/{len(mine)} ok, max rel err {worst:.2e}")
     for s in report["sanitizers"]:
         print(f"sanitizer {s['tool']}: rc {s['rc']} {s['summary']}")
     if "timing" in report:
-        print(f"copy bandwidth {report['copy_GBps']:.0f} GB/s")
-        print(
-            f"{'ctx':>7} {'L':>3} {'H':>3} {'tree':>5} {'pg':>3} {'S':>4} {'ms':>8} "
-            f"{'GB/s':>7} {'TF/s':>6} {'floor':>7} {'%floor':>6} {'triton':>8} {'x':>6}"
-        )
-        for r in report["timing"]:
-            tr = r.get("triton_ms")
-            tri = "" if tr is None else f"{tr:8.3f} {tr / r['ms']:6.1f}"
-            print(
-                f"{r['ctx']:>7} {r['L']:>3} {r['heads']:>3} {r['tree']!s:>5} {r['page']:>3} "
-                f"{r['splits']:>4} {r['ms']:8.4f} {r['GBps']:7.0f} {r['TFLOPs']:6.1f} "
-                f"{r['floor_ms']:7.4f} {100 * r['of_floor']:5.1f}% {tri}"
-            )
-    good = len(ok) == len(results) and all(s["ok"] for s in report["sanitizers"])
+        print_timing(report["timing"], variants, report["copy_GBps"])
+    print(f"total {report['seconds']:.0f} s")
+    good = all(r["ok"] for r in results) and all(s["ok"] for s in report["sanitizers"])
     return 0 if good else 1
 
 

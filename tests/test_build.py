@@ -32,12 +32,25 @@ def test_build_has_required_sass_and_fits_smem(built):
     archs = {k["arch"] for k in info["kernels"]}
     assert archs == {80, 90, 120}
     attn = [k for k in info["kernels"] if "mla_attn_kernel" in k["kernel"]]
-    assert len(attn) == 6  # two row-tile variants x three archs
+    assert len(attn) == 12  # two kernel variants x two row-tile sizes x three archs
+    found = {(k["variant"], k["mtiles"], k["arch"]) for k in attn}
+    assert found == {(v, m, a) for v in ("v1", "v2") for m in (1, 2) for a in (80, 90, 120)}
     for k in info["kernels"]:
         assert 0 < k["smem_total"] <= build.SMEM_LIMIT, k
         assert k["spill_stores"] == k["spill_loads"] == 0, k
     # the big buffers are dynamic: the report must count them, not only ptxas' static bytes
     assert min(k["dynamic_smem"] for k in attn) > 64 * 1024
+    for k in attn:
+        assert k["dynamic_smem"] == expected_smem(k["variant"], k["mtiles"]), k
+    # v2's 16-row kernel is held to 128 registers (two CTAs per SM where shared memory allows)
+    assert all(k["registers"] <= 128 for k in attn if (k["variant"], k["mtiles"]) == ("v2", 1))
+
+
+def expected_smem(variant: str, mtiles: int) -> int:
+    """The shared-memory arithmetic of notes/kernel.md: KV ring + partial S + P + row scalars."""
+    block_n, stages = {"v1": (32, 2), "v2": (16, 4)}[variant]
+    rows, stride = 16 * mtiles, block_n + 8
+    return stages * block_n * 1152 + 4 * rows * stride * 4 + rows * stride * 2 + 3 * rows * 4
 
 
 @needs_nvcc
@@ -56,16 +69,26 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path, capsys):
 
 
 def test_parse_ptxas():
+    name = "_ZN5dcmla15mla_attn_kernelILi2ELi1EEEvNS_6ParamsE"
     log = (
-        "ptxas info    : Compiling entry function '_ZN5dcmla15mla_attn_kernelILi2EEEvNS_6ParamsE'"
-        " for 'sm_90'\n"
-        "ptxas info    : Function properties for _ZN5dcmla15mla_attn_kernelILi2EEEvNS_6ParamsE\n"
+        f"ptxas info    : Compiling entry function '{name}' for 'sm_90'\n"
+        f"ptxas info    : Function properties for {name}\n"
         "    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
         "ptxas info    : Used 198 registers, used 1 barriers, 1024 bytes smem\n"
     )
     (k,) = build.parse_ptxas(log)
     assert (k["arch"], k["registers"], k["static_smem"]) == (90, 198, 1024)
     assert (k["stack_bytes"], k["spill_stores"], k["spill_loads"]) == (16, 8, 4)
+    assert build.attn_params(k["kernel"]) == (2, 1)
+    assert build.attn_params("_ZN5dcmla15mla_attn_kernelILi1ELi2EEEvNS_6ParamsE") == (1, 2)
+    assert build.attn_params("_ZN5dcmla18mla_combine_kernelEPKfS1_P13__nv_bfloat16i") is None
+
+
+def test_unknown_variant_is_a_clear_error():
+    from decodecliff.kernels.custom import CustomAttention
+
+    with pytest.raises(ValueError, match="variant"):
+        CustomAttention(variant="v9")
 
 
 def test_loader_says_how_to_build(tmp_path, monkeypatch):

@@ -19,9 +19,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    from decodecliff.kernels.custom import CustomAttention
-
+def library(tmp_path_factory) -> str:
     lib = os.environ.get("DECODECLIFF_KERNEL_LIB")
     if not lib:
         major, minor = torch.cuda.get_device_capability()
@@ -29,7 +27,14 @@ def backend(tmp_path_factory):
         archs = sorted({major * 10 + minor, 120, 90})
         assert build.cli(["--arch", *map(str, archs), "--out", str(out)]) == 0
         lib = str(out / build.LIB_NAME)
-    return lambda **kw: CustomAttention(lib_path=lib, **kw)
+    return lib
+
+
+@pytest.fixture(params=["v1", "v2"])
+def backend(library, request):
+    from decodecliff.kernels.custom import CustomAttention
+
+    return lambda **kw: CustomAttention(lib_path=library, variant=request.param, **kw)
 
 
 CASES = [
@@ -40,6 +45,7 @@ CASES = [
     dict(kv_lens=[1500], q_len=64, heads=8, page_size=1, tree=True),
     dict(kv_lens=[700], q_len=16, heads=64, page_size=16),
     dict(kv_lens=[300, 900], q_len=5, heads=3, page_size=1),
+    dict(kv_lens=[17, 3, 40], q_len=3, heads=5, page_size=1),  # tiles shorter than one ring
 ]
 
 
@@ -52,6 +58,15 @@ def test_matches_float64_reference(backend, case):
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     assert relative_error(out, reference_attention(batch)) < 1e-2
+
+
+def test_variants_agree(library):
+    from decodecliff.kernels.custom import CustomAttention
+
+    batch = random_batch([6000, 333], q_len=16, heads=8, page_size=16, device="cuda", seed=11)
+    v1 = CustomAttention(lib_path=library, variant="v1")(batch)
+    v2 = CustomAttention(lib_path=library, variant="v2")(batch)
+    assert relative_error(v2, v1.double().cpu()) < 1e-2
 
 
 @pytest.mark.parametrize("splits", [1, 7, 300])

@@ -65,6 +65,7 @@ def find_cuobjdump() -> str | None:
 
 def nvcc_command(nvcc: str, archs: list[int], lib: Path) -> list[str]:
     cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+    cmd += ["--threads", "0"]  # one ptxas per architecture in parallel
     for arch in sorted(set(archs)):
         cmd += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
     top = max(archs)
@@ -107,10 +108,24 @@ def parse_ptxas(log: str) -> list[dict]:
     return kernels
 
 
+_ATTN = re.compile(r"mla_attn_kernelILi(\d+)ELi(\d+)E")  # template <int MT, int V>
+
+
+def attn_params(kernel: str) -> tuple[int, int] | None:
+    """(m-tiles, variant) of an attention kernel from its mangled name; None for other kernels."""
+    m = _ATTN.search(kernel)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def dynamic_smem(handle: ctypes.CDLL, kernel: str) -> int:
     """Dynamic shared memory a kernel launches with, as the library itself reports it."""
-    m = re.search(r"mla_attn_kernelILi(\d+)E", kernel)
-    return int(handle.dcmla_smem_bytes(int(m.group(1)))) if m else 0
+    params = attn_params(kernel)
+    if params is None:
+        return 0
+    nbytes = int(handle.dcmla_smem_bytes(params[1], params[0]))
+    if nbytes < 0:
+        raise BuildError(f"the library does not know kernel {kernel}")
+    return nbytes
 
 
 def sass_archs(cuobjdump: str | None, lib: Path) -> list[int] | None:
@@ -142,6 +157,9 @@ def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
     kernels = parse_ptxas(log)
     handle = ctypes.CDLL(str(lib.resolve()))  # host-only query: needs no GPU
     for k in kernels:
+        params = attn_params(k["kernel"])
+        if params is not None:
+            k["mtiles"], k["variant"] = params[0], f"v{params[1]}"
         k["dynamic_smem"] = dynamic_smem(handle, k["kernel"])
         k["smem_total"] = k["static_smem"] + k["dynamic_smem"]
         k["smem_ok"] = k["smem_total"] <= SMEM_LIMIT
@@ -187,8 +205,11 @@ def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
 def summary(info: dict) -> str:
     lines = [f"built {info['library']} (nvcc {info['nvcc_version']}, SASS {info['sass_archs']})"]
     for k in info["kernels"]:
+        name = k["kernel"]
+        if "variant" in k:
+            name = f"mla_attn_kernel {k['variant']} {16 * k['mtiles']} rows"
         lines.append(
-            f"  sm_{k['arch']:<4} {k['kernel'][:48]:<48} regs {k['registers']:>3}  "
+            f"  sm_{k['arch']:<4} {name[:48]:<48} regs {k['registers']:>3}  "
             f"smem {k['smem_total']:>6} B  spills {k['spill_stores'] + k['spill_loads']}"
         )
     return "\n".join(lines)

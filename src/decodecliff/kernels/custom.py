@@ -4,6 +4,10 @@ The library is found at $DECODECLIFF_KERNEL_LIB, else ./build/kernels/libdecodec
 it with `decodecliff build-kernel`. A call launches the split-KV attention kernel and its combine
 kernel on the current stream: no host sync and no allocation once the workspace is large enough, so
 a step can be captured in a CUDA graph (fix ``num_splits`` at construction, reserve the workspace).
+
+Two kernel variants share the source and are picked at construction (``variant``): "v1" streams
+32-token tiles through a 2-stage ring; "v2" streams 16-token tiles through a 4-stage ring with the
+page-table entries loaded one iteration ahead (see notes/kernel.md).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from .api import D_QK, D_V, AttnBatch
 LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
+VARIANTS = {"v1": 1, "v2": 2}  # name -> the kernel's template parameter
+DEFAULT_VARIANT = "v1"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 
@@ -42,9 +48,9 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
     if resolved not in _LIBS:
         lib = ctypes.CDLL(resolved)
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
-        lib.dcmla_mla_attention.argtypes = [ptr] * 9 + [i32] * 9 + [ctypes.c_float, ptr]
+        lib.dcmla_mla_attention.argtypes = [ptr] * 9 + [i32] * 10 + [ctypes.c_float, ptr]
         lib.dcmla_mla_attention.restype = i32
-        lib.dcmla_ctas_per_sm.argtypes = [i32, ctypes.POINTER(i32)]
+        lib.dcmla_ctas_per_sm.argtypes = [i32, i32, ctypes.POINTER(i32)]
         lib.dcmla_ctas_per_sm.restype = i32
         lib.dcmla_error_string.argtypes = [i32]
         lib.dcmla_error_string.restype = ctypes.c_char_p
@@ -138,11 +144,21 @@ class CustomAttention:
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
+    ``variant``: the kernel variant, "v1" or "v2" (see ``VARIANTS``).
     """
 
     name = "custom"
 
-    def __init__(self, num_splits: int | None = None, lib_path: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        num_splits: int | None = None,
+        lib_path: str | os.PathLike | None = None,
+        variant: str = DEFAULT_VARIANT,
+    ):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+        self.variant = variant
+        self._variant_id = VARIANTS[variant]
         self.lib = load_library(lib_path)
         self.max_splits = int(self.lib.dcmla_max_splits())
         if num_splits is not None and not 1 <= num_splits <= self.max_splits:
@@ -161,7 +177,8 @@ class CustomAttention:
         if key not in self._wave:
             per_sm = ctypes.c_int(0)
             with torch.cuda.device(key[0]):
-                self._raise(self.lib.dcmla_ctas_per_sm(mtiles, ctypes.byref(per_sm)), "occupancy")
+                code = self.lib.dcmla_ctas_per_sm(self._variant_id, mtiles, ctypes.byref(per_sm))
+                self._raise(code, "occupancy")
             sms = torch.cuda.get_device_properties(key[0]).multi_processor_count
             self._wave[key] = sms * max(1, per_sm.value)
         return self._wave[key]
@@ -223,6 +240,7 @@ class CustomAttention:
             0 if tm is None else tm.shape[1],
             plan.num_splits,
             plan.mtiles,
+            self._variant_id,
             float(batch.sm_scale),
         )
         device = batch.q.device

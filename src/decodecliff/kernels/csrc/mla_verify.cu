@@ -2,8 +2,7 @@
 //
 // One CTA = (row tile, KV split, request). A row tile packs 16*MT query rows, row = token * H + head,
 // so every head and draft token of a request shares one pass over the latent tile. The KV split's
-// tokens stream through a 2-stage cp.async ring of 32-token tiles (2 x 36,864 B), gathered through
-// the page table. Per tile:
+// tokens stream through a cp.async ring of BN-token tiles, gathered through the page table. Per tile:
 //   phase 1  S = Q K^T : Q sits in registers split over the 576 dims (warp w holds dims
 //            [144 (w%4), +144) of m-tile w/4), partial S tiles go to shared memory;
 //   reduce   all 256 threads sum the 4 partials, scale, mask, online softmax, write P (bf16);
@@ -12,6 +11,12 @@
 // Each CTA writes fp32 partial O (normalised) + log2-sum-exp per row; a combine kernel merges the
 // splits into bf16 output. The split's KV range comes from kv_lens on the device, so the launch
 // configuration never depends on the context length (CUDA-graph safe).
+//
+// Variants (template parameter V, same code path):
+//   v1: 32-token tiles, 2-stage ring (one tile in flight), page-table load in front of each gather.
+//   v2: 16-token tiles, 4-stage ring (three tiles in flight), the page-table entry of the tile after
+//       the one being issued is loaded one iteration early, two mma chains in phase 1; the 16-row
+//       kernel is held to 128 registers so two CTAs fit an SM where shared memory allows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,12 +30,8 @@ namespace dcmla {
 constexpr int kDqk = 576;                  // 512 latent + 64 rope
 constexpr int kDv = 512;                   // V = latent part of the same row
 constexpr int kRowBytes = kDqk * 2;        // 1152 B per cached token
-constexpr int kBlockN = 32;                // KV tokens per tile
+constexpr int kChunks = kRowBytes / 16;    // 72 16-byte chunks per token row
 constexpr int kThreads = 256;              // 8 warps
-constexpr int kStages = 2;                 // cp.async ring depth
-constexpr int kTileBytes = kBlockN * kRowBytes;  // 36,864 B
-constexpr int kSpStride = 40;              // floats per partial-S row (pad: conflict-free float2)
-constexpr int kPStride = 40;               // bf16 per P row (pad: conflict-free ldmatrix)
 constexpr int kDimGroups = 4;              // phase 1 splits the 576 dims over 4 warps
 constexpr int kKSteps = kDqk / kDimGroups / 16;  // 9 k-steps of 16 dims per warp
 constexpr int kMaxSplits = 1024;
@@ -40,18 +41,41 @@ constexpr int kSmemLimit = 101376;         // sm_120: 99 KB per block
 
 static_assert(kDqk % (kDimGroups * 16) == 0, "dims must split evenly over the warps");
 
-template <int MT>
+template <int V>
+struct Variant;
+template <>
+struct Variant<1> {
+  static constexpr int kBlockN = 32;      // KV tokens per tile
+  static constexpr int kStages = 2;       // cp.async ring depth
+  static constexpr bool kPrefetch = false;  // page-table entries loaded one iteration early
+  static constexpr int kChains = 1;       // independent mma accumulator chains in phase 1
+};
+template <>
+struct Variant<2> {
+  static constexpr int kBlockN = 16;
+  static constexpr int kStages = 4;
+  static constexpr bool kPrefetch = true;
+  static constexpr int kChains = 2;
+};
+
+template <int MT, int V>
 struct SmemLayout {
   static constexpr int kRows = 16 * MT;
+  static constexpr int kBlockN = Variant<V>::kBlockN;
+  static constexpr int kTileBytes = kBlockN * kRowBytes;
+  static constexpr int kSpStride = kBlockN + 8;  // floats per partial-S row (conflict-free float2)
+  static constexpr int kPStride = kBlockN + 8;   // bf16 per P row (conflict-free ldmatrix)
   static constexpr int kKv = 0;
-  static constexpr int kSp = kKv + kStages * kTileBytes;
+  static constexpr int kSp = kKv + Variant<V>::kStages * kTileBytes;
   static constexpr int kP = kSp + kDimGroups * kRows * kSpStride * 4;
   static constexpr int kScale = kP + kRows * kPStride * 2;
   static constexpr int kFinal = kScale + kRows * 4;
   static constexpr int kBytes = kFinal + 2 * kRows * 4;
 };
-static_assert(SmemLayout<2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
-static_assert(SmemLayout<1>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<2, 1>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<1, 1>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<2, 2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<1, 2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 
 struct Params {
   const __nv_bfloat16* q;      // [total_q, H, 576]
@@ -82,13 +106,28 @@ __device__ __forceinline__ bool draft_visible(const Params& p, int b, int qi, in
   return p.tree_mask[(static_cast<int64_t>(b) * n + qi) * n + j] != 0;
 }
 
-template <int MT>
-__global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
-  using L = SmemLayout<MT>;
+// Resident CTAs per SM the register budget is cut for: v2's 16-row (decode) kernel fits 128
+// registers, so two CTAs share an SM where shared memory allows it (sm_90: 2 x 80,832 B).
+template <int MT, int V>
+constexpr int min_blocks() {
+  return (V == 2 && MT == 1) ? 2 : 1;
+}
+
+template <int MT, int V>
+__global__ void __launch_bounds__(kThreads, min_blocks<MT, V>()) mla_attn_kernel(const Params p) {
+  using VT = Variant<V>;
+  using L = SmemLayout<MT, V>;
+  constexpr int BN = VT::kBlockN;
+  constexpr int ST = VT::kStages;
+  constexpr int NC = VT::kChains;
+  constexpr int SPS = L::kSpStride, PS = L::kPStride;
   constexpr int R = L::kRows;
-  constexpr int NT = (MT == 2) ? 4 : 2;    // n-tiles of 8 tokens per warp in phase 1
+  constexpr int NT = (MT == 2) ? BN / 8 : BN / 16;  // phase 1: n-tiles of 8 tokens per warp
   constexpr int TPR = kThreads / R;        // reduce: threads per row
-  constexpr int TPT = kBlockN / TPR;       // reduce: tokens per thread
+  constexpr int TPT = BN / TPR;            // reduce: tokens per thread
+  constexpr int TPTOK = kThreads / BN;     // loader: threads per token
+  constexpr int CPT = (kChunks + TPTOK - 1) / TPTOK;  // loader: chunks per thread
+  static_assert(NT >= 1 && TPT >= 1 && BN % 16 == 0 && ST >= 2, "tile shape");
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
@@ -100,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
   if (rt * R >= rows) return;
   const int kv_len = p.kv_lens[b];
   int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  chunk = (chunk + BN - 1) / BN * BN;
   const int kv_begin = split * chunk;
   const int kv_end = min(kv_len, kv_begin + chunk);
   const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
@@ -120,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
   const int gid = lane >> 2, tig = lane & 3;
   const int dq = warp & 3;                       // phase 1: which quarter of the dims
   const int mt_w = (MT == 2) ? (warp >> 2) : 0;  // phase 1: which m-tile
-  const int nt0 = (MT == 2) ? 0 : (warp >> 2) * 2;  // phase 1: first n-tile
+  const int nt0 = (MT == 2) ? 0 : (warp >> 2) * NT;  // phase 1: first n-tile
 
   // Q fragments (A operand of m16n8k16) for this warp's m-tile and dim quarter, loaded once.
   uint32_t qf[kKSteps][4];
@@ -139,22 +178,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
     }
   }
 
-  // Loader: thread -> token tid/8, chunks (tid%8) + 8k, k < 9: one page-table lookup per tile.
-  const int ld_tok = tid >> 3, ld_c = tid & 7;
+  // Loader: thread -> token tid / TPTOK, chunks (tid % TPTOK) + TPTOK k: one page-table entry per
+  // thread per tile. page_of() is the (dependent) global load; issue() only needs its result, so
+  // v2 calls page_of() one iteration before the issue that uses it.
+  const int ld_tok = tid / TPTOK, ld_c = tid % TPTOK;
   const int* pt = p.page_table + static_cast<int64_t>(b) * p.pt_stride;
-  auto load_tile = [&](int stage, int tile_begin) {
+  auto page_of = [&](int tile_begin) -> int {
     const int t = tile_begin + ld_tok;
-    const bool ok = t < kv_end;
+    return t < kv_end ? pt[t / p.page_size] : 0;
+  };
+  auto issue = [&](int slot, int tile_begin, int page) {
+    const int t = tile_begin + ld_tok;
+    const bool ok = t < kv_end;  // tokens past the split's end are zero-filled
     const __nv_bfloat16* src = p.kv;
-    if (ok) {
-      const int64_t page = pt[t / p.page_size];
-      src = p.kv + (page * p.page_size + t % p.page_size) * kDqk;
-    }
-    const uint32_t dst = kv_smem + stage * kTileBytes;
+    if (ok) src = p.kv + (static_cast<int64_t>(page) * p.page_size + t % p.page_size) * kDqk;
+    const uint32_t dst = kv_smem + slot * L::kTileBytes;
 #pragma unroll
-    for (int k = 0; k < kRowBytes / 16 / 8; ++k) {
-      const int c = ld_c + 8 * k;
-      cp_async16(dst + kv_offset(ld_tok, c), src + c * 8, ok ? 16 : 0);
+    for (int k = 0; k < CPT; ++k) {
+      const int c = ld_c + TPTOK * k;
+      if (kChunks % TPTOK == 0 || c < kChunks)
+        cp_async16(dst + kv_offset(ld_tok, c), src + c * 8, ok ? 16 : 0);
     }
   };
 
@@ -173,46 +216,77 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
 
-  const int n_tiles = (kv_end - kv_begin + kBlockN - 1) / kBlockN;
-  load_tile(0, kv_begin);
-  cp_async_commit();
+  // Prologue: tiles 0 .. ST-2 in flight, one commit group each (empty groups keep the count).
+  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    const int tb = kv_begin + s * BN;
+    if (s < n_tiles) issue(s, tb, page_of(tb));
+    cp_async_commit();
+  }
+  int pf_page = 0;  // v2: page-table entry of tile it + ST - 1, loaded during iteration it - 1
+  if constexpr (VT::kPrefetch) pf_page = page_of(kv_begin + (ST - 1) * BN);
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & 1;
-    const int tile_begin = kv_begin + it * kBlockN;
-    cp_async_wait_all();
-    __syncthreads();  // tile `it` visible; everyone is done with tile it-1 (its stage is free)
-    if (it + 1 < n_tiles) load_tile(stage ^ 1, tile_begin + kBlockN);
-    cp_async_commit();
-    const uint32_t kv_s = kv_smem + stage * kTileBytes;
+    const int slot = it % ST;
+    const int tile_begin = kv_begin + it * BN;
+    cp_async_wait<ST - 2>();  // groups 0..it complete: tile `it` landed (this thread's part)
+    __syncthreads();  // tile `it` visible; everyone is done with tile it-1 (its slot is free)
+    {
+      const int nxt = it + ST - 1;  // goes into slot (it - 1) % ST, freed by the barrier above
+      const int nb = kv_begin + nxt * BN;
+      if constexpr (VT::kPrefetch) {
+        if (nxt < n_tiles) issue(nxt % ST, nb, pf_page);
+        pf_page = page_of(nb + BN);  // consumed next iteration: off this tile's critical path
+      } else {
+        if (nxt < n_tiles) issue(nxt % ST, nb, page_of(nb));
+      }
+      cp_async_commit();
+    }
+    const uint32_t kv_s = kv_smem + slot * L::kTileBytes;
 
     // ---- phase 1: partial S over this warp's 144 dims ----
     {
-      float s[NT][4];
+      float s[NC][NT][4];
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+      for (int ch = 0; ch < NC; ++ch)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[ch][n][e] = 0.f;
       const int b_tok = (lane & 7) + ((lane >> 4) << 3);
       const int b_half = (lane >> 3) & 1;
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         const int c = dq * (kKSteps * 2) + kk * 2 + b_half;
+        const int ch = kk % NC;
+        if constexpr (NT >= 2) {
 #pragma unroll
-        for (int pr = 0; pr < NT / 2; ++pr) {
-          uint32_t kb[4];
-          ldmatrix_x4(kv_s + kv_offset((nt0 + 2 * pr) * 8 + b_tok, c), kb);
-          mma_bf16(s[2 * pr], qf[kk], kb[0], kb[1]);
-          mma_bf16(s[2 * pr + 1], qf[kk], kb[2], kb[3]);
+          for (int pr = 0; pr < NT / 2; ++pr) {
+            uint32_t kb[4];
+            ldmatrix_x4(kv_s + kv_offset((nt0 + 2 * pr) * 8 + b_tok, c), kb);
+            mma_bf16(s[ch][2 * pr], qf[kk], kb[0], kb[1]);
+            mma_bf16(s[ch][2 * pr + 1], qf[kk], kb[2], kb[3]);
+          }
+        } else {
+          uint32_t kb[2];
+          ldmatrix_x2(kv_s + kv_offset(nt0 * 8 + (lane & 7), c), kb);
+          mma_bf16(s[ch][0], qf[kk], kb[0], kb[1]);
         }
       }
-      float* sp = sp_smem + dq * R * kSpStride;
+#pragma unroll
+      for (int ch = 1; ch < NC; ++ch)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[0][n][e] += s[ch][n][e];
+      float* sp = sp_smem + dq * R * SPS;
       const int r = mt_w * 16 + gid;
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const int col = (nt0 + n) * 8 + 2 * tig;
-        *reinterpret_cast<float2*>(sp + r * kSpStride + col) = make_float2(s[n][0], s[n][1]);
-        *reinterpret_cast<float2*>(sp + (r + 8) * kSpStride + col) = make_float2(s[n][2], s[n][3]);
+        *reinterpret_cast<float2*>(sp + r * SPS + col) = make_float2(s[0][n][0], s[0][n][1]);
+        *reinterpret_cast<float2*>(sp + (r + 8) * SPS + col) = make_float2(s[0][n][2], s[0][n][3]);
       }
     }
     __syncthreads();
@@ -224,20 +298,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
       for (int e = 0; e < TPT; ++e) sv[e] = 0.f;
 #pragma unroll
       for (int d = 0; d < kDimGroups; ++d) {
-        const float* src = sp_smem + (d * R + rr) * kSpStride + rj * TPT;
-        if constexpr (TPT == 4) {
-          const float4 v = *reinterpret_cast<const float4*>(src);
-          sv[0] += v.x;
-          sv[1] += v.y;
-          sv[2] += v.z;
-          sv[3] += v.w;
-        } else {
+        const float* src = sp_smem + (d * R + rr) * SPS + rj * TPT;
+        if constexpr (TPT % 4 == 0) {
+#pragma unroll
+          for (int e = 0; e < TPT; e += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(src + e);
+            sv[e] += v.x;
+            sv[e + 1] += v.y;
+            sv[e + 2] += v.z;
+            sv[e + 3] += v.w;
+          }
+        } else if constexpr (TPT % 2 == 0) {
 #pragma unroll
           for (int e = 0; e < TPT; e += 2) {
             const float2 v = *reinterpret_cast<const float2*>(src + e);
             sv[e] += v.x;
             sv[e + 1] += v.y;
           }
+        } else {
+#pragma unroll
+          for (int e = 0; e < TPT; ++e) sv[e] += src[e];
         }
       }
       float mx = -INFINITY;
@@ -264,9 +344,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
       for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
       row_l = row_l * alpha + sum;
       row_m = m_new;
-      uint32_t* pdst = reinterpret_cast<uint32_t*>(p_smem + rr * kPStride + rj * TPT);
+      if constexpr (TPT % 2 == 0) {
+        uint32_t* pdst = reinterpret_cast<uint32_t*>(p_smem + rr * PS + rj * TPT);
 #pragma unroll
-      for (int e = 0; e < TPT; e += 2) pdst[e / 2] = pack_bf16x2(sv[e], sv[e + 1]);
+        for (int e = 0; e < TPT; e += 2) pdst[e / 2] = pack_bf16x2(sv[e], sv[e + 1]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < TPT; ++e) p_smem[rr * PS + rj * TPT + e] = __float2bfloat16_rn(sv[e]);
+      }
       if (rj == 0) scale_smem[rr] = alpha;
     }
     __syncthreads();
@@ -287,11 +372,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attn_kernel(const Params p) {
       const uint32_t p_base = smem_addr(p_smem);
       const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      for (int ks = 0; ks < BN / 16; ++ks) {
         uint32_t pa[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-          ldmatrix_x4(p_base + ((m * 16 + a_row) * kPStride + ks * 16 + (lane >> 4) * 8) * 2, pa[m]);
+          ldmatrix_x4(p_base + ((m * 16 + a_row) * PS + ks * 16 + (lane >> 4) * 8) * 2, pa[m]);
         const int v_tok = ks * 16 + a_row;
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -396,7 +481,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
   }
 }
 
-template <int MT>
+template <int MT, int V>
 cudaError_t prepare_kernel() {
   // The >48 KB dynamic shared memory opt-in is per device; remember it per device (host only, no
   // stream work, so this is safe during graph capture).
@@ -405,68 +490,83 @@ cudaError_t prepare_kernel() {
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev >= 0 && dev < 64 && done[dev]) return cudaSuccess;
-  err = cudaFuncSetAttribute(mla_attn_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SmemLayout<MT>::kBytes);
+  err = cudaFuncSetAttribute(mla_attn_kernel<MT, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SmemLayout<MT, V>::kBytes);
   if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
   return err;
 }
 
-template <int MT>
+template <int MT, int V>
 cudaError_t launch_attn(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
-  cudaError_t err = prepare_kernel<MT>();
+  cudaError_t err = prepare_kernel<MT, V>();
   if (err != cudaSuccess) return err;
   dim3 grid(row_tiles, p.num_splits, batch);
-  mla_attn_kernel<MT><<<grid, kThreads, SmemLayout<MT>::kBytes, stream>>>(p);
+  mla_attn_kernel<MT, V><<<grid, kThreads, SmemLayout<MT, V>::kBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int MT, int V>
+cudaError_t ctas_per_sm(int* out) {
+  cudaError_t err = prepare_kernel<MT, V>();
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, mla_attn_kernel<MT, V>, kThreads,
+                                                       SmemLayout<MT, V>::kBytes);
+}
+
+inline bool valid_variant(int variant, int mtiles) {
+  return (variant == 1 || variant == 2) && (mtiles == 1 || mtiles == 2);
 }
 
 }  // namespace dcmla
 
 extern "C" {
 
-// Rows per CTA row tile for a variant: 16 * mtiles.
+// Rows per CTA row tile for a row-tile size: 16 * mtiles.
 int dcmla_rows_per_tile(int mtiles) { return 16 * mtiles; }
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
 
-// Dynamic shared memory of the attention kernel variant (static shared memory is in ptxas -v).
-int dcmla_smem_bytes(int mtiles) {
-  return mtiles == 1 ? dcmla::SmemLayout<1>::kBytes : dcmla::SmemLayout<2>::kBytes;
+// KV tokens per tile of a kernel variant (1 or 2); -1 for an unknown variant.
+int dcmla_block_n(int variant) {
+  if (variant == 1) return dcmla::Variant<1>::kBlockN;
+  if (variant == 2) return dcmla::Variant<2>::kBlockN;
+  return -1;
+}
+
+// Dynamic shared memory of an attention kernel (static shared memory is in ptxas -v); -1 if unknown.
+int dcmla_smem_bytes(int variant, int mtiles) {
+  if (!dcmla::valid_variant(variant, mtiles)) return -1;
+  if (variant == 1)
+    return mtiles == 1 ? dcmla::SmemLayout<1, 1>::kBytes : dcmla::SmemLayout<2, 1>::kBytes;
+  return mtiles == 1 ? dcmla::SmemLayout<1, 2>::kBytes : dcmla::SmemLayout<2, 2>::kBytes;
 }
 
 const char* dcmla_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
-// Resident CTAs per SM of the attention kernel variant on the current device.
-int dcmla_ctas_per_sm(int mtiles, int* out) {
+// Resident CTAs per SM of an attention kernel on the current device.
+int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
+  if (!dcmla::valid_variant(variant, mtiles)) return static_cast<int>(cudaErrorInvalidValue);
   cudaError_t err;
-  if (mtiles == 1) {
-    err = dcmla::prepare_kernel<1>();
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dcmla::mla_attn_kernel<1>,
-                                                          dcmla::kThreads,
-                                                          dcmla::SmemLayout<1>::kBytes);
-  } else {
-    err = dcmla::prepare_kernel<2>();
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, dcmla::mla_attn_kernel<2>,
-                                                          dcmla::kThreads,
-                                                          dcmla::SmemLayout<2>::kBytes);
-  }
+  if (variant == 1)
+    err = mtiles == 1 ? dcmla::ctas_per_sm<1, 1>(out) : dcmla::ctas_per_sm<2, 1>(out);
+  else
+    err = mtiles == 1 ? dcmla::ctas_per_sm<1, 2>(out) : dcmla::ctas_per_sm<2, 2>(out);
   return static_cast<int>(err);
 }
 
 // out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
 // ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
+// variant: 1 or 2 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
                         int page_size, int pt_stride, int tree_stride, int num_splits, int mtiles,
-                        float sm_scale, cudaStream_t stream) {
+                        int variant, float sm_scale, cudaStream_t stream) {
   if (batch <= 0 || total_q <= 0) return static_cast<int>(cudaSuccess);
   if (heads <= 0 || max_q_len <= 0 || page_size <= 0 || pt_stride <= 0 || num_splits <= 0 ||
-      num_splits > dcmla::kMaxSplits || (mtiles != 1 && mtiles != 2) ||
+      num_splits > dcmla::kMaxSplits || !dcmla::valid_variant(variant, mtiles) ||
       (tree_mask != nullptr && tree_stride < max_q_len))
     return static_cast<int>(cudaErrorInvalidValue);
   dcmla::Params p;
@@ -486,8 +586,13 @@ int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, co
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   const int rows = 16 * mtiles;
   const int row_tiles = (max_q_len * heads + rows - 1) / rows;
-  cudaError_t err = mtiles == 1 ? dcmla::launch_attn<1>(p, row_tiles, batch, stream)
-                                : dcmla::launch_attn<2>(p, row_tiles, batch, stream);
+  cudaError_t err;
+  if (variant == 1)
+    err = mtiles == 1 ? dcmla::launch_attn<1, 1>(p, row_tiles, batch, stream)
+                      : dcmla::launch_attn<2, 1>(p, row_tiles, batch, stream);
+  else
+    err = mtiles == 1 ? dcmla::launch_attn<1, 2>(p, row_tiles, batch, stream)
+                      : dcmla::launch_attn<2, 2>(p, row_tiles, batch, stream);
   if (err != cudaSuccess) return static_cast<int>(err);
   dim3 grid(static_cast<unsigned>(total_q) * heads, dcmla::kDv / dcmla::kCombineCols);
   dcmla::mla_combine_kernel<<<grid, dcmla::kCombineThreads, 0, stream>>>(
