@@ -14,7 +14,7 @@ import torch
 from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.kv_pool import PageAllocator, page_breaks
-from decodecliff.engine.model import StepInput, SyntheticMLA
+from decodecliff.engine.model import StepInput, SyntheticMLA, mha_spans
 from decodecliff.engine.request import SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter, accept_chain, accept_tree
 from decodecliff.kernels.reference import TorchAttention
@@ -270,3 +270,92 @@ def test_bench_engine_script_writes_step_times(tmp_path):
         assert row["step_ms"] > 0 and row["non_attention_ms"] > 0
         assert len(row["step_ms_all"]) == 2
     assert data["env"]["torch"] and "bench_engine.py" in data["command"]
+
+
+def prefill_step(prefix: int, chunk: int, page_size: int, seed: int) -> StepInput:
+    """A chunk of `chunk` tokens after `prefix` cached ones, in scattered pages."""
+    total = prefix + chunk
+    pages = PageAllocator(64, scatter_seed=seed).alloc(-(-total // page_size))
+    table = torch.tensor(pages, dtype=torch.int32)[None]
+    t = torch.arange(prefix, total)
+    return StepInput(
+        input_ids=torch.randint(1, 512, (chunk,), generator=torch.Generator().manual_seed(seed)),
+        positions=t,
+        out_slots=table[0, t // page_size].long() * page_size + t % page_size,
+        page_table=table,
+        kv_lens=torch.tensor([total], dtype=torch.int32),
+        q_indptr=torch.tensor([0, chunk], dtype=torch.int32),
+        tree_mask=None,
+        max_q_len=chunk,
+        max_kv_len=total,
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=["fp64", "fp32"]
+)
+@pytest.mark.parametrize("prefix,chunk", [(0, 33), (70, 1), (45, 20)])
+def test_mha_prefill_attention_equals_the_absorbed_path_per_layer(dtype, tol, prefix, chunk):
+    model = SyntheticMLA(PRESETS["tiny"], "cpu", dtype, seed=3)
+    page_size = 3
+    step = prefill_step(prefix, chunk, page_size, seed=prefix + chunk)
+    cache = torch.randn(64, page_size, PRESETS["tiny"].kv_row_dim, dtype=dtype)
+    h = torch.randn(chunk, PRESETS["tiny"].hidden, dtype=dtype)
+    mha_cache = cache.clone()
+    for layer in model.layers:
+        absorbed = model._attention(layer, h, step, cache, TorchAttention())
+        spans = mha_spans(step, page_size)
+        mha = model._attention(layer, h, step, mha_cache, TorchAttention(), spans)
+        assert torch.equal(cache, mha_cache)  # the chunk's latent rows were cached the same way
+        assert (mha - absorbed).abs().max() <= tol * absorbed.abs().max()
+    # The whole model: same logits from caches that hold the same prefix.
+    layers = torch.stack([cache] * len(model.layers))
+    ref = model.forward(step, layers.clone(), TorchAttention())
+    mha_logits = model.forward(dataclasses.replace(step, mha=True), layers, TorchAttention())
+    assert (mha_logits - ref).abs().max() <= 10 * tol * ref.abs().max()
+
+
+class RecordingAttention(TorchAttention):
+    """The torch backend, remembering how many query tokens per request each call had."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_lens: list[int] = []
+
+    def __call__(self, batch, out=None):
+        self.q_lens.append(batch.max_q_len)
+        return super().__call__(batch, out)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"chunk_size": 7},
+        {"chunk_size": 4096},
+        {"page_size": 3, "scatter_seed": 5},
+        {"spec": "chain"},
+        {"max_running_requests": 1},
+    ],
+    ids=["chunk7", "one-chunk", "page3-scattered", "chain", "one-at-a-time"],
+)
+def test_mha_prefill_gives_the_same_greedy_tokens(plain, overrides):
+    eng = engine(prefill_attention="mha", **overrides)
+    eng.backend = RecordingAttention()
+    assert outputs(eng, [prompt(90, 1), prompt(150, 2)]) == plain
+    # The backend only ever served decode / verify steps: no prefill chunk reached it.
+    assert set(eng.backend.q_lens) == {eng.cfg.spec_tokens}
+
+
+def test_mha_prefill_in_bfloat16_matches_the_absorbed_path():
+    prompts = [prompt(90, 1), prompt(150, 2)]
+    absorbed = outputs(engine(dtype="bfloat16"), prompts)
+    assert outputs(engine(dtype="bfloat16", prefill_attention="mha"), prompts) == absorbed
+
+
+def test_mha_prefill_rejects_a_tree_mask_and_bad_settings():
+    step = prefill_step(4, 4, 1, seed=0)
+    step.tree_mask = torch.ones(1, 4, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="tree mask"):
+        mha_spans(step, 1)
+    with pytest.raises(ValueError, match="prefill attention"):
+        EngineConfig(prefill_attention="flash").validate()

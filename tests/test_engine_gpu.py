@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
 import torch
 
-from decodecliff.engine.config import EngineConfig
+from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
+from decodecliff.engine.model import StepInput, SyntheticMLA, mha_spans
 from decodecliff.engine.request import SamplingParams
+from decodecliff.kernels.reference import TorchAttention
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -76,3 +79,49 @@ def test_defrag_matches_on_the_gpu(backend):
         backend=backend, scatter_seed=1, defrag=True, defrag_threshold=0.0, defrag_interval=1
     )
     assert defrag == plain
+
+
+def test_mha_prefill_gives_the_absorbed_path_s_tokens_on_the_gpu():
+    assert run(dtype="float32", prefill_attention="mha") == run(dtype="float32")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_mha_prefill_layer_matches_at_kimi_shapes(dtype, tol):
+    # One kimi-rank layer, a 512-token chunk after 3000 cached tokens (flash / mem-efficient SDPA).
+    cfg = dataclasses.replace(PRESETS["kimi-k2-tp8-rank"], num_layers=1)
+    model = SyntheticMLA(cfg, "cuda", dtype, seed=0)
+    prefix, chunk, total = 3000, 512, 3512
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cache = torch.randn(total, 1, cfg.kv_row_dim, device="cuda", generator=g).to(dtype)
+    t = torch.arange(prefix, total, device="cuda")
+    step = StepInput(
+        input_ids=t,
+        positions=t,
+        out_slots=t,
+        page_table=torch.arange(total, dtype=torch.int32, device="cuda")[None],
+        kv_lens=torch.tensor([total], dtype=torch.int32, device="cuda"),
+        q_indptr=torch.tensor([0, chunk], dtype=torch.int32, device="cuda"),
+        tree_mask=None,
+        max_q_len=chunk,
+        max_kv_len=total,
+    )
+    h = torch.randn(chunk, cfg.hidden, device="cuda", generator=g).to(dtype)
+    layer = model.layers[0]
+    absorbed = model._attention(layer, h, step, cache.clone(), TorchAttention())
+    mha = model._attention(layer, h, step, cache, TorchAttention(), mha_spans(step, 1))
+    err = (mha.float() - absorbed.float()).norm() / absorbed.float().norm()
+    assert err < tol
+
+
+@pytest.mark.parametrize("backend", capturable_backends())
+def test_mha_prefill_keeps_prefill_chunks_away_from_the_backend(backend):
+    eng = engine(backend=backend, chunk_size=4096, prefill_attention="mha")
+    real, q_lens = eng.backend, []
+
+    def recording(batch, out=None):
+        q_lens.append(batch.max_q_len)
+        return real(batch, out)
+
+    eng.backend = recording
+    assert [len(o) for o in outputs(eng)] == [16, 16]
+    assert set(q_lens) == {1}

@@ -107,6 +107,7 @@ def test_ready_line_health_and_server_info(srv):
     assert info["preset"] == "tiny" and info["backend"] == "torch" and info["page_size"] == 1
     assert info["vocab_size"] == 512 and info["chunked_prefill_size"] == 64
     assert info["speculative_algorithm"] == "none" and info["cuda_graph"] is False
+    assert info["prefill_attention"] == "backend"
     assert "request_fragmentation" in info["fragmentation"]
     assert info["env"]["torch"]
     assert srv.post("/flush_cache", {}).status_code == 200
@@ -266,6 +267,16 @@ def test_tree_speculation_matches_plain_and_reports_verify_stats(srv):
     assert meta["spec_verify_ct"] > 0 and meta["verify_step_ms"] > 0
     assert 1 <= meta["spec_accept_length"] <= 16
     assert info["speculative_algorithm"] == "tree" and info["speculative_num_draft_tokens"] == 16
+
+
+def test_mha_prefill_serves_the_same_tokens_and_reports_it(srv):
+    plain = gen(srv, PROMPT_B, 20).json()["output_ids"]
+    args = ("--max-total-tokens", "4096", "--chunk-size", "48", "--prefill-attention", "mha")
+    with server(*args) as mha:
+        out = gen(mha, PROMPT_B, 20).json()
+        info = mha.get("/get_server_info").json()
+    assert out["output_ids"] == plain and out["meta_info"]["prefill_ms"] > 0
+    assert info["prefill_attention"] == "mha" and info["chunked_prefill_size"] == 48
 
 
 def test_sigterm_exits_cleanly_while_streaming():

@@ -70,6 +70,9 @@ PRESETS: dict[str, ModelConfig] = {
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 SPEC_MODES = ("none", "chain", "tree")
+# How prefill chunks attend: through the attention backend (absorbed, as decode does) or, as SGLang
+# serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
+PREFILL_ATTENTION = ("backend", "mha")
 
 
 @dataclass
@@ -80,6 +83,7 @@ class EngineConfig:
     dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
     page_size: int = 1
     chunk_size: int = 512
+    prefill_attention: str = "backend"  # one of PREFILL_ATTENTION; decode/verify always absorbed
     max_total_tokens: int | None = None  # None: from mem_fraction (CUDA) or CPU_DEFAULT_TOKENS
     mem_fraction: float = 0.85  # of the free device memory after the weights
     max_running_requests: int = 8
@@ -123,6 +127,10 @@ class EngineConfig:
             (self.dtype is None or self.dtype in DTYPES, f"dtype must be one of {sorted(DTYPES)}"),
             (self.page_size >= 1, "page size must be >= 1"),
             (self.chunk_size >= 1, "chunk size must be >= 1"),
+            (
+                self.prefill_attention in PREFILL_ATTENTION,
+                f"prefill attention must be one of {PREFILL_ATTENTION}",
+            ),
             (self.max_total_tokens is None or self.max_total_tokens >= 1, "max total tokens >= 1"),
             (0.0 < self.mem_fraction <= 1.0, "mem fraction must be in (0, 1]"),
             (self.max_running_requests >= 1, "max running requests must be >= 1"),

@@ -266,10 +266,12 @@ class Engine:
         offsets: list[list[int]],
         tree_mask: torch.Tensor | None,
         logit_rows: list[int] | None,
+        mha: bool = False,
     ) -> StepInput:
         """Inputs for tokens[b] of request b at positions kv_len + offsets[b][i].
 
         The tokens take the request's next cache slots kv_len .. kv_len + len(tokens[b]) - 1.
+        With mha the step attends through decompressed multi-head attention (prefill only).
         """
         dev, pool = self.device, self.pool
         ids, pos, slots, kv_lens, indptr = [], [], [], [], [0]
@@ -294,6 +296,7 @@ class Engine:
             max_q_len=max(len(t) for t in tokens),
             max_kv_len=max(kv_lens),
             logit_rows=None if logit_rows is None else as_long(logit_rows),
+            mha=mha,
         )
 
     def forward(self, step: StepInput, decode: bool = False) -> torch.Tensor:
@@ -307,7 +310,8 @@ class Engine:
         if not self._reserve([req], end - start):
             return
         n = end - start
-        step = self.build_step([req], [req.prompt[start:end]], [list(range(n))], None, [n - 1])
+        mha = self.cfg.prefill_attention == "mha"  # then the backend never sees a prefill chunk
+        step = self.build_step([req], [req.prompt[start:end]], [list(range(n))], None, [n - 1], mha)
         self._sync()
         t0 = time.perf_counter()
         logits = self.forward(step)

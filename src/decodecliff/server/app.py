@@ -24,7 +24,13 @@ import torch
 from aiohttp import web
 
 from decodecliff import envinfo
-from decodecliff.engine.config import DTYPES, PRESETS, SPEC_MODES, EngineConfig
+from decodecliff.engine.config import (
+    DTYPES,
+    PREFILL_ATTENTION,
+    PRESETS,
+    SPEC_MODES,
+    EngineConfig,
+)
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import Request, Update
 from decodecliff.kernels.registry import BACKENDS
@@ -244,6 +250,7 @@ def static_info(engine: Engine) -> dict:
         "dtype": str(cfg.torch_dtype).removeprefix("torch."),
         "page_size": cfg.page_size,
         "chunked_prefill_size": cfg.chunk_size,
+        "prefill_attention": cfg.prefill_attention,
         "max_total_num_tokens": engine.max_total_num_tokens,
         "max_running_requests": cfg.max_running_requests,
         "vocab_size": engine.mcfg.vocab_size,
@@ -290,6 +297,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=512, help="chunked prefill size (tokens)")
+    p.add_argument(
+        "--prefill-attention",
+        choices=PREFILL_ATTENTION,
+        default="backend",
+        help="prefill chunks through the attention backend (absorbed) or, as SGLang does, "
+        "multi-head attention over K/V decompressed from the latent; decode/verify use the backend",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     size.add_argument(
@@ -327,6 +341,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         page_size=args.page_size,
         chunk_size=args.chunk_size,
+        prefill_attention=args.prefill_attention,
         max_total_tokens=args.max_total_tokens,
         mem_fraction=args.mem_fraction,
         max_running_requests=args.max_running_requests,
