@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from IPython.display import HTML, Image, Markdown, display
 
-from decodecliff.analysis import layout, provenance, summarize, tables
+from decodecliff.analysis import layout, provenance, summarize, tables, targets
 
 # %% tags=["parameters"]
 summary_dir = "results/summary"  # kernels.csv and sweep.csv from the summarize rule
@@ -83,6 +83,29 @@ for name, study in studies.items():
     gpu = provenance.values(study.sweep.get("gpu")) if len(study.sweep) else "–"
     display(Markdown(f"**{name}** ({gpu if gpu != 'none' else 'CPU'}; baseline `{base}`)"))
     show(headline, "headline" if name == "this run" else f"headline-{name}")
+
+# %% [markdown]
+# ## Targets
+# The study's targets (the configuration's `targets`), checked against each study's result files:
+# met, missed and by how much, or not measured and why. A published study's `NOTES.md` (why a
+# target was missed, what would close it) follows its table.
+
+# %%
+target_list = targets.parse(config.get("targets"))
+if not target_list:
+    display(Markdown("*No targets in the configuration.*"))
+for name, study in studies.items():
+    checked = targets.evaluate(study, target_list)
+    if name == "this run":
+        checked.to_csv(table_dir / "targets.csv", index=False)
+    if not target_list:
+        continue
+    display(Markdown(f"**{name}**"))
+    show(targets.display_table(checked), "targets" if name == "this run" else f"targets-{name}")
+    study_notes = targets.notes(study.root)
+    if study_notes:
+        display(Markdown(f"*Notes of the {name} study (`NOTES.md`):*"))
+        display(Markdown(study_notes))
 
 # %% [markdown]
 # ## Headline: attention time per layer

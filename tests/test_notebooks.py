@@ -12,6 +12,7 @@ import jupytext
 import nbformat
 import pandas as pd
 import pytest
+import yaml
 from report_study import PUBLISHED, REPO, SERVERS, STUDY, executed
 
 from decodecliff.analysis import layout, style, summarize
@@ -126,6 +127,26 @@ def test_report_page_is_self_contained(study: Path) -> None:
     assert "import pandas" not in html, "code must be hidden"
     for fact in ("PyTorch", "Triton", "NVIDIA driver", "commit", "What ran where"):
         assert fact in html
+
+
+def test_report_checks_the_targets_of_both_studies(study: Path) -> None:
+    checked = pd.read_csv(study / "results/tables/report/targets.csv")
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    assert len(checked) == len(schema["properties"]["targets"]["default"])  # the default targets
+    # on a CPU nothing of the custom kernel runs: every target says why it was not measured
+    assert set(checked["status"]) == {"not measured"}
+    kernel = checked[checked["kind"].str.startswith("kernel")]
+    assert kernel["reason"].str.contains("custom backend needs a CUDA GPU").all()
+    assert (
+        checked.loc[~checked.index.isin(kernel.index), "reason"] == "no custom server in the sweep"
+    ).all()
+    html = (study / "results/report.html").read_text()
+    assert 'id="targets"' in html and 'id="targets-published"' in html
+    assert html.index('id="headline"') < html.index('id="targets"') < html.index("headline-kernels")
+    # the published study's NOTES.md, rendered as HTML under its targets table
+    notes = html.index("Why targets were missed")
+    assert html.index('id="targets-published"') < notes
+    assert "<strong>failed</strong>" in html[notes:] and "<li>" in html[notes:]
 
 
 @pytest.mark.parametrize("name", ["kernels", "sweep", "compare", "report"])

@@ -44,14 +44,14 @@ rule notebook_kernels:
         **figure_outputs("kernels", "5. Kernel microbenchmark"),
         tables=layout.table_paths("results", "kernels"),
     params:
-        published=published_dir(),
+        published=published_param,
     log:
         "results/logs/analysis/notebook_kernels.log",
     conda:
         "../../envs/analysis.yaml"
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
-        " -p kernels_csv {input.kernels} -p results results -p published {params.published:q}"
+        " -p kernels_csv {input.kernels} -p results results -y {params.published:q}"
         " > {log} 2>&1"
 
 
@@ -84,7 +84,7 @@ rule notebook_compare:
         **figure_outputs("compare", "7. Baseline vs custom"),
         tables=layout.table_paths("results", "compare"),
     params:
-        published=published_dir(),
+        published=published_param,
     log:
         "results/logs/analysis/notebook_compare.log",
     conda:
@@ -92,4 +92,4 @@ rule notebook_compare:
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
         " -p sweep_csv {input.sweep} -p reference_csv {input.reference} -p results results"
-        " -p published {params.published:q} > {log} 2>&1"
+        " -y {params.published:q} > {log} 2>&1"

@@ -17,12 +17,18 @@ def published_dir() -> str:
     return path if path and os.path.isdir(path) else ""
 
 
+def published_param(wildcards) -> str:
+    """The notebooks' `published` parameter as YAML (an empty -p value vanishes from the command)."""
+    return json.dumps({"published": published_dir()})
+
+
 def published_inputs(wildcards) -> list[str]:
     """The published study's tables, so a newly published study re-renders what shows it."""
     root = published_dir()
     if not root:
         return []
     patterns = ["summary/*.csv", "kernels/bench.json", "build/build.json", "sweep/*/ctx*.json"]
+    patterns.append("NOTES.md")  # the publisher's account of the targets, shown in the report
     return sorted(p for pattern in patterns for p in glob.glob(f"{root}/{pattern}"))
 
 

@@ -24,9 +24,14 @@ rule notebook_report:
             caption="../report/report_kernels.rst",
             category="0. Report",
         ),
+        targets=report(
+            layout.table_paths("results", "report")[2],
+            caption="../report/report_targets.rst",
+            category="0. Report",
+        ),
     params:
         summary=lambda wildcards, input: os.path.dirname(input.kernels),
-        published=published_dir(),
+        published=published_param,
         # a function: the config's command templates hold braces that are not wildcards
         config=lambda wildcards: yaml.safe_dump({"config": config}, sort_keys=False),
     log:
@@ -37,7 +42,7 @@ rule notebook_report:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
         " -p summary_dir {params.summary} -p results results -p bench_json {input.bench}"
         " -p build_json {input.build} -p reference_csv {input.reference}"
-        " -p published {params.published:q} -y {params.config:q} > {log} 2>&1"
+        " -y {params.published:q} -y {params.config:q} > {log} 2>&1"
 
 
 rule render_report:

@@ -13,7 +13,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     "kernels": ("speedup", "not_ok"),
     "sweep": ("points",),
     "compare": ("speedup",),
-    "report": ("headline", "kernels_at_key_contexts"),
+    "report": ("headline", "kernels_at_key_contexts", "targets"),
 }
 
 

@@ -63,8 +63,10 @@ def key_contexts(available, wanted=None, most: int = 5) -> list[int]:
 
 
 def ctx_label(ctx: float) -> str:
-    """1024 -> '1k', 185000 -> '185k', 131072 -> '128k': contexts as people say them."""
+    """1024 -> '1k', 185000 -> '185k', 131072 and 128000 -> '128k': contexts as people say them."""
     ctx = int(ctx)
+    if ctx >= 1000 and ctx % 1000 == 0:
+        return f"{ctx // 1000}k"
     if ctx >= 1000 and ctx % 1024 == 0:
         return f"{ctx // 1024}k"
     if ctx >= 1000:
@@ -81,25 +83,29 @@ def _cell(row: pd.Series, value: str, fmt: str) -> str:
 def kernel_headline(
     kernels: pd.DataFrame, contexts: list[int], heads: int | None = None
 ) -> pd.DataFrame:
-    """ms per layer per backend, mode and page size at the key contexts (one head count)."""
+    """ms per layer per head count, mode, backend and page size at the key contexts.
+
+    Every head count that ran (8 = one TP8 rank, 64 = TP1), or only ``heads`` when given.
+    """
     if kernels.empty or not contexts:
         return pd.DataFrame()
-    heads = heads if heads is not None else int(kernels["heads"].min())
-    df = kernels[(kernels["heads"] == heads) & kernels["ctx"].isin(contexts)].copy()
+    df = kernels[kernels["ctx"].isin(contexts)].copy()
+    if heads is not None:
+        df = df[df["heads"] == heads]
     df["value"] = df.apply(lambda r: _cell(r, "ms", ".3g"), axis=1)
     df["context"] = df["ctx"].map(ctx_label)
     order = {m: i for i, m in enumerate(mode_order(kernels))}
     df["_mode"] = df["mode"].map(order)
-    df = df.sort_values(["_mode", "backend", "series", "page_size", "ctx"])
+    df = df.sort_values(["heads", "_mode", "backend", "series", "page_size", "ctx"])
     table = df.pivot_table(
-        index=["mode", "q_len", "series", "page_size"],
+        index=["heads", "mode", "q_len", "series", "page_size"],
         columns="context",
         values="value",
         aggfunc="first",
         sort=False,
     )
     table = table[[ctx_label(c) for c in contexts if ctx_label(c) in table.columns]]
-    table.columns.name = f"ms per layer, {heads} heads, context:"
+    table.columns.name = "ms per layer, context:"
     return table
 
 
