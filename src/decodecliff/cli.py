@@ -7,7 +7,10 @@ import sys
 
 COMMANDS = {
     "build-kernel": ("decodecliff.kernels.build", "build the custom CUDA kernel library (nvcc)"),
-    "bench-kernels": ("decodecliff.bench.kernels", "time the attention backends against the roofline"),
+    "bench-kernels": (
+        "decodecliff.bench.kernels",
+        "time the attention backends against the roofline",
+    ),
     "serve": ("decodecliff.server.app", "serve the synthetic MLA model over SGLang's HTTP API"),
     "sweep": ("decodecliff.sweep.cli", "run a chunked context sweep against a server"),
 }

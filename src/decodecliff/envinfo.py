@@ -1,4 +1,4 @@
-"""Where a number came from: hardware, driver, library versions and git revision, recorded beside it."""
+"""Where a number came from: hardware, driver, library versions and git revision."""
 
 from __future__ import annotations
 

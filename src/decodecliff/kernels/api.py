@@ -1,16 +1,18 @@
-"""The one interface every attention backend implements: absorbed-MLA attention over a paged KV cache.
+"""The interface every attention backend implements: absorbed-MLA attention over a paged KV cache.
 
 Shapes (Kimi K2 absorbed MLA): a query row and a latent KV row are both D_QK = 576 wide
 (512 latent + 64 rope); V is the first D_V = 512 dims of the same latent row.
 
-A batch holds B requests. Request b has ``q_len[b] = q_indptr[b+1] - q_indptr[b]`` query tokens
-(1 for plain decode, L for a verify step) and ``kv_lens[b]`` cached tokens, the *last* ``q_len[b]`` of
-which are the query tokens' own KV (written to the cache before attention, as SGLang does). The
-prefix ``kv_lens[b] - q_len[b]`` is visible to every query token; among the draft tokens, query i
-sees draft j when ``j <= i`` (chain) or when ``tree_mask[b, i, j]`` is set (tree: ancestors and self).
+A batch holds B requests. Request b has ``q_len[b] = q_indptr[b+1] - q_indptr[b]`` query
+tokens (1 for plain decode, L for a verify step) and ``kv_lens[b]`` cached tokens, the *last*
+``q_len[b]`` of which are the query tokens' own KV (written to the cache before attention, as
+SGLang does). The prefix ``kv_lens[b] - q_len[b]`` is visible to every query token; among the draft
+tokens, query i sees draft j when ``j <= i`` (chain) or when ``tree_mask[b, i, j]`` is set (tree:
+ancestors and self).
 
-Token t of request b lives in cache row ``page_table[b, t // page_size] * page_size + t % page_size``
-of ``kv_cache.view(-1, 576)``. With page_size = 1 the page table is a list of scattered slots.
+Token t of request b lives in cache row
+``page_table[b, t // page_size] * page_size + t % page_size`` of ``kv_cache.view(-1, 576)``.
+With page_size = 1 the page table is a list of scattered slots.
 
 All metadata tensors have fixed shapes chosen by the caller (max batch, max pages), so a step can be
 captured in a CUDA graph and replayed at any context length.
@@ -52,11 +54,13 @@ class AttnBatch:
         return self.kv_cache.shape[1]
 
     def new_output(self) -> torch.Tensor:
-        return torch.empty(self.q.shape[0], self.num_heads, D_V, dtype=self.q.dtype, device=self.q.device)
+        return torch.empty(
+            self.q.shape[0], self.num_heads, D_V, dtype=self.q.dtype, device=self.q.device
+        )
 
 
 class AttentionBackend(Protocol):
-    """``backend(batch, out)`` writes attention for every query row into ``out`` [total_q, heads, 512]."""
+    """``backend(batch, out)`` writes each query row's attention to ``out`` [tokens, heads, 512]."""
 
     name: str
 

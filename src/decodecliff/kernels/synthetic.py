@@ -1,4 +1,4 @@
-"""Random attention problems for tests and benchmarks: scattered pages, ragged batches, draft trees."""
+"""Random attention problems for tests and benchmarks: scattered pages, ragged batches, trees."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from .api import D_QK, AttnBatch
 
 def random_tree_mask(num_nodes: int, generator: torch.Generator) -> torch.Tensor:
     """[n, n] bool ancestor-or-self mask of a random tree whose nodes are in topological order."""
-    parent = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, num_nodes)]
+    parent = [-1] + [
+        int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, num_nodes)
+    ]
     mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
     for i in range(num_nodes):
         j = i
@@ -35,8 +37,8 @@ def random_batch(
 ) -> AttnBatch:
     """A batch of len(kv_lens) requests, each verifying q_len tokens over kv_lens[b] cached tokens.
 
-    The pool holds every request's pages (plus ``spare_pages``) in a random order when ``scattered``,
-    so requests interleave in memory as they do after churn in a real pool.
+    The pool holds every request's pages (plus ``spare_pages``) in a random order when
+    ``scattered``, so requests interleave in memory as they do after churn in a real pool.
     """
     g = torch.Generator().manual_seed(seed)
     if any(n < q_len for n in kv_lens):
