@@ -5,9 +5,10 @@ it with `decodecliff build-kernel`. A call launches the split-KV attention kerne
 kernel on the current stream: no host sync and no allocation once the workspace is large enough, so
 a step can be captured in a CUDA graph (fix ``num_splits`` at construction, reserve the workspace).
 
-Two kernel variants share the source and are picked at construction (``variant``): "v1" streams
-32-token tiles through a 2-stage ring; "v2" streams 16-token tiles through a 4-stage ring with the
-page-table entries loaded one iteration ahead (see notes/kernel.md).
+Two kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
+ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
+iteration ahead. "auto" (the default) takes what the H200 measured fastest for each tile height
+(notes/kernel.md): v2 for 16-row tiles (decode), v1 for 32-row tiles (verify).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 VARIANTS = {"v1": 1, "v2": 2}  # name -> the kernel's template parameter
-DEFAULT_VARIANT = "v1"
+AUTO_VARIANT = {1: "v2", 2: "v1"}  # m16 tiles per CTA -> the faster variant on the H200
+DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 
@@ -144,7 +146,7 @@ class CustomAttention:
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
-    ``variant``: the kernel variant, "v1" or "v2" (see ``VARIANTS``).
+    ``variant``: the kernel variant, "v1", "v2" or "auto" (see ``AUTO_VARIANT``).
     """
 
     name = "custom"
@@ -155,16 +157,18 @@ class CustomAttention:
         lib_path: str | os.PathLike | None = None,
         variant: str = DEFAULT_VARIANT,
     ):
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+        if variant not in (*VARIANTS, "auto"):
+            choices = [*sorted(VARIANTS), "auto"]
+            raise ValueError(f"variant must be one of {choices}, got {variant!r}")
         self.variant = variant
-        self._variant_id = VARIANTS[variant]
         self.lib = load_library(lib_path)
         self.max_splits = int(self.lib.dcmla_max_splits())
         if num_splits is not None and not 1 <= num_splits <= self.max_splits:
             raise ValueError(f"num_splits must be in 1..{self.max_splits}, got {num_splits}")
         self.num_splits = num_splits
         self.workspace: torch.Tensor | None = None
+        # Outgrown workspaces stay allocated: a captured CUDA graph may still point into them.
+        self._retired: list[torch.Tensor] = []
         self._wave: dict[tuple[int, int], int] = {}
 
     def _raise(self, code: int, what: str) -> None:
@@ -172,12 +176,17 @@ class CustomAttention:
             msg = self.lib.dcmla_error_string(code).decode()
             raise RuntimeError(f"custom attention: {what} failed: {msg} (cudaError {code})")
 
+    def variant_id(self, mtiles: int) -> int:
+        return VARIANTS[AUTO_VARIANT[mtiles] if self.variant == "auto" else self.variant]
+
     def ctas_per_wave(self, device: torch.device, mtiles: int) -> int:
         key = (device.index if device.index is not None else torch.cuda.current_device(), mtiles)
         if key not in self._wave:
             per_sm = ctypes.c_int(0)
             with torch.cuda.device(key[0]):
-                code = self.lib.dcmla_ctas_per_sm(self._variant_id, mtiles, ctypes.byref(per_sm))
+                code = self.lib.dcmla_ctas_per_sm(
+                    self.variant_id(mtiles), mtiles, ctypes.byref(per_sm)
+                )
                 self._raise(code, "occupancy")
             sms = torch.cuda.get_device_properties(key[0]).multi_processor_count
             self._wave[key] = sms * max(1, per_sm.value)
@@ -206,6 +215,8 @@ class CustomAttention:
                     f"({need * 4} B needed); run one call at the largest shape before capturing "
                     "or call reserve() with it"
                 )
+            if ws is not None:
+                self._retired.append(ws)
             self.workspace = ws = torch.empty(need, dtype=torch.float32, device=device)
         return ws
 
@@ -240,7 +251,7 @@ class CustomAttention:
             0 if tm is None else tm.shape[1],
             plan.num_splits,
             plan.mtiles,
-            self._variant_id,
+            self.variant_id(plan.mtiles),
             float(batch.sm_scale),
         )
         device = batch.q.device

@@ -408,6 +408,7 @@ class TritonAttention:
         self._indices: torch.Tensor | None = None
         self._logits: torch.Tensor | None = None
         self._lse: torch.Tensor | None = None
+        self._retired: list[torch.Tensor] = []
 
     def config(self, device: torch.device | str | None = None) -> ArchConfig:
         if self._config is None:
@@ -422,6 +423,8 @@ class TritonAttention:
         fits = buf is not None and buf.device == device and buf.dtype == dtype
         if not (fits and all(have >= need for have, need in zip(buf.shape, shape, strict=True))):
             grown = shape if buf is None or not fits else tuple(map(max, buf.shape, shape))
+            if buf is not None:
+                self._retired.append(buf)  # a captured CUDA graph may still point into it
             buf = torch.empty(grown, dtype=dtype, device=device)
             setattr(self, name, buf)
         return buf[tuple(slice(0, n) for n in shape)]
