@@ -1,0 +1,37 @@
+# decodecliff: build the custom kernel, time the attention backends, sweep each server
+# configuration over its context points, summarise, and render the report.
+#
+#   snakemake --cores 2                                      the study in config.yaml
+#   snakemake --cores 1 --configfile config/h200.yaml        the GPU study
+#   snakemake results/sweep/<server>/ctx<N>.json --cores 1 --forcerun   one point again
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    server=server_names_pattern(),
+    ctx=r"[1-9][0-9]*",
+
+
+include: "workflow/rules/build.smk"
+include: "workflow/rules/kernels.smk"
+include: "workflow/rules/sweep.smk"
+include: "workflow/rules/analysis.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

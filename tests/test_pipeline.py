@@ -1,0 +1,326 @@
+"""The Snakemake workflow for real: a small study end to end, one point rerun alone, bad configs
+stopped before any work, and the linter.
+
+The workflow is copied into a temporary folder with a config of two small servers, so the
+repository's own results/ is never touched. The end-to-end run happens once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ["Snakefile", "workflow", "envs", "profiles", "notebooks", "data"]
+TIMEOUT_S = 1200
+
+pytestmark = pytest.mark.slow
+
+
+def small_config() -> dict:
+    """Two torch servers on the tiny model; one point beyond its server's KV pool (skipped)."""
+    default = yaml.safe_load((ROOT / "config.yaml").read_text())
+    chunk = {"timeout_s": 180, "point_timeout_s": 120}
+    return {
+        "study": {"name": "pipeline-test", "description": "The workflow's own test study."},
+        "build": {"archs": [120, 90]},
+        "kernels": {
+            "device": "cpu",
+            "backends": ["torch", "custom"],
+            "contexts": [128],
+            "modes": ["decode"],
+            "page_sizes": [1],
+            "heads": [8],
+            "repeats": 1,
+            "max_seconds_per_point": 10,
+        },
+        "sweep": {
+            "gen_tokens": 4,
+            "start_timeout_s": 120,
+            "preset": "tiny",
+            "device": "cpu",
+            "command": default["sweep"]["command"],
+            "servers": [
+                {
+                    "name": "torch-a",
+                    "backend": "torch",
+                    "page_size": 1,
+                    "spec": {"mode": "chain", "draft_len": 4},
+                    "chunk_size": 64,
+                    "chunks": [{"contexts": [64, 96], **chunk}],
+                },
+                {
+                    "name": "torch-b",
+                    "backend": "torch",
+                    "page_size": 16,
+                    "spec": {"mode": "none"},
+                    "args": "--max-total-tokens 512",
+                    "chunks": [{"contexts": [64], **chunk}, {"contexts": [1024], **chunk}],
+                },
+            ],
+        },
+        "published": None,
+        "reference": "data/reference/seed-rtx-pro-6000-triton.csv",
+    }
+
+
+POINTS = [
+    "results/sweep/torch-a/ctx64.json",
+    "results/sweep/torch-a/ctx96.json",
+    "results/sweep/torch-b/ctx64.json",
+    "results/sweep/torch-b/ctx1024.json",
+]
+
+
+def copy_workflow(dest: Path, config: dict) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run Snakemake of this interpreter in ``workdir``; the rules find `decodecliff` beside it."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a Snakemake run or dry run."""
+    stats = output.split("Job stats:", 1)[1] if "Job stats:" in output else ""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
+
+
+def snapshot(workdir: Path, paths: list[str]) -> dict[str, tuple[int, bytes]]:
+    return {p: ((workdir / p).stat().st_mtime_ns, (workdir / p).read_bytes()) for p in paths}
+
+
+def have_nvcc() -> bool:
+    cuda_home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    return bool(shutil.which("nvcc")) or Path(cuda_home, "bin", "nvcc").is_file()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small study, run once from nothing to the rendered report."""
+    if not have_nvcc():
+        pytest.skip("the study builds the CUDA kernel: nvcc (the CUDA toolkit) is not installed")
+    workdir = copy_workflow(tmp_path_factory.mktemp("study"), small_config())
+    done = snakemake(workdir, "--cores", "2")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+    return workdir
+
+
+def test_end_to_end_writes_every_stage(study: Path) -> None:
+    for path in [
+        "results/build/libdecodecliff_mla.so",
+        "results/build/build.json",
+        "results/kernels/bench.json",
+        *POINTS,
+        "results/summary/kernels.csv",
+        "results/summary/sweep.csv",
+        "results/report.html",
+    ]:
+        assert (study / path).is_file(), path
+        assert (study / path).stat().st_size > 0, path
+    for log in ["build/build_kernel", "kernels/bench_kernels", "sweep/torch-a/ctx64"]:
+        assert (study / f"results/logs/{log}.log").is_file(), log
+    for bench in ["build/build_kernel", "kernels/bench_kernels", "sweep/torch-b/ctx1024"]:
+        assert (study / f"results/benchmarks/{bench}.tsv").is_file(), bench
+
+
+def test_points_record_their_status(study: Path) -> None:
+    status = {p: json.loads((study / p).read_text())["status"] for p in POINTS}
+    assert status == {
+        "results/sweep/torch-a/ctx64.json": "ok",
+        "results/sweep/torch-a/ctx96.json": "ok",
+        "results/sweep/torch-b/ctx64.json": "ok",
+        # beyond the server's 512-token KV pool: recorded, not sent, and the study went on
+        "results/sweep/torch-b/ctx1024.json": "skipped",
+    }
+
+
+def test_custom_kernel_is_skipped_on_cpu_with_its_reason(study: Path) -> None:
+    bench = json.loads((study / "results/kernels/bench.json").read_text())
+    custom = [p for p in bench["points"] if p["backend"] == "custom"]
+    torch_points = [p for p in bench["points"] if p["backend"] == "torch"]
+    assert custom and all(p["status"] == "skipped" and p["reason"] for p in custom)
+    assert torch_points and all(p["status"] == "ok" for p in torch_points)
+    build = json.loads((study / "results/build/build.json").read_text())
+    assert "120" in json.dumps(build) and "90" in json.dumps(build)
+
+
+def test_second_run_has_nothing_to_do(study: Path) -> None:
+    done = snakemake(study, "--cores", "2", "--dry-run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Nothing to be done" in done.stdout + done.stderr
+
+
+def test_one_point_reruns_alone(study: Path) -> None:
+    target = "results/sweep/torch-a/ctx64.json"
+    others = [p for p in POINTS if p != target]
+    before = snapshot(study, POINTS)
+    done = snakemake(study, target, "--cores", "1", "--force")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert job_counts(done.stdout + done.stderr) == {"sweep_point": 1, "total": 1}
+    after = snapshot(study, POINTS)
+    assert after[target][0] > before[target][0]
+    assert json.loads(after[target][1])["status"] == "ok"
+    for path in others:
+        assert after[path] == before[path], f"{path} was touched"
+    # What a plain run does next: only what depends on the new point, no other point.
+    plan = job_counts(snakemake(study, "--cores", "2", "--dry-run").stdout)
+    assert "sweep_point" not in plan and plan.get("summarize") == 1, plan
+
+
+def test_forcerun_of_a_point_plans_that_point_and_its_dependents(study: Path) -> None:
+    done = snakemake(
+        study, "--cores", "1", "--dry-run", "--forcerun", "results/sweep/torch-b/ctx64.json"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = job_counts(done.stdout)
+    assert plan["sweep_point"] == 1 and "build_kernel" not in plan and "bench_kernels" not in plan
+    assert plan.get("render_report") == 1, plan
+
+
+def test_snakemake_report_has_the_captions(study: Path) -> None:
+    done = snakemake(study, "--report", "results/snakemake-report.html")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    html = (study / "results/snakemake-report.html").read_text(errors="replace")
+    for caption_text in ["Build record of the custom MLA", "One context point of the end-to-end"]:
+        assert caption_text in html, caption_text
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (lambda c: c["sweep"].update(gen_tokens=0), "config.sweep.gen_tokens"),
+        (lambda c: c["kernels"].update(devise="cpu"), "config.kernels.devise"),
+        (
+            lambda c: c["sweep"]["servers"][1]["spec"].update(mode="beam"),
+            "config.sweep.servers[1].spec.mode",
+        ),
+        (lambda c: c["sweep"]["servers"][1].update(name="torch-a"), "config.sweep.servers[1].name"),
+        (
+            lambda c: c["sweep"]["servers"][0]["chunks"].append(
+                {"contexts": [96], "timeout_s": 10, "point_timeout_s": 5}
+            ),
+            "config.sweep.servers[0].chunks[1].contexts",
+        ),
+        (lambda c: c["build"].pop("archs"), "config.build.archs"),
+    ],
+    ids=["minimum", "unknown-key", "enum", "duplicate-server", "duplicate-point", "missing"],
+)
+def test_bad_config_stops_before_any_work(tmp_path: Path, change, key: str) -> None:
+    config = small_config()
+    change(config)
+    workdir = copy_workflow(tmp_path, config)
+    done = snakemake(workdir, "--cores", "1", timeout=120)
+    assert done.returncode != 0
+    assert f"invalid study config at {key}" in done.stdout + done.stderr, done.stderr[-2000:]
+    assert not (workdir / "results").exists(), "nothing may run before the config is valid"
+
+
+def test_lint_is_clean() -> None:
+    done = snakemake(ROOT, "--lint", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Lints for" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-job"])
+def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
+    """The job execs the sweep runner, so a stop signal reaches it, and it takes its server down."""
+    config = small_config()
+    # The Triton baseline under the interpreter: slow enough to be stopped mid-point.
+    config["sweep"]["servers"] = [
+        {
+            "name": "slow",
+            "backend": "triton",
+            "page_size": 1,
+            "spec": {"mode": "chain", "draft_len": 16},
+            "chunks": [{"contexts": [2048], "timeout_s": 300, "point_timeout_s": 240}],
+        }
+    ]
+    workdir = copy_workflow(tmp_path, config)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "results/sweep/slow/ctx2048.json", "--cores", "1"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal gives it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        sweep = server = None
+        deadline = time.monotonic() + 120
+        while server is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            jobs = children(proc.pid)
+            sweep = jobs[0] if jobs else None
+            servers = children(sweep) if sweep else []
+            server = servers[0] if servers else None
+        assert server is not None, "the point's server never started"
+        assert "sweep" in Path(f"/proc/{sweep}/cmdline").read_text(), "the job is not exec'd"
+        time.sleep(3)  # into the point
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(sweep, signal.SIGTERM)
+        assert proc.wait(timeout=90) != 0
+        deadline = time.monotonic() + 30  # the runner's SIGTERM -> SIGKILL grace is 10 s
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive(server), f"the server (pid {server}) outlived its stopped point"
+        assert not (workdir / "results/sweep/slow/ctx2048.json").exists()
+    finally:
+        for pid in [p for p in (server, sweep) if p and alive(p)]:
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,217 @@
+"""Config validation and the input/params functions of the study's rules.
+
+Everything the rules compute from the config lives here, so the rule files stay declarative.
+"""
+
+import math
+import re
+import shlex
+import string
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+SCHEMA = "../schemas/config.schema.yaml"
+KERNEL_LIB = "results/build/libdecodecliff_mla.so"
+BUILD_INFO = "results/build/build.json"
+KERNEL_BENCH = "results/kernels/bench.json"
+REPORT = "results/report.html"
+
+
+def _json_path(path) -> str:
+    """`config.sweep.servers[1].spec.mode` for the jsonschema path [sweep, servers, 1, ...]."""
+    out = "config"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _explain(err) -> str:
+    """One line that names the offending key of a jsonschema ValidationError."""
+    where = _json_path(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        unknown = [key for key in err.instance if key not in allowed]
+        return (
+            f"invalid study config at {where}.{unknown[0]}: unknown key "
+            f"(allowed here: {', '.join(allowed)})"
+        )
+    if err.validator == "required":
+        missing = [key for key in err.validator_value if key not in err.instance]
+        return f"invalid study config at {where}.{missing[0]}: missing (it is required)"
+    if err.validator == "not":
+        return f"invalid study config at {where}: give either command or url, not both"
+    return f"invalid study config at {where}: {err.message}"
+
+
+def validate_config(cfg: dict) -> None:
+    """Validate against the schema (filling defaults), then the checks a schema cannot express.
+
+    A failure names the offending key, e.g. `config.sweep.servers[0].spec.mode`.
+    """
+    try:
+        validate(cfg, schema=SCHEMA)
+    except WorkflowError as exc:
+        err = exc.__context__  # the jsonschema ValidationError that validate() wrapped
+        if not hasattr(err, "absolute_path"):
+            raise
+        raise WorkflowError(_explain(err)) from None
+    names = [server["name"] for server in cfg["sweep"]["servers"]]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise WorkflowError(
+                f"invalid study config at config.sweep.servers[{i}].name: "
+                f"server name {name!r} is used twice (names must be unique)"
+            )
+    for i, server in enumerate(cfg["sweep"]["servers"]):
+        seen: set[int] = set()
+        for j, chunk in enumerate(server["chunks"]):
+            for ctx in chunk["contexts"]:
+                if ctx in seen:
+                    raise WorkflowError(
+                        f"invalid study config at config.sweep.servers[{i}].chunks[{j}].contexts: "
+                        f"context {ctx} appears in more than one chunk of server {server['name']!r}"
+                    )
+                seen.add(ctx)
+        if server.get("cuda_graph") and cfg["sweep"]["device"] != "cuda":
+            raise WorkflowError(
+                f"invalid study config at config.sweep.servers[{i}].cuda_graph: "
+                "CUDA graphs need sweep.device: cuda"
+            )
+
+
+validate_config(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# servers and their points
+
+
+def servers() -> dict[str, dict]:
+    """The sweep's server configurations by name, in config order."""
+    return {server["name"]: server for server in config["sweep"]["servers"]}
+
+
+def server_points(name: str) -> list[tuple[int, dict]]:
+    """(context, chunk) for every point of one server, in the order its chunks give."""
+    return [(ctx, chunk) for chunk in servers()[name]["chunks"] for ctx in chunk["contexts"]]
+
+
+def sweep_outputs(name: str | None = None) -> list[str]:
+    """The point files of one server, or of every server."""
+    names = [name] if name else list(servers())
+    return [f"results/sweep/{n}/ctx{ctx}.json" for n in names for ctx, _ in server_points(n)]
+
+
+def point_chunk(wildcards) -> dict:
+    """The chunk that holds the point results/sweep/{server}/ctx{ctx}.json."""
+    ctx = int(wildcards.ctx)
+    for c, chunk in server_points(wildcards.server):
+        if c == ctx:
+            return chunk
+    known = ", ".join(str(c) for c, _ in server_points(wildcards.server))
+    raise WorkflowError(
+        f"context {ctx} is not a point of server {wildcards.server!r} in the config "
+        f"(its points: {known}); add it to one of the server's chunks first"
+    )
+
+
+def point_priority(wildcards) -> int:
+    """Earlier servers and earlier points of a chunk list run first."""
+    order = [(n, c) for n in servers() for c, _ in server_points(n)]
+    key = (wildcards.server, int(wildcards.ctx))
+    return len(order) - order.index(key) if key in order else 0
+
+
+def point_runtime_min(wildcards) -> int:
+    """The chunk's per-job wall-clock limit in minutes (read by cluster executors)."""
+    return max(1, math.ceil(point_chunk(wildcards)["timeout_s"] / 60))
+
+
+def uses_custom_kernel(server: dict) -> bool:
+    return server["backend"] == "custom"
+
+
+def sweep_point_input(wildcards) -> dict[str, str]:
+    """A server on the custom backend needs the built kernel library."""
+    return {"lib": KERNEL_LIB} if uses_custom_kernel(servers()[wildcards.server]) else {}
+
+
+class _KeepUnknown(dict):
+    """format_map mapping that leaves {host}, {port} (filled per launch by the sweep) intact."""
+
+    def __missing__(self, key: str) -> str:
+        return f"{{{key}}}"
+
+
+def server_fields(server: dict) -> dict[str, str]:
+    """The placeholders a command template may use, from one server entry."""
+    spec = server["spec"]
+    switches = [f"--{flag}" for flag in ("cuda-graph", "defrag") if server[flag.replace("-", "_")]]
+    return {
+        "name": server["name"],
+        "preset": config["sweep"]["preset"],
+        "device": config["sweep"]["device"],
+        "backend": server["backend"],
+        "page_size": str(server["page_size"]),
+        "chunk_size": str(server["chunk_size"]),
+        "spec_mode": spec["mode"],
+        "draft_len": str(spec["draft_len"]),
+        "tree_nodes": str(spec["tree_nodes"]),
+        "switches": " ".join(switches),
+        "args": server["args"],
+    }
+
+
+def server_command(server: dict) -> str:
+    """The server's launch command with its own settings filled in; {host} and {port} stay."""
+    template = server.get("command") or config["sweep"]["command"]
+    try:
+        text = string.Formatter().vformat(template, (), _KeepUnknown(server_fields(server)))
+    except (ValueError, IndexError) as exc:
+        raise WorkflowError(f"bad command template of server {server['name']!r}: {exc}") from None
+    return " ".join(text.split())
+
+
+def server_target(wildcards) -> str:
+    """The sweep's --server-cmd (launched and stopped around the point) or --url (left running)."""
+    server = servers()[wildcards.server]
+    if server.get("url"):
+        return f"--url {shlex.quote(server['url'])}"
+    return f"--server-cmd {shlex.quote(server_command(server))}"
+
+
+# ---------------------------------------------------------------------------------------------
+# resources, lists for the command lines
+
+
+def gpus_for(device: str) -> int:
+    """A job on a CUDA device holds one GPU."""
+    return 1 if device == "cuda" else 0
+
+
+def triton_interpret(device: str) -> int:
+    """On a CPU, Triton kernels run in its interpreter, which must be chosen before triton loads."""
+    return 1 if device == "cpu" else 0
+
+
+def bench_extra_flags() -> str:
+    """Optional bench-kernels settings, passed only when the config sets them."""
+    kernels = config["kernels"]
+    flags = []
+    if "repeats" in kernels:
+        flags.append(f"--repeats {kernels['repeats']}")
+    if kernels.get("triton_configs"):
+        flags.append("--triton-config " + " ".join(kernels["triton_configs"]))
+    if kernels.get("decode_splits"):
+        flags.append("--decode-splits " + " ".join(str(s) for s in kernels["decode_splits"]))
+    return " ".join(flags)
+
+
+def server_names_pattern() -> str:
+    return "|".join(re.escape(name) for name in servers())
+
+
+def final_outputs() -> list[str]:
+    """What `snakemake` with no target builds: the whole study up to the report."""
+    return [BUILD_INFO, KERNEL_BENCH, *sweep_outputs(), REPORT]

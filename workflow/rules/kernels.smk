@@ -1,0 +1,36 @@
+rule bench_kernels:
+    input:
+        lib=KERNEL_LIB,
+    output:
+        report(
+            KERNEL_BENCH,
+            caption="../report/bench_kernels.rst",
+            category="2. Kernel microbenchmark",
+        ),
+    params:
+        device=config["kernels"]["device"],
+        backends=config["kernels"]["backends"],
+        contexts=config["kernels"]["contexts"],
+        modes=config["kernels"]["modes"],
+        page_sizes=config["kernels"]["page_sizes"],
+        heads=config["kernels"]["heads"],
+        max_seconds=config["kernels"]["max_seconds_per_point"],
+        extra=bench_extra_flags(),
+        interpret=triton_interpret(config["kernels"]["device"]),
+    log:
+        "results/logs/kernels/bench_kernels.log",
+    benchmark:
+        "results/benchmarks/kernels/bench_kernels.tsv"
+    resources:
+        # timed jobs hold the single measurement slot (profiles/default), so they never overlap
+        measurement=1,
+        gpu=gpus_for(config["kernels"]["device"]),
+    conda:
+        "../../envs/kernels.yaml"
+    shell:
+        # On a CPU the custom backend records itself as skipped (with the reason) in the JSON.
+        "export DECODECLIFF_KERNEL_LIB={input.lib} TRITON_INTERPRET={params.interpret}; "
+        "exec decodecliff bench-kernels --device {params.device} --backends {params.backends}"
+        " --contexts {params.contexts} --modes {params.modes} --page-sizes {params.page_sizes}"
+        " --heads {params.heads} --max-seconds-per-point {params.max_seconds} {params.extra}"
+        " --out {output} > {log} 2>&1"

@@ -1,0 +1,46 @@
+# One job per context point: the sweep runner starts the server, runs the point and stops the
+# server, so a point can be rerun alone (README: "Rerunning one context point") and a failed point
+# never costs the others.
+
+
+rule sweep_point:
+    input:
+        unpack(sweep_point_input),
+    output:
+        report(
+            "results/sweep/{server}/ctx{ctx}.json",
+            caption="../report/sweep_point.rst",
+            category="3. Context sweep",
+            subcategory="{server}",
+            labels={"server": "{server}", "context": "{ctx}"},
+        ),
+    params:
+        target=server_target,
+        gen_tokens=config["sweep"]["gen_tokens"],
+        start_timeout=config["sweep"]["start_timeout_s"],
+        point_timeout=lambda wildcards: point_chunk(wildcards)["point_timeout_s"],
+        job_timeout=lambda wildcards: point_chunk(wildcards)["timeout_s"],
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
+        lib=KERNEL_LIB,
+        interpret=triton_interpret(config["sweep"]["device"]),
+    log:
+        "results/logs/sweep/{server}/ctx{ctx}.log",
+    benchmark:
+        "results/benchmarks/sweep/{server}/ctx{ctx}.tsv"
+    priority: point_priority
+    resources:
+        # timed jobs hold the single measurement slot (profiles/default), so they never overlap
+        measurement=1,
+        gpu=gpus_for(config["sweep"]["device"]),
+        runtime=point_runtime_min,
+    conda:
+        "../../envs/serve.yaml"
+    shell:
+        # exec: the sweep runner replaces the shell, so a stop signal reaches it and its server.
+        # A failed or skipped point is written as such and the runner exits 0.
+        "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
+        "exec decodecliff sweep {params.target} --name {wildcards.server}"
+        " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
+        " --point-timeout {params.point_timeout} --chunk-timeout {params.job_timeout}"
+        " --start-timeout {params.start_timeout} --no-progress"
+        " --out {params.outdir} > {log} 2>&1"
