@@ -124,8 +124,10 @@ def point_priority(wildcards) -> int:
 
 
 def point_runtime_min(wildcards) -> int:
-    """The chunk's per-job wall-clock limit in minutes (read by cluster executors)."""
-    return max(1, math.ceil(point_chunk(wildcards)["timeout_s"] / 60))
+    """The chunk's per-job wall-clock limit in minutes (read by cluster executors), with room for
+    the job around the sweep runner, so a point that runs into its own timeout is recorded as a
+    failed point rather than killed by the scheduler."""
+    return math.ceil(point_chunk(wildcards)["timeout_s"] / 60) + 2
 
 
 def uses_custom_kernel(server: dict) -> bool:

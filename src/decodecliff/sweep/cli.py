@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -132,6 +133,10 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     )
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cli(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -140,6 +145,9 @@ def cli(argv: list[str]) -> int:
         runner = Runner(cfg)
     except ValueError as exc:
         parser.error(str(exc))  # exits 2
+    # SIGTERM (a scheduler's cancel, Snakemake's stop) unwinds like Ctrl-C, so the runner's
+    # cleanup stops the server it launched instead of leaving it orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         results = runner.run()
     except OSError as exc:
