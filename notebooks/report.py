@@ -104,7 +104,7 @@ for name, study in studies.items():
     show(targets.display_table(checked), "targets" if name == "this run" else f"targets-{name}")
     study_notes = targets.notes(study.root)
     if study_notes:
-        display(Markdown(f"*Notes of the {name} study (`NOTES.md`):*"))
+        display(Markdown(f"*Notes on {name} (`NOTES.md`):*"))
         display(Markdown(study_notes))
 
 # %% [markdown]

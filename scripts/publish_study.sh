@@ -15,7 +15,7 @@ repo=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,profiles} "$work"/
+cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
 cp -r "$raw"/. "$work/results/"
 cd "$work"
@@ -28,5 +28,5 @@ snakemake --cores 1 --configfile "$repo/$cfg" --config published=null --touch \
 snakemake --cores 2 --configfile "$repo/$cfg" --config published=null
 
 mkdir -p "$repo/$dest"
-rsync -a --exclude '*.so' --exclude 'logs/' --exclude 'benchmarks/' results/ "$repo/$dest/"
+rsync -a --exclude '*.so' --exclude '/logs/' --exclude '/benchmarks/' --exclude '/build/ptxas.log' results/ "$repo/$dest/"
 echo "published $(find "$repo/$dest" -type f | wc -l) files to $dest"
