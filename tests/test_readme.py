@@ -40,3 +40,13 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_headline_section_is_marked() -> None:
     text = (ROOT / "README.md").read_text()
     assert re.search(r"<!-- headline:start.*?-->.*<!-- headline:end -->", text, re.S)
+
+
+def test_headline_is_generated_from_the_published_study():
+    """The README's headline numbers are the published report's own, regenerated verbatim."""
+    from decodecliff.analysis import readme
+
+    study = ROOT / "results/published/h200"
+    text = (ROOT / "README.md").read_text()
+    start, end = text.index(readme.START), text.index(readme.END) + len(readme.END)
+    assert text[start:end] == readme.section(study, "results/published/h200")
