@@ -13,7 +13,7 @@ import torch
 
 from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
-from decodecliff.engine.kv_pool import PageAllocator, page_breaks
+from decodecliff.engine.kv_pool import PageAllocator, PoolExhausted, page_breaks
 from decodecliff.engine.model import StepInput, SyntheticMLA, mha_spans
 from decodecliff.engine.request import SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter, accept_chain, accept_tree
@@ -359,3 +359,32 @@ def test_mha_prefill_rejects_a_tree_mask_and_bad_settings():
         mha_spans(step, 1)
     with pytest.raises(ValueError, match="prefill attention"):
         EngineConfig(prefill_attention="flash").validate()
+
+
+def test_pool_keeps_page_break_counts_in_step_with_its_page_lists():
+    eng = engine(scatter_seed=5, max_total_tokens=512, max_running_requests=4)
+    pool, rng = eng.pool, torch.Generator().manual_seed(0)
+    lens: dict[int, int] = {}
+    for i in range(200):
+        op = int(torch.randint(0, 10, (1,), generator=rng))
+        if op == 0 and lens:
+            pool.close(lens.popitem()[0])
+        elif op == 1 and lens:
+            pool.defragment()
+        elif lens and op < 5:
+            row = next(iter(lens))
+            lens[row] = int(torch.randint(0, lens[row] + 1, (1,), generator=rng))
+            pool.truncate(row, lens[row])
+        elif pool.free_rows or lens:
+            row = pool.open() if pool.free_rows and (not lens or op == 9) else next(iter(lens))
+            lens[row] = lens.get(row, 0) + int(torch.randint(1, 20, (1,), generator=rng))
+            try:
+                pool.reserve(row, lens[row])
+            except PoolExhausted:
+                pool.close(row)
+                del lens[row]
+        for row, pages in pool.owners.items():
+            assert pool.breaks[row] == page_breaks(pages), i
+    assert pool.fragmentation()["request_page_breaks"] == sum(
+        page_breaks(p) for p in pool.owners.values()
+    )

@@ -25,6 +25,8 @@ def _dead_url() -> str:
         (["--contexts", "64", "--gen-tokens", "0"], "at least 1"),
         (["--contexts", "64", "--seed", "-1"], "non-negative"),
         (["--contexts", "64", "--name", "a/b"], "letters, digits"),
+        (["--contexts", "64", "--warmup-tokens", "-1"], "warm-up tokens must be >= 0"),
+        (["--contexts", "64", "--warmup-gen-tokens", "0"], "warm-up gen tokens must be >= 1"),
     ],
 )
 def test_usage_errors_exit_2(tmp_path, capsys, extra, message):
@@ -83,6 +85,7 @@ def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path):
         jsonschema.validate(point, schema)
         assert point["status"] == "failed"
         assert "server not reachable" in point["reason"]
+        assert point["warmup"] is None  # no server came up, so nothing was warmed
     assert not list(out.glob(".*tmp"))
 
 

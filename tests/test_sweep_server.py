@@ -107,15 +107,22 @@ def test_short_sweep_end_to_end_and_rerun_one_point(tmp_path):
         assert p["server_info"]["max_total_num_tokens"] >= ctx + 6
         assert p["health"] == {"before": True, "after": True}
         assert Path(p["server_log"]).is_file()
+        warm = p["warmup"]
+        assert warm["ok"] and warm["error"] is None and warm["launch"] == p["server_launch"] == 1
+        assert (warm["prompt_tokens"], warm["gen_tokens"], warm["completion_tokens"]) == (64, 4, 4)
+    # The server numbers its requests: the warm-up was its first, unrecorded, request.
+    assert [points[c]["meta_info"]["id"] for c in (48, 96)] == ["req-1", "req-2"]
     assert "server ready" in Path(points[48]["server_log"]).read_text()
 
     other = out / "ctx96.json"
     before = (other.read_bytes(), other.stat().st_mtime_ns)
     log = tmp_path / "rerun.log"
-    done = _sweep(out, [48], "--server-log", str(log))
+    done = _sweep(out, [48], "--server-log", str(log), "--warmup-tokens", "0")
     assert done.returncode == 0, done.stderr
     assert (other.read_bytes(), other.stat().st_mtime_ns) == before
     rerun = json.loads((out / "ctx48.json").read_text())
+    assert rerun["warmup"] is None and rerun["config"]["warmup_tokens"] == 0
+    assert rerun["meta_info"]["id"] == "req-0"  # without a warm-up the point is the first
     assert rerun["started_at"] != points[48]["started_at"]
     assert rerun["server_log"] == str(log) and "==== launch 1" in log.read_text()
 
@@ -130,6 +137,7 @@ def test_server_killed_mid_point_is_a_failed_point_then_restarts(tmp_path):
     assert killed["token_timestamps"] and killed["metrics"]["ttft_s"] > 0
     assert after["status"] == "ok" and after["metrics"]["completion_tokens"] == GEN
     assert after["server_launch"] == killed["server_launch"] + 1
+    assert after["warmup"]["ok"] and after["warmup"]["launch"] == after["server_launch"]
     assert sorted(_points(tmp_path)) == [64, 80]
 
 
@@ -141,14 +149,21 @@ def test_hung_server_trips_the_point_timeout_then_restarts(tmp_path):
     assert hung["reason"].startswith("point timeout (6 s) after")
     assert hung["metrics"]["e2e_s"] is None and hung["metrics"]["ttft_s"] > 0
     assert after["status"] == "ok" and after["server_launch"] == hung["server_launch"] + 1
+    assert after["warmup"]["ok"] and after["warmup"]["launch"] == after["server_launch"]
     assert sorted(_points(tmp_path)) == [64, 80]
 
 
-def test_context_beyond_the_pool_is_skipped_not_sent(tmp_path):
-    cfg = _config(tmp_path, [32, 512], server_cmd=SERVE + " --max-total-tokens 200", gen_tokens=8)
+def test_context_beyond_the_pool_is_skipped_not_sent_and_a_failed_warmup_fails_nothing(tmp_path):
+    # The warm-up prompt does not fit the pool either: the server refuses it (HTTP 400).
+    server_cmd = SERVE + " --max-total-tokens 200"
+    cfg = _config(tmp_path, [32, 512], server_cmd=server_cmd, gen_tokens=8, warmup_tokens=250)
     runner = Runner(cfg)
     small, big = runner.run()
-    assert small["status"] == "ok"
+    assert small["status"] == "ok" and small["metrics"]["completion_tokens"] == 8
+    warm = small["warmup"]
+    assert not warm["ok"] and warm["error"].startswith("HTTP 400") and warm["launch"] == 1
+    assert small["warnings"] == [f"warm-up request of launch 1 failed: {warm['error']}"]
+    assert small["server_launch"] == 1  # a refused warm-up does not restart the server
     assert big["status"] == "skipped"
     assert big["reason"].endswith("max_total_num_tokens 200")
     assert big["token_timestamps"] == [] and big["metrics"] == {}

@@ -230,7 +230,7 @@ class Engine:
             req.tokens.append(tok)
             if not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
                 req.finish_reason = {"type": "stop", "matched": tok}
-            elif len(req.output) >= params.max_new_tokens:
+            elif len(req.tokens) - len(req.prompt) >= params.max_new_tokens:
                 req.finish_reason = {"type": "length", "length": params.max_new_tokens}
             if req.finish_reason is not None:
                 self._finish(req)
@@ -282,14 +282,19 @@ class Engine:
             kv_lens.append(req.kv_len + len(toks))
             indptr.append(indptr[-1] + len(toks))
         max_pages = pool.pages_for(max(kv_lens))
-        rows = torch.tensor([r.row for r in reqs], device=dev)
+        rows = [r.row for r in reqs]
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            # consecutive rows (always so for one request): a view, no copy of a long table
+            page_table = pool.req_to_page[rows[0] : rows[0] + len(rows), :max_pages]
+        else:
+            page_table = pool.req_to_page[torch.tensor(rows, device=dev), :max_pages]
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long).to(dev)  # noqa: E731
         as_int = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev)  # noqa: E731
         return StepInput(
             input_ids=as_long(ids),
             positions=as_long(pos),
             out_slots=as_long(slots),
-            page_table=pool.req_to_page[rows, :max_pages],
+            page_table=page_table,
             kv_lens=as_int(kv_lens),
             q_indptr=as_int(indptr),
             tree_mask=None if tree_mask is None else tree_mask.to(dev),
@@ -320,6 +325,9 @@ class Engine:
         self._sync()
         req.prefill_ms += (time.perf_counter() - t0) * 1e3
         req.prefilled = req.kv_len = end
+        if req.drafter_state is not None:
+            # Index the prompt chunk by chunk, so no verify step pays for the whole context.
+            self.drafter.observe(req.drafter_state, req.prompt, end)
         if last:
             self._emit(req, [target])
 

@@ -80,6 +80,9 @@ class KVPool:
         self.allocator = PageAllocator(num_pages, scatter_seed)
         self.free_rows = list(range(max_requests - 1, -1, -1))
         self.owners: dict[int, list[int]] = {}  # request row -> its pages, in token order
+        # page_breaks(owners[row]), kept up to date as pages come and go so that measuring
+        # fragmentation does not walk every page of a long context
+        self.breaks: dict[int, int] = {}
 
     @property
     def max_total_tokens(self) -> int:
@@ -97,6 +100,7 @@ class KVPool:
         """Reserve a page-table row for a new request."""
         row = self.free_rows.pop()
         self.owners[row] = []
+        self.breaks[row] = 0
         return row
 
     def reserve(self, row: int, num_tokens: int) -> None:
@@ -107,6 +111,7 @@ class KVPool:
             return
         new = self.allocator.alloc(need)
         start = len(pages)
+        self.breaks[row] += page_breaks(pages[-1:] + new)
         pages.extend(new)
         self.req_to_page[row, start : start + need] = torch.tensor(new, dtype=torch.int32).to(
             self.device, non_blocking=True
@@ -117,11 +122,13 @@ class KVPool:
         pages = self.owners[row]
         keep = self.pages_for(num_tokens)
         if keep < len(pages):
+            self.breaks[row] -= page_breaks(pages[max(keep - 1, 0) :])
             self.allocator.free(pages[keep:])
             del pages[keep:]
 
     def close(self, row: int) -> None:
         self.allocator.free(self.owners.pop(row))
+        del self.breaks[row]
         self.free_rows.append(row)
 
     def slots(self, row: int, start: int, end: int) -> list[int]:
@@ -139,7 +146,7 @@ class KVPool:
     # fragmentation and defragmentation ---------------------------------------------------------
     def fragmentation(self) -> dict:
         """Page breaks per page boundary over running requests (0 = every request contiguous)."""
-        breaks = sum(page_breaks(p) for p in self.owners.values())
+        breaks = sum(self.breaks.values())
         bounds = sum(max(len(p) - 1, 0) for p in self.owners.values())
         return {
             "request_page_breaks": breaks,
@@ -169,6 +176,7 @@ class KVPool:
         for row in order:
             n = len(self.owners[row])
             self.owners[row] = dst[start : start + n]
+            self.breaks[row] = 0
             self.req_to_page[row, :n] = dst_t[start : start + n].to(torch.int32)
             start += n
         self.allocator.reset(dst)

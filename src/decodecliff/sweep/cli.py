@@ -38,6 +38,17 @@ def _parser() -> argparse.ArgumentParser:
         "(timeouts default to the options); with --contexts only those points run",
     )
     p.add_argument("--gen-tokens", type=int, default=24, help="tokens generated per point")
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=64,
+        metavar="N",
+        help="prompt tokens of the unrecorded warm-up request sent after every server launch "
+        "(0: no warm-up)",
+    )
+    p.add_argument(
+        "--warmup-gen-tokens", type=int, default=4, metavar="N", help="tokens the warm-up generates"
+    )
     p.add_argument("--point-timeout", type=float, default=1800.0, help="seconds per point")
     p.add_argument("--chunk-timeout", type=float, default=7200.0, help="seconds per chunk")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to get healthy")
@@ -130,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         progress=not args.no_progress,
         heartbeat_s=args.heartbeat,
         server_log=args.server_log,
+        warmup_tokens=args.warmup_tokens,
+        warmup_gen_tokens=args.warmup_gen_tokens,
     )
 
 

@@ -38,9 +38,14 @@ def id_range(server_vocab: int | None, cli_vocab: int | None) -> IdRange:
     return IdRange(*DEFAULT_ID_RANGE, "default")
 
 
-def make_input_ids(length: int, ids: IdRange, seed: int, ctx: int) -> list[int]:
-    """``length`` random token ids in ``ids``, determined by (seed, ctx)."""
+# Salt of the warm-up prompts: they share no prefix with any point's prompt.
+WARMUP_SALT = 1
+
+
+def make_input_ids(length: int, ids: IdRange, seed: int, ctx: int, salt: int = 0) -> list[int]:
+    """``length`` random token ids in ``ids``, determined by (seed, ctx) and a non-zero salt."""
     if length < 1:
         raise ValueError(f"prompt length must be at least 1, got {length}")
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, ctx])))
+    key = [seed, ctx] if salt == 0 else [seed, ctx, salt]
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
     return rng.integers(ids.low, ids.high, size=length, dtype=np.int64).tolist()

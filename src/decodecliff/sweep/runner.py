@@ -1,5 +1,11 @@
 """Chunked context sweeps: one server per chunk, one point at a time, one JSON file per point.
 
+Every server launch (restarts included; a server given by URL once it is first reached) gets one
+short unrecorded warm-up request before its first point, as SGLang's bench_serving sends one, so
+one-time costs (JIT compiles, CUDA graph capture, allocator growth) stay out of the first point.
+A warm-up that fails is written into the points that follow and fails nothing by itself: a dead
+server shows up in the next point.
+
 A failed point is data, not a crash: a timeout, a dead or hung server is written down as a failed
 point (with its reason and the timings so far), the server is restarted for the next point, and
 files already written are never touched again. Each file is written atomically.
@@ -77,6 +83,8 @@ class SweepConfig:
     progress: bool = True
     heartbeat_s: float = 60.0
     server_log: Path | None = None  # default: <out>/server-<name>.log
+    warmup_tokens: int = 64  # prompt tokens of the warm-up request after each launch; 0: none
+    warmup_gen_tokens: int = 4  # tokens it generates (prefill plus a few decode/verify steps)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
@@ -89,6 +97,12 @@ class SweepConfig:
             raise ValueError(f"unknown api {self.api!r}; choose one of {client.APIS}")
         if self.seed < 0:
             raise ValueError(f"seed must be non-negative, got {self.seed}")
+        if self.warmup_tokens < 0:
+            raise ValueError(
+                f"warm-up tokens must be >= 0 (0: no warm-up), got {self.warmup_tokens}"
+            )
+        if self.warmup_gen_tokens < 1:
+            raise ValueError(f"warm-up gen tokens must be >= 1, got {self.warmup_gen_tokens}")
         if self.start_timeout_s <= 0:
             raise ValueError("the start timeout must be positive")
         seen = [c for ch in self.chunks for c in ch.contexts]
@@ -150,6 +164,7 @@ class Runner:
         )
         self.info: dict = {}
         self.up = False
+        self.warmup: dict | None = None  # the warm-up of the current launch
         self.console = Console(stderr=True, soft_wrap=True)
         self.written: list[Path] = []
 
@@ -198,6 +213,7 @@ class Runner:
             "server_command": self.server.command,
             "server_log": str(self.log_path) if self.log_path else None,
             "server_launch": self.server.launches,
+            "warmup": None,
             "chunk": {"index": index, **asdict(chunk)},
             "config": self.cfg.as_dict(),
             "env": envinfo.collect(),
@@ -275,7 +291,55 @@ class Runner:
             self._fail(res, f"server {what} ({limit} {budget:.3g} s): {exc}")
             return False
         self.up = True
+        self.warmup = self._warm_up(deadline)
         return True
+
+    def _warm_up(self, deadline: float) -> dict | None:
+        """One short unrecorded request; what happened, never an exception (None: disabled)."""
+        cfg = self.cfg
+        if cfg.warmup_tokens == 0:
+            return None
+        timeout = max(min(cfg.start_timeout_s, deadline - time.monotonic()), 0.001)
+        info = {
+            "launch": self.server.launches,
+            "prompt_tokens": cfg.warmup_tokens,
+            "gen_tokens": cfg.warmup_gen_tokens,
+            "timeout_s": timeout,
+            "ok": False,
+            "completion_tokens": None,
+            "seconds": None,
+            "error": None,
+        }
+        start = time.monotonic()
+        try:
+            vocab = launcher.info_field(self.info, "vocab_size")
+            rng = prompts.id_range(vocab if isinstance(vocab, int) else None, cfg.vocab_size)
+            ids = prompts.make_input_ids(
+                cfg.warmup_tokens, rng, cfg.seed, cfg.warmup_tokens, prompts.WARMUP_SALT
+            )
+            rec = asyncio.run(self._warm_up_async(ids, timeout))
+            info["completion_tokens"] = rec.completion_tokens
+            info["error"] = rec.error
+            info["ok"] = rec.error is None and rec.done
+        except TimeoutError:
+            info["error"] = f"warm-up timeout ({timeout:.3g} s)"
+        except Exception as exc:  # noqa: BLE001 (recorded; the next point shows a dead server)
+            info["error"] = f"warm-up error: {exc!r}"[:2000]
+        info["seconds"] = time.monotonic() - start
+        if not info["ok"]:
+            self.console.print(f"[yellow]{cfg.name}: warm-up request failed: {info['error']}")
+        return info
+
+    async def _warm_up_async(self, ids: list[int], timeout: float) -> client.StreamRecord:
+        rec = client.StreamRecord()
+        limits = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
+        async with httpx.AsyncClient(timeout=limits) as http:
+            cfg = self.cfg
+            request = client.stream(
+                http, self.server.url, cfg.api, ids, cfg.warmup_gen_tokens, rec, None, cfg.model
+            )
+            await asyncio.wait_for(request, timeout)
+        return rec
 
     def _stop(self) -> None:
         self.server.stop()
@@ -287,7 +351,13 @@ class Runner:
             server_info=self.info,
             server_command=self.server.command,
             server_launch=self.server.launches,
+            warmup=self.warmup,
         )
+        if self.warmup is not None and not self.warmup["ok"]:
+            warning = f"warm-up request of launch {self.warmup['launch']} failed: "
+            warning += str(self.warmup["error"])
+            if warning not in res["warnings"]:
+                res["warnings"].append(warning)
 
     def _prompt(self, res: dict, ctx: int) -> list[int]:
         vocab = launcher.info_field(self.info, "vocab_size")
