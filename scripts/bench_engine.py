@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     result = {
         "command": " ".join(sys.argv),
-        "args": {k: v for k, v in vars(args).items()},
+        "args": vars(args),
         "env": envinfo.collect(),
         "rows": rows,
     }

@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import torch
 from aiohttp import web
@@ -108,6 +108,37 @@ def _error_chunk(update: Update) -> dict:
     }
 
 
+async def _respond(
+    request: web.Request,
+    updates: AsyncIterator[Update],
+    stream: bool,
+    chunk: Callable[[Update], dict],
+) -> web.StreamResponse:
+    """Stream chunk(update) as SSE ending in [DONE], or answer chunk(last update) as plain JSON.
+
+    An error before anything was sent is a plain HTTP error; a stream that fails later sends an
+    error chunk (an error update is always the last one) and still ends with [DONE].
+    """
+    first = await anext(updates)
+    if first.error is not None:
+        return error_response(first.status, first.error)
+    if not stream:
+        last = first
+        async for update in updates:
+            last = update
+        if last.error is not None:
+            return error_response(last.status, last.error)
+        return web.json_response(chunk(last))
+    resp = await _open_stream(request)
+    update: Update | None = first
+    while update is not None:
+        payload = _error_chunk(update) if update.error is not None else chunk(update)
+        await resp.write(_sse(payload))
+        update = await anext(updates, None)
+    await resp.write(_sse("[DONE]"))
+    return resp
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     if not engine.alive:
@@ -124,24 +155,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         ids = update.output_ids
         return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": update.meta_info}
 
-    first = await anext(updates)
-    if first.error is not None:  # nothing sent yet: a plain HTTP error
-        return error_response(first.status, first.error)
-    if not parsed.stream:
-        last = first
-        async for update in updates:
-            last = update
-        if last.error is not None:
-            return error_response(last.status, last.error)
-        return web.json_response(chunk(last))
-    resp = await _open_stream(request)
-    update: Update | None = first
-    while update is not None:
-        payload = _error_chunk(update) if update.error is not None else chunk(update)
-        await resp.write(_sse(payload))
-        update = await anext(updates, None)
-    await resp.write(_sse("[DONE]"))
-    return resp
+    return await _respond(request, updates, parsed.stream, chunk)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -169,34 +183,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
         p, c = update.meta_info["prompt_tokens"], update.meta_info["completion_tokens"]
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    first = await anext(updates)
-    if first.error is not None:
-        return error_response(first.status, first.error)
-    if not parsed.stream:
-        last = first
-        async for update in updates:
-            last = update
-        if last.error is not None:
-            return error_response(last.status, last.error)
-        text = tokenizer.decode(last.output_ids)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish(last)}
-        return web.json_response({**base, "choices": [choice], "usage": usage(last)})
-    resp = await _open_stream(request)
-    sent, update = 0, first
-    while update is not None:
-        if update.error is not None:
-            await resp.write(_sse(_error_chunk(update)))
-            break
+    sent = 0  # tokens already streamed; a plain answer is the one chunk of the finished request
+
+    def chunk(update: Update) -> dict:
+        nonlocal sent
         text = tokenizer.decode(update.output_ids[sent:])
         sent = len(update.output_ids)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish(update)}
         payload = {**base, "choices": [choice]}
         if update.finished:
             payload["usage"] = usage(update)
-        await resp.write(_sse(payload))
-        update = await anext(updates, None)
-    await resp.write(_sse("[DONE]"))
-    return resp
+        return payload
+
+    return await _respond(request, updates, parsed.stream, chunk)
 
 
 async def health(request: web.Request) -> web.Response:
