@@ -1,9 +1,16 @@
-"""`decodecliff <command> ...`: each command lives in the module that owns the concept."""
+"""`decodecliff <command> ...`: each command lives in the module that owns the concept.
+
+The top level only dispatches: a command's own options are parsed by its module's ``cli(argv)``,
+imported when the command runs, so `decodecliff --help` never imports torch.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+
+from decodecliff import __version__
 
 COMMANDS = {
     "build-kernel": ("decodecliff.kernels.build", "build the custom CUDA kernel library (nvcc)"),
@@ -16,14 +23,25 @@ COMMANDS = {
 }
 
 
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="decodecliff",
+        description="Long-context MLA verify decode: kernels, engine, server, sweep.",
+        epilog="Run `decodecliff <command> --help` for a command's options.",
+    )
+    top.add_argument("--version", action="version", version=f"decodecliff {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, (_, help_) in COMMANDS.items():
+        # The command's module parses its own options (and answers its own --help).
+        commands.add_parser(name, help=help_, add_help=False)
+    return top
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in COMMANDS:
-        lines = [f"  {name:<14} {help_}" for name, (_, help_) in COMMANDS.items()]
-        print("usage: decodecliff <command> [options]\n\ncommands:\n" + "\n".join(lines))
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.cli(argv[1:]) or 0)
+    args, rest = parser().parse_known_args(argv[:1])  # exits 2 on an unknown command
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.cli(argv[1:] + rest) or 0)
 
 
 if __name__ == "__main__":
