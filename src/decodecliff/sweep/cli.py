@@ -19,7 +19,7 @@ from decodecliff.sweep.runner import Chunk, Runner, SweepConfig
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="decodecliff sweep",
-        description="Stream one request per context point and write <out>/ctx<N>.json each.",
+        description="Stream requests at each context point and write <out>/ctx<N>.json each.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
@@ -49,7 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warmup-gen-tokens", type=int, default=4, metavar="N", help="tokens the warm-up generates"
     )
-    p.add_argument("--point-timeout", type=float, default=1800.0, help="seconds per point")
+    p.add_argument(
+        "--requests-per-point",
+        type=int,
+        default=1,
+        metavar="N",
+        help="recorded rounds per point after the warm-up (the summary is their median)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=1, metavar="K", help="streams sent at once per round"
+    )
+    p.add_argument(
+        "--point-timeout", type=float, default=1800.0, help="seconds per request (round)"
+    )
     p.add_argument("--chunk-timeout", type=float, default=7200.0, help="seconds per chunk")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to get healthy")
     p.add_argument("--stop-grace", type=float, default=10.0, help="SIGTERM -> SIGKILL seconds")
@@ -143,6 +155,8 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         server_log=args.server_log,
         warmup_tokens=args.warmup_tokens,
         warmup_gen_tokens=args.warmup_gen_tokens,
+        requests_per_point=args.requests_per_point,
+        concurrency=args.concurrency,
     )
 
 
@@ -158,9 +172,11 @@ def cli(argv: list[str]) -> int:
         runner = Runner(cfg)
     except ValueError as exc:
         parser.error(str(exc))  # exits 2
-    # SIGTERM (a scheduler's cancel, Snakemake's stop) unwinds like Ctrl-C, so the runner's
-    # cleanup stops the server it launched instead of leaving it orphaned.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    # SIGTERM (a scheduler's cancel, Snakemake's stop) and SIGHUP (a closed terminal or SSH
+    # session) unwind like Ctrl-C, so the runner's cleanup stops the server it launched instead
+    # of leaving it orphaned.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     try:
         results = runner.run()
     except OSError as exc:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from decodecliff.sweep import launcher
+
 APIS = ("generate", "openai")
 OnEvent = Callable[[float, int], None]
 
@@ -126,7 +128,7 @@ async def stream(
                 if payload == "[DONE]":
                     rec.done, rec.e2e_s = True, t
                     break
-                data = json.loads(payload)
+                data = launcher.strict_json(payload)
                 if isinstance(data, dict) and data.get("error"):
                     rec.error = f"server error: {json.dumps(data['error'])[:500]}"
                     return rec
@@ -140,7 +142,7 @@ async def stream(
                         on_event(t, count)
     except httpx.HTTPError as exc:
         rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or a NaN / Infinity the server sent
         rec.error = f"malformed stream chunk: {exc}"
     if rec.completion_tokens is None or rec.completion_tokens < last:
         rec.completion_tokens = last

@@ -7,6 +7,8 @@ SIGKILL after a grace period), so nothing it spawned outlives the sweep.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import shlex
@@ -24,6 +26,27 @@ _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 class ServerError(RuntimeError):
     """The server could not be started or reached."""
+
+
+# The key of a server info that could not be used, with the reason (e.g. a NaN in it).
+INVALID = "invalid"
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} in the server's JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} out of range in the server's JSON")
+    return value
+
+
+def strict_json(text: str) -> object:
+    """Parse JSON as the standard defines it: NaN, Infinity and overflowing numbers are errors
+    (Python's json accepts them, and they would end up in result files that cannot hold them)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
 def free_port(host: str) -> int:
@@ -69,9 +92,10 @@ def server_info(url: str, timeout: float = 10.0) -> dict:
             continue
         if resp.status_code == 200:
             try:
-                info = resp.json()
-            except ValueError:
-                return {"raw": resp.text[:2000]}
+                info = strict_json(resp.text)
+            except ValueError as exc:
+                reason = f"{path}: {exc}"
+                return {INVALID: reason, "raw": resp.text[:2000]}
             return info if isinstance(info, dict) else {"raw": info}
     return {}
 

@@ -95,3 +95,60 @@ def compute(
     for q in (50, 90, 99):
         m[f"itl_ms_p{q}"] = _ms(float(np.percentile(itl, q))) if itl else None
     return m
+
+
+# -- per-request step rates, and a point's summary over its requests ---------------------------
+
+# Metrics summarised over a point's requests (median and spread); the rest are per request only.
+SUMMARY_KEYS = (
+    "ttft_s", "e2e_s", "prefill_tok_s", "decode_tok_s", "decode_wall_s", "tpot_ms",
+    "itl_ms_mean", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "spec_accept_length",
+    "verify_steps_s_client", "verify_steps_s_server", "verify_step_ms_server",
+)  # fmt: skip
+
+
+def step_rates(m: dict, meta: dict) -> dict:
+    """Verify (or decode) steps per second from the client's clock and from the server's own
+    step times, and the steps counted: what tokens/s is made of when acceptance varies.
+
+    Client: the steps the server reports for the request (``spec_verify_ct``, else
+    ``decode_steps``) over ``decode_wall_s``; every step after the first token emits at least
+    one token, so this is the step rate a user sees. Server: 1000 / its mean step time
+    (``verify_step_ms``, else ``decode_step_ms``), where it reports one (SGLang does not).
+    """
+    steps = meta.get("spec_verify_ct")
+    if steps is None:
+        steps = meta.get("decode_steps")
+    step_ms = meta.get("verify_step_ms")
+    if step_ms is None:
+        step_ms = meta.get("decode_step_ms")
+    wall = m.get("decode_wall_s")
+    good = isinstance(steps, int | float) and steps > 0
+    return {
+        "verify_steps": int(steps) if good else None,
+        "verify_steps_s_client": steps / wall if good and wall else None,
+        "verify_step_ms_server": float(step_ms) if step_ms else None,
+        "verify_steps_s_server": 1e3 / float(step_ms) if step_ms else None,
+    }
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    """Median of the values that are not None (None when there are none)."""
+    v = [x for x in values if x is not None]
+    return float(np.median(v)) if v else None
+
+
+def point_summary(requests: Sequence[dict]) -> dict:
+    """A point's metrics: the median over its requests of every summarised metric, the counts."""
+    ms = [r["metrics"] for r in requests]
+    out: dict = {k: median([m.get(k) for m in ms]) for k in SUMMARY_KEYS}
+    out["prompt_tokens"] = ms[0].get("prompt_tokens") if ms else None
+    out["completion_tokens"] = int(min(m.get("completion_tokens") or 0 for m in ms)) if ms else 0
+    out["token_chunks"] = int(median([m.get("token_chunks") for m in ms]) or 0)
+    steps = [m.get("verify_steps") for m in ms]
+    out["verify_steps"] = int(sum(s for s in steps if s)) if any(steps) else None
+    out["spec_verify_ct"] = median([m.get("spec_verify_ct") for m in ms])
+    if out["spec_verify_ct"] is not None:
+        out["spec_verify_ct"] = int(out["spec_verify_ct"])
+    out["requests"] = len(ms)
+    return out

@@ -6,9 +6,15 @@ one-time costs (JIT compiles, CUDA graph capture, allocator growth) stay out of 
 A warm-up that fails is written into the points that follow and fails nothing by itself: a dead
 server shows up in the next point.
 
+Each point runs ``requests_per_point`` rounds after the warm-up; a round sends ``concurrency``
+streams at once, each with its own prompt (no shared prefix). Every request is recorded; the
+point's ``metrics`` are the medians over them (see metrics.point_summary), and the server's
+self-description is read again after the point (defragmentation, graphs captured during it).
+
 A failed point is data, not a crash: a timeout, a dead or hung server is written down as a failed
 point (with its reason and the timings so far), the server is restarted for the next point, and
-files already written are never touched again. Each file is written atomically.
+files already written are never touched again. Each file is written atomically, inside the
+point's guard: a value JSON cannot hold (a server's NaN) fails that point, not the sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -41,7 +48,7 @@ from rich.progress import (
 from decodecliff import envinfo
 from decodecliff.sweep import client, launcher, metrics, prompts
 
-SCHEMA = "decodecliff.sweep-point/1"
+SCHEMA = "decodecliff.sweep-point/2"
 SCHEMA_PATH = Path(__file__).with_name("point.schema.json")
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
@@ -85,6 +92,8 @@ class SweepConfig:
     server_log: Path | None = None  # default: <out>/server-<name>.log
     warmup_tokens: int = 64  # prompt tokens of the warm-up request after each launch; 0: none
     warmup_gen_tokens: int = 4  # tokens it generates (prefill plus a few decode/verify steps)
+    requests_per_point: int = 1  # recorded rounds per point, after the warm-up
+    concurrency: int = 1  # streams sent at once in each round
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
@@ -103,6 +112,10 @@ class SweepConfig:
             )
         if self.warmup_gen_tokens < 1:
             raise ValueError(f"warm-up gen tokens must be >= 1, got {self.warmup_gen_tokens}")
+        if self.requests_per_point < 1:
+            raise ValueError(f"requests per point must be >= 1, got {self.requests_per_point}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.start_timeout_s <= 0:
             raise ValueError("the start timeout must be positive")
         seen = [c for ch in self.chunks for c in ch.contexts]
@@ -148,6 +161,22 @@ def _exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
+def _salt(index: int) -> int:
+    """Prompt salt of a point's ``index``-th request: the first keeps the point's own prompt."""
+    return 0 if index == 0 else 100 + index
+
+
+def _finite(obj: object) -> object:
+    """``obj`` with every NaN or infinity replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 class Runner:
     """Runs a :class:`SweepConfig`; ``on_event`` sees every token-bearing chunk of every point."""
 
@@ -183,12 +212,7 @@ class Runner:
         try:
             for ctx in chunk.contexts:
                 res = self._new_result(ctx, index, chunk)
-                if time.monotonic() >= deadline:
-                    self._fail(res, f"chunk timeout ({chunk.timeout_s:g} s) before the point")
-                else:
-                    self._run_point_safely(res, chunk, deadline)
-                res["finished_at"] = _now()
-                self._write(res)
+                self._run_point_safely(res, chunk, deadline)
                 results.append(res)
         finally:
             self._stop()
@@ -203,6 +227,8 @@ class Runner:
             "requested_ctx": ctx,
             "prompt_tokens": None,
             "gen_tokens": self.cfg.gen_tokens,
+            "requests_per_point": self.cfg.requests_per_point,
+            "concurrency": self.cfg.concurrency,
             "status": "ok",
             "reason": None,
             "warnings": [],
@@ -210,6 +236,7 @@ class Runner:
             "api": self.cfg.api,
             "server_url": self.server.url,
             "server_info": {},
+            "server_info_after": None,
             "server_command": self.server.command,
             "server_log": str(self.log_path) if self.log_path else None,
             "server_launch": self.server.launches,
@@ -226,6 +253,8 @@ class Runner:
             "meta_info": {},
             "stream": None,
             "token_timestamps": [],
+            "requests": [],
+            "rounds": [],
         }
 
     def _fail(self, res: dict, reason: str) -> None:
@@ -233,23 +262,39 @@ class Runner:
         self.console.print(f"[red]{self.cfg.name} ctx {res['requested_ctx']}: failed: {reason}")
 
     def _run_point_safely(self, res: dict, chunk: Chunk, deadline: float) -> None:
-        """Run the point; an unexpected error fails this point only (hours of sweep stay)."""
+        """Run and write the point; an unexpected error fails this point only (hours of sweep
+        stay). Only an OSError of the write itself (a full disk) ends the sweep."""
         try:
-            self._run_point(res, chunk, deadline)
+            if time.monotonic() >= deadline:
+                self._fail(res, f"chunk timeout ({chunk.timeout_s:g} s) before the point")
+            else:
+                self._run_point(res, chunk, deadline)
         except Exception as exc:  # noqa: BLE001 (recorded in the point, not swallowed)
             self._fail(res, f"sweep error: {''.join(traceback.format_exception(exc))[-2000:]}")
             self._stop()
+        res["finished_at"] = _now()
+        try:
+            self._write(res)
+        except ValueError as exc:  # a value JSON cannot hold, e.g. a NaN the server sent
+            clean = _finite(res)
+            self._fail(clean, f"result not writable as JSON ({exc}); non-finite numbers nulled")
+            res.clear()
+            res.update(clean)
+            self._write(res)
 
     def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
-        ctx, gen = res["requested_ctx"], self.cfg.gen_tokens
+        ctx, gen, k = res["requested_ctx"], self.cfg.gen_tokens, self.cfg.concurrency
         if not self._ensure_up(res, deadline):
             return
         self._describe_server(res)
+        if launcher.INVALID in self.info:
+            return self._fail(res, f"server info unusable: {self.info[launcher.INVALID]}")
         max_total = launcher.info_field(self.info, "max_total_num_tokens")
-        if isinstance(max_total, int) and ctx + gen > max_total:
+        if isinstance(max_total, int) and k * (ctx + gen) > max_total:
             res["status"] = "skipped"
+            streams = f"{k} streams of " if k > 1 else ""
             res["reason"] = (
-                f"prompt {ctx} + {gen} generated tokens exceed the server's "
+                f"{streams}prompt {ctx} + {gen} generated tokens exceed the server's "
                 f"max_total_num_tokens {max_total}"
             )
             self.console.print(f"{self.cfg.name} ctx {ctx}: skipped: {res['reason']}")
@@ -263,19 +308,65 @@ class Runner:
                 return
             self._describe_server(res)
         res["flushed_cache"] = launcher.flush_cache(self.server.url)
-        ids = self._prompt(res, ctx)
-        timeout = min(chunk.point_timeout_s, deadline - time.monotonic())
-        rec, reason = self._stream(ctx, ids, timeout, chunk)
-        self._record_stream(res, rec, ctx)
-        if reason is not None:
-            self._fail(res, reason)
-            self._stop()  # a failed point leaves the server in an unknown state
-            return
+        rng = self._id_range(res, ctx)
+        for r in range(self.cfg.requests_per_point):
+            reason = self._round(res, rng, r, chunk, deadline)
+            if reason is not None:
+                self._finish(res)
+                self._fail(res, reason)
+                self._stop()  # a failed point leaves the server in an unknown state
+                return
+        self._finish(res)
+        after = launcher.server_info(self.server.url)
+        res["server_info_after"] = after
+        if launcher.INVALID in after:
+            why = after[launcher.INVALID]
+            return self._fail(res, f"server info after the point unusable: {why}")
         res["health"]["after"] = launcher.healthy(self.server.url)
         if not res["health"]["after"]:
             res["warnings"].append("server not healthy after the point; restarting it")
             self._stop()
         self._summary(res)
+
+    def _round(self, res: dict, rng: prompts.IdRange, r: int, chunk: Chunk, deadline: float):
+        """One round of ``concurrency`` streams, each recorded into the point; why it failed."""
+        ctx, k, n = res["requested_ctx"], self.cfg.concurrency, self.cfg.requests_per_point
+        timeout = min(chunk.point_timeout_s, deadline - time.monotonic())
+        where = f" (round {r + 1} of {n})" if n > 1 else ""
+        if timeout <= 0:
+            return f"chunk timeout ({chunk.timeout_s:g} s) before round {r + 1} of {n}"
+        salts = [_salt(r * k + i) for i in range(k)]
+        ids = [prompts.make_input_ids(ctx, rng, self.cfg.seed, ctx, salt) for salt in salts]
+        start = time.monotonic()
+        recs, reason = self._stream(ctx, ids, timeout, chunk)
+        wall = time.monotonic() - start
+        for i, (rec, salt) in enumerate(zip(recs, salts, strict=True)):
+            res["requests"].append(self._request_record(res, rec, ctx, r, i, salt))
+        tokens = sum(rec.completion_tokens or 0 for rec in recs)
+        res["rounds"].append(
+            {"round": r, "streams": k, "wall_s": wall, "tokens": tokens, "tok_s": tokens / wall}
+        )
+        return None if reason is None else reason + where
+
+    def _finish(self, res: dict) -> None:
+        """The point's summary over its requests; the first request fills the v1 fields."""
+        reqs = res["requests"]
+        if not reqs:
+            return
+        first = reqs[0]
+        res["prompt_tokens"] = first["prompt_tokens"]
+        res["meta_info"], res["finish_reason"] = reqs[-1]["meta_info"], first["finish_reason"]
+        res["stream"], res["token_timestamps"] = first["http"], first["token_timestamps"]
+        ok = [q for q in reqs if q["error"] is None]
+        if len(ok) == len(reqs):
+            res["metrics"] = metrics.point_summary(reqs)
+            if res["rounds"]:
+                rates = [x["tok_s"] for x in res["rounds"]]
+                res["metrics"]["round_tok_s"] = metrics.median(rates)
+        else:  # the failing request's timings so far
+            bad = next(q for q in reqs if q["error"] is not None)
+            res["metrics"] = dict(bad["metrics"]) | {"requests": len(reqs)}
+            res["token_timestamps"], res["stream"] = bad["token_timestamps"], bad["http"]
 
     def _ensure_up(self, res: dict, deadline: float) -> bool:
         if self.up and self.server.exit_code() is None:
@@ -286,6 +377,9 @@ class Runner:
         except launcher.ServerError as exc:
             self.up = False
             self.server.stop()
+            # what was launched (or tried), so the failed point says how to reproduce it
+            res.update(server_command=self.server.command, server_launch=self.server.launches)
+            res["server_url"] = self.server.url
             limit = "chunk timeout" if budget < self.cfg.start_timeout_s else "start timeout"
             what = "failed to start" if self.server.launched else "not reachable"
             self._fail(res, f"server {what} ({limit} {budget:.3g} s): {exc}")
@@ -359,7 +453,7 @@ class Runner:
             if warning not in res["warnings"]:
                 res["warnings"].append(warning)
 
-    def _prompt(self, res: dict, ctx: int) -> list[int]:
+    def _id_range(self, res: dict, ctx: int) -> prompts.IdRange:
         vocab = launcher.info_field(self.info, "vocab_size")
         rng = prompts.id_range(vocab if isinstance(vocab, int) else None, self.cfg.vocab_size)
         if rng.source == "default":
@@ -368,47 +462,60 @@ class Runner:
                 f"from the default range [{rng.low}, {rng.high})"
             )
         res["prompt"] = {"tokens": ctx, "seed": self.cfg.seed, "id_range": rng.as_dict()}
-        return prompts.make_input_ids(ctx, rng, self.cfg.seed, ctx)
+        return rng
 
     # -- streaming with a deadline and a watch on the server process -----------------------------
 
     def _stream(
-        self, ctx: int, ids: list[int], timeout: float, chunk: Chunk
-    ) -> tuple[client.StreamRecord, str | None]:
-        """Stream one request; (record, None) or (record so far, why it failed)."""
+        self, ctx: int, ids: list[list[int]], timeout: float, chunk: Chunk
+    ) -> tuple[list[client.StreamRecord], str | None]:
+        """Stream one request per prompt at once; (records, None) or (records so far, why)."""
         with _PointProgress(self, ctx) as on_event:
             return asyncio.run(self._stream_async(ids, timeout, chunk, on_event))
 
     async def _stream_async(
-        self, ids: list[int], timeout: float, chunk: Chunk, on_event: client.OnEvent
-    ) -> tuple[client.StreamRecord, str | None]:
-        rec = client.StreamRecord()
+        self, ids: list[list[int]], timeout: float, chunk: Chunk, on_event: client.OnEvent
+    ) -> tuple[list[client.StreamRecord], str | None]:
+        recs = [client.StreamRecord() for _ in ids]
         limits = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
-        async with httpx.AsyncClient(timeout=limits) as http:
+        pool = httpx.Limits(max_connections=len(ids) + 4)
+        async with httpx.AsyncClient(timeout=limits, limits=pool) as http:
             cfg = self.cfg
-            request = client.stream(
-                http, self.server.url, cfg.api, ids, cfg.gen_tokens, rec, on_event, cfg.model
-            )
-            task = asyncio.create_task(request)
+            tasks = [
+                asyncio.create_task(
+                    client.stream(
+                        http, self.server.url, cfg.api, p, cfg.gen_tokens, rec, hook, cfg.model
+                    )
+                )
+                for i, (p, rec) in enumerate(zip(ids, recs, strict=True))
+                for hook in [on_event if i == 0 else None]
+            ]
             start = time.monotonic()
             reason = None
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.1)
+            while not all(t.done() for t in tasks):
+                await asyncio.wait(tasks, timeout=0.1, return_when=asyncio.ALL_COMPLETED)
                 code = self.server.exit_code()
                 if code is not None:
                     reason = f"server process died mid-point ({_exit_text(code)})"
-                elif time.monotonic() - start >= timeout and not task.done():
+                elif time.monotonic() - start >= timeout and not all(t.done() for t in tasks):
                     which = "point" if timeout >= chunk.point_timeout_s - 1e-9 else "chunk"
                     limit = chunk.point_timeout_s if which == "point" else chunk.timeout_s
-                    reason = f"{which} timeout ({limit:g} s) {self._phase(rec)}"
+                    late = next(rec for rec, t in zip(recs, tasks, strict=True) if not t.done())
+                    reason = f"{which} timeout ({limit:g} s) {self._phase(late)}"
                 if reason is not None:
-                    task.cancel()
+                    for t in tasks:
+                        t.cancel()
                     break
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if reason is None and rec.error is not None:
-            reason = self._error_reason(rec)
-        return rec, reason
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        if reason is None:
+            bad = [(i, rec) for i, rec in enumerate(recs) if rec.error is not None]
+            if bad:
+                i, rec = bad[0]
+                reason = self._error_reason(rec)
+                reason += f" (stream {i + 1} of {len(recs)})" if len(recs) > 1 else ""
+        return recs, reason
 
     def _phase(self, rec: client.StreamRecord) -> str:
         got = rec.events[-1][1] if rec.events else 0
@@ -428,35 +535,45 @@ class Runner:
             time.sleep(0.05)
         return rec.error or "unknown error"
 
-    def _record_stream(self, res: dict, rec: client.StreamRecord, ctx: int) -> None:
-        res["metrics"] = metrics.compute(
-            rec.events, rec.prompt_tokens, rec.e2e_s, rec.completion_tokens
-        )
+    def _request_record(
+        self, res: dict, rec: client.StreamRecord, ctx: int, r: int, i: int, salt: int
+    ) -> dict:
+        """One request of the point as recorded: its metrics, meta_info and token times."""
+        m = metrics.compute(rec.events, rec.prompt_tokens, rec.e2e_s, rec.completion_tokens)
         meta = rec.meta_info
         for key in ("spec_accept_length", "spec_verify_ct"):
-            res["metrics"][key] = meta.get(key)
-        verify_ct, n = meta.get("spec_verify_ct"), res["metrics"]["completion_tokens"]
-        if res["metrics"]["spec_accept_length"] is None and verify_ct:
+            m[key] = meta.get(key)
+        verify_ct, n = meta.get("spec_verify_ct"), m["completion_tokens"]
+        if m["spec_accept_length"] is None and verify_ct:
             # bench_serving's accept length: generated tokens per verify step
-            res["metrics"]["spec_accept_length"] = n / verify_ct
-        res["prompt_tokens"] = rec.prompt_tokens
-        res["meta_info"] = meta
-        res["finish_reason"] = rec.finish_reason
-        res["token_timestamps"] = [[round(t, 6), count] for t, count in rec.events]
-        res["stream"] = {
-            "done": rec.done,
-            "http_status": rec.http_status,
-            "first_byte_s": rec.first_byte_s,
-            "last_byte_s": rec.last_byte_s,
-            "error": rec.error,
-        }
+            m["spec_accept_length"] = n / verify_ct
+        m |= metrics.step_rates(m, meta)
+        label = f"request {len(res['requests']) + 1}"
         if rec.prompt_tokens is not None and rec.prompt_tokens != ctx:
             res["warnings"].append(
-                f"prompt token mismatch: sent {ctx}, server reports {rec.prompt_tokens}"
+                f"{label}: prompt token mismatch: sent {ctx}, server reports {rec.prompt_tokens}"
             )
         got = rec.completion_tokens
         if rec.done and got is not None and got != self.cfg.gen_tokens:
-            res["warnings"].append(f"asked for {self.cfg.gen_tokens} tokens, got {got}")
+            res["warnings"].append(f"{label}: asked for {self.cfg.gen_tokens} tokens, got {got}")
+        return {
+            "round": r,
+            "stream": i,
+            "prompt_salt": salt,
+            "prompt_tokens": rec.prompt_tokens,
+            "error": rec.error,
+            "metrics": m,
+            "meta_info": meta,
+            "finish_reason": rec.finish_reason,
+            "http": {
+                "done": rec.done,
+                "http_status": rec.http_status,
+                "first_byte_s": rec.first_byte_s,
+                "last_byte_s": rec.last_byte_s,
+                "error": rec.error,
+            },
+            "token_timestamps": [[round(t, 6), count] for t, count in rec.events],
+        }
 
     # -- output ---------------------------------------------------------------------------------
 
@@ -472,8 +589,10 @@ class Runner:
             return "-" if m.get(key) is None else format(m[key], fmt)
 
         self.console.print(
-            f"{self.cfg.name} ctx {res['requested_ctx']}: ok  ttft {f('ttft_s', '.3f')} s  "
-            f"prefill {f('prefill_tok_s', '.0f')} tok/s  decode {f('decode_tok_s', '.2f')} tok/s  "
+            f"{self.cfg.name} ctx {res['requested_ctx']}: ok  {m.get('requests')} requests  "
+            f"ttft {f('ttft_s', '.3f')} s  prefill {f('prefill_tok_s', '.0f')} tok/s  "
+            f"verify steps/s {f('verify_steps_s_client', '.2f')} (server "
+            f"{f('verify_steps_s_server', '.2f')})  decode {f('decode_tok_s', '.2f')} tok/s  "
             f"itl p50 {f('itl_ms_p50', '.1f')} ms"
         )
 
