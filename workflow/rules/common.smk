@@ -78,6 +78,107 @@ def validate_config(cfg: dict) -> None:
                 f"invalid study config at config.sweep.servers[{i}].cuda_graph: "
                 "CUDA graphs need sweep.device: cuda"
             )
+        _check_timeouts(server, i)
+        if not server.get("url"):
+            _check_template(cfg, server, i)
+            _check_pool(cfg, server, i)
+
+
+# Placeholders of a server command template: the server's settings (server_fields) and the two
+# the sweep runner fills per launch.
+TEMPLATE_FIELDS = {
+    "name", "preset", "device", "backend", "page_size", "chunk_size", "spec_mode", "draft_len",
+    "tree_nodes", "switches", "args", "host", "port",
+}  # fmt: skip
+# The embedded server's KV pool on a CPU without --max-total-tokens (EngineConfig.CPU_DEFAULT_TOKENS)
+CPU_DEFAULT_POOL = 65536
+
+
+def _bad(where: str, why: str) -> WorkflowError:
+    return WorkflowError(f"invalid study config at {where}: {why}")
+
+
+def _check_timeouts(server: dict, i: int) -> None:
+    """A request may not be allowed longer than the job around it (it would be cut silently)."""
+    for j, chunk in enumerate(server["chunks"]):
+        if chunk["point_timeout_s"] > chunk["timeout_s"]:
+            raise _bad(
+                f"config.sweep.servers[{i}].chunks[{j}].point_timeout_s",
+                f"{chunk['point_timeout_s']:g} s is longer than the chunk's timeout_s "
+                f"({chunk['timeout_s']:g} s), which covers server start, every request and stop",
+            )
+
+
+def _template_key(server: dict, i: int) -> str:
+    return f"config.sweep.servers[{i}].command" if server.get("command") else "config.sweep.command"
+
+
+def _check_template(cfg: dict, server: dict, i: int) -> None:
+    """The launch template names only known placeholders and gets a {port} for every launch."""
+    template = server.get("command") or cfg["sweep"]["command"]
+    where = _template_key(server, i)
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise _bad(where, f"not a valid template ({exc}); write {{{{ and }}}} for braces")
+    unknown = sorted(names - TEMPLATE_FIELDS)
+    if unknown:
+        raise _bad(
+            where,
+            f"unknown placeholder {{{unknown[0]}}} (known: "
+            + ", ".join(f"{{{n}}}" for n in sorted(TEMPLATE_FIELDS))
+            + ")",
+        )
+    if "port" not in names:
+        raise _bad(where, "the template has no {port}: every launch gets a free port there")
+
+
+def pool_tokens(cfg: dict, server: dict) -> int | None:
+    """The KV pool of a server when the config fixes it: --max-total-tokens in its command, or
+    the embedded server's CPU default; None when it depends on the GPU's free memory."""
+    template = server.get("command") or cfg["sweep"]["command"]
+    command = " ".join([template, server.get("args", "")])
+    found = re.findall(r"--max-total-tokens[ =]+(\d+)", command)
+    if found:
+        tokens = int(found[-1])
+    elif "decodecliff serve" in command and cfg["sweep"]["device"] == "cpu":
+        tokens = CPU_DEFAULT_POOL
+    else:
+        return None
+    return tokens // server["page_size"] * server["page_size"]
+
+
+def _check_pool(cfg: dict, server: dict, i: int) -> None:
+    """Every point fits the server's KV pool (concurrency streams of prompt + generated tokens)."""
+    pool = pool_tokens(cfg, server)
+    if pool is None:
+        return  # checked at run time against the server's max_total_num_tokens
+    gen, k = cfg["sweep"]["gen_tokens"], server_concurrency(server, cfg)
+    for j, chunk in enumerate(server["chunks"]):
+        for ctx in chunk["contexts"]:
+            if ctx + gen > pool:
+                raise _bad(
+                    f"config.sweep.servers[{i}].chunks[{j}].contexts",
+                    f"context {ctx} + {gen} generated tokens exceed the KV pool of server "
+                    f"{server['name']!r} ({pool} tokens)",
+                )
+            if k * (ctx + gen) > pool:
+                raise _bad(
+                    f"config.sweep.servers[{i}].concurrency",
+                    f"{k} streams of {ctx} + {gen} tokens exceed the KV pool of server "
+                    f"{server['name']!r} ({pool} tokens)",
+                )
+
+
+def server_concurrency(server: dict, cfg: dict | None = None) -> int:
+    """Streams per round of a server's points: its own setting, else the sweep's."""
+    return server.get("concurrency") or (cfg or config)["sweep"]["concurrency"]
+
+
+def point_requests(wildcards) -> int:
+    """Recorded requests (rounds) per point: the chunk's setting, else the sweep's."""
+    chunk = point_chunk(wildcards)
+    return chunk.get("requests_per_point") or config["sweep"]["requests_per_point"]
 
 
 validate_config(config)

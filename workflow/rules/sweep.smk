@@ -17,6 +17,8 @@ rule sweep_point:
     params:
         target=server_target,
         gen_tokens=config["sweep"]["gen_tokens"],
+        requests=point_requests,
+        concurrency=lambda wildcards: server_concurrency(servers()[wildcards.server]),
         start_timeout=config["sweep"]["start_timeout_s"],
         point_timeout=lambda wildcards: point_chunk(wildcards)["point_timeout_s"],
         job_timeout=lambda wildcards: point_chunk(wildcards)["timeout_s"],
@@ -41,6 +43,7 @@ rule sweep_point:
         "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
         "exec decodecliff sweep {params.target} --name {wildcards.server}"
         " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
+        " --requests-per-point {params.requests} --concurrency {params.concurrency}"
         " --point-timeout {params.point_timeout} --chunk-timeout {params.job_timeout}"
         " --start-timeout {params.start_timeout} --no-progress"
         " --out {params.outdir} > {log} 2>&1"
