@@ -16,8 +16,11 @@
 # %% [markdown]
 # # Triton baseline vs the custom kernel, end to end
 #
-# Decode tok/s per context for every server configuration, the speedup over the Triton baseline,
-# and the published RTX PRO 6000 sweep (SGLang Triton backend, TP8) overlaid as the reference.
+# Verify steps per second per context for every server configuration (medians over each point's
+# requests, bars min–max), compared like with like against the published RTX PRO 6000 sweep
+# (SGLang Triton backend, TP8, a real model with real acceptance): its slowdown relative to its
+# own shortest context against each server's, and absolute tokens/s only where the units agree
+# (the servers' verify steps/s times the acceptance length tau of the configuration).
 
 # %%
 from pathlib import Path
@@ -34,13 +37,17 @@ reference_csv = "data/reference/seed-rtx-pro-6000-triton.csv"  # the published t
 results = "results"  # figures and tables go under {results}/figures|tables/compare/
 published = ""  # a published study folder with the same layout, shown beside this one if present
 baseline = ""  # the server configuration to compare against (default: the Triton one)
+study_name = "this-study"  # the config's study.name: figure titles name the run
+tau = 3.0  # acceptance length of "tok/s at tau" (the config's sweep.acceptance_length)
 
 # %%
 
 style.apply()
 sweeps = {"this run": pd.read_csv(sweep_csv)}
+titles = {"this run": summarize.study_title(study_name, sweeps["this run"])}
 if published and Path(published).is_dir():
     sweeps["published"] = summarize.load_study(published).sweep
+    titles["published"] = summarize.study_title(Path(published).name, sweeps["published"], True)
 for sweep in sweeps.values():
     style.register_servers(sweep)
 reference, source = summarize.reference_table(reference_csv)
@@ -48,26 +55,37 @@ bases = {k: tables.baseline_server(s, baseline or None) for k, s in sweeps.items
 table_dir = layout.table_dir(results, "compare")
 table_dir.mkdir(parents=True, exist_ok=True)
 display(Markdown(f"**Reference:** {source}"))
-display(Markdown(", ".join(f"baseline of {k}: `{v}`" for k, v in bases.items())))
+display(Markdown(", ".join(f"baseline of {titles[k]}: `{v}`" for k, v in bases.items())))
+
+# %% [markdown]
+# ## The slowdown along the context, like with like
 
 # %%
-fig = figures.compare_decode(sweeps, reference)
-figures.save(fig, layout.figure_dir(results, "compare") / "decode.png")
+fig = figures.compare_relative(sweeps, reference, titles)
+figures.save(fig, layout.figure_dir(results, "compare") / "relative.png")
+plt.show()
+
+# %% [markdown]
+# ## Tokens/s at acceptance length tau beside the published tokens/s
+
+# %%
+fig = figures.compare_absolute(sweeps, reference, titles, tau)
+figures.save(fig, layout.figure_dir(results, "compare") / "absolute.png")
 plt.show()
 
 # %%
 speedups = {k: tables.sweep_speedup(s, bases[k]) for k, s in sweeps.items()}
 speedups["this run"].to_csv(table_dir / "speedup.csv", index=False)
-fig = figures.compare_speedup(speedups, bases)
+fig = figures.compare_speedup(speedups, bases, titles)
 figures.save(fig, layout.figure_dir(results, "compare") / "speedup.png")
 plt.show()
 
 # %% [markdown]
-# ## Decode tok/s per context and speedup over the baseline
+# ## Verify steps/s per context and speedup over the baseline
 
 # %%
 for study, sweep in sweeps.items():
-    display(Markdown(f"### {study}"))
+    display(Markdown(f"### {titles[study]}\n{tables.counts(sweep)}."))
     display(tables.sweep_headline(sweep, bases[study]))
 
 # %% [markdown]

@@ -70,19 +70,43 @@ display(
 )
 
 # %% [markdown]
-# ## Headline: end-to-end decode
-# Decode tok/s of one streaming request per context (speculative verify steps included), and each
-# server configuration's speedup over the Triton baseline at the same context.
+# ## Headline: end-to-end verify steps per second
+# Verify steps per second on the client's clock, the median over each point's requests (after a
+# warm-up request per server launch) with their min–max in brackets, and each server
+# configuration's speedup over the Triton baseline at the same context. With random weights no
+# draft token is accepted, so tokens/s equal verify steps/s here; a real drafter's acceptance
+# length multiplies every server alike (see the comparison figures).
 
 # %%
+study_name = (config.get("study") or {}).get("name", "this-study")
+tau = float((config.get("sweep") or {}).get("acceptance_length", 3.0))
+titles = {"this run": summarize.study_title(study_name, here.sweep)}
+for name, study in studies.items():
+    if name != "this run":
+        titles[name] = summarize.study_title(Path(published).name, study.sweep, True)
 for name, study in studies.items():
     base = tables.baseline_server(study.sweep, baseline or None)
     headline = tables.sweep_headline(study.sweep, base)
     if name == "this run":
         headline.to_csv(table_dir / "headline.csv")
-    gpu = provenance.values(study.sweep.get("gpu")) if len(study.sweep) else "–"
-    display(Markdown(f"**{name}** ({gpu if gpu != 'none' else 'CPU'}; baseline `{base}`)"))
+    display(Markdown(f"**{titles[name]}** (baseline `{base}`): {tables.counts(study.sweep)}."))
     show(headline, "headline" if name == "this run" else f"headline-{name}")
+
+# %% [markdown]
+# ## Every end-to-end number, and what the servers did
+# Per server configuration and context: verify steps/s from the client's clock and from the
+# server's own step times, tok/s and tok/s at the acceptance length tau of the configuration,
+# TTFT (medians, min–max in brackets), the requests and verify steps each rests on, and the
+# server's own account read after the point (defragmentation runs, KV pages moved, CUDA graphs
+# captured; "–" where the study's files predate that record).
+
+# %%
+for name, study in studies.items():
+    long = tables.sweep_long(study.sweep, tau)
+    if name == "this run":
+        long.to_csv(table_dir / "sweep.csv", index=False)
+    display(Markdown(f"**{titles[name]}**"))
+    show(long.set_index(["server", "context"]), "sweep" if name == "this run" else f"sweep-{name}")
 
 # %% [markdown]
 # ## Targets
@@ -171,8 +195,11 @@ captions = {
     "kernels/bandwidth": "Effective bandwidth (latent read once) vs the measured copy bandwidth.",
     "kernels/roofline": "Attained TFLOP/s vs arithmetic intensity under the measured ceilings.",
     "kernels/speedup": "Speedup of the custom kernel over the Triton baseline per context.",
-    "compare/decode": "End-to-end decode tok/s per server configuration; dashed: RTX PRO 6000.",
-    "compare/speedup": "End-to-end decode speedup over the Triton baseline server configuration.",
+    "compare/relative": "Verify steps/s over each server's own at its shortest context; dashed: "
+    "the RTX PRO 6000 table's tok/s over its own (like with like).",
+    "compare/absolute": f"Tokens/s at acceptance length tau={tau:g} (verify steps/s x tau) beside "
+    "the RTX PRO 6000 table's measured tok/s.",
+    "compare/speedup": "End-to-end verify steps/s over the Triton baseline server configuration.",
 }
 figure_root = Path(results) / "figures"
 pngs = [figure_root / f"{k}.png" for k in captions]
@@ -184,6 +211,8 @@ for png in pngs:
         continue
     key = png.relative_to(figure_root).with_suffix("").as_posix()
     default = "the published study" if "published_" in key else "end-to-end metrics vs context"
+    if key.startswith("sweep/"):
+        default = f"{titles['this run']}: end-to-end metrics of one server configuration"
     display(Markdown(f"**{key}** — {captions.get(key, default)}"))
     display(Image(filename=str(png)))
 

@@ -19,6 +19,7 @@ rule summarize:
             caption="../report/summary_sweep.rst",
             category="4. Summary tables",
         ),
+        requests=f"{SUMMARY_DIR}/requests.csv",
         kernels_parquet=f"{SUMMARY_DIR}/kernels.parquet",
         sweep_parquet=f"{SUMMARY_DIR}/sweep.parquet",
     params:
@@ -63,6 +64,9 @@ rule notebook_sweep:
         notebook=f"{NOTEBOOK_DIR}/sweep-{{server}}.ipynb",
         **figure_outputs("sweep", "6. Context sweep", "{server}"),
         tables=layout.table_paths("results", "sweep", "{server}"),
+    params:
+        study=config["study"]["name"],
+        tau=config["sweep"]["acceptance_length"],
     log:
         "results/logs/analysis/notebook_sweep_{server}.log",
     conda:
@@ -70,7 +74,7 @@ rule notebook_sweep:
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
         " -p sweep_csv {input.sweep} -p server {wildcards.server} -p results results"
-        " > {log} 2>&1"
+        " -p study_name {params.study} -p tau {params.tau} > {log} 2>&1"
 
 
 rule notebook_compare:
@@ -85,6 +89,8 @@ rule notebook_compare:
         tables=layout.table_paths("results", "compare"),
     params:
         published=published_param,
+        study=config["study"]["name"],
+        tau=config["sweep"]["acceptance_length"],
     log:
         "results/logs/analysis/notebook_compare.log",
     conda:
@@ -92,4 +98,4 @@ rule notebook_compare:
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
         " -p sweep_csv {input.sweep} -p reference_csv {input.reference} -p results results"
-        " -y {params.published:q} > {log} 2>&1"
+        " -p study_name {params.study} -p tau {params.tau} -y {params.published:q} > {log} 2>&1"

@@ -29,6 +29,11 @@ rule notebook_report:
             caption="../report/report_targets.rst",
             category="0. Report",
         ),
+        sweep=report(
+            layout.table_paths("results", "report")[3],
+            caption="../report/report_sweep.rst",
+            category="0. Report",
+        ),
     params:
         summary=lambda wildcards, input: os.path.dirname(input.kernels),
         published=published_param,

@@ -14,20 +14,31 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from . import style
-from .tables import ctx_label, mode_order, ok
+from .tables import PRIMARY, ctx_label, mode_order, ok
 
+# One scale per quantity, whatever the data: rates and times span orders of magnitude along the
+# context (the cliff), counts per step do not.
+SCALES = {"rate": "log", "time": "log", "ratio": "log", "per_step": "linear"}
+# (column, axis label with unit, scale kind) of the per-server panels
 SWEEP_PANELS = [
-    ("ttft_s", "TTFT (s)"),
-    ("prefill_tok_s", "prefill (tok/s)"),
-    ("decode_tok_s", "decode (tok/s)"),
-    ("itl", "inter-token latency (ms)"),
-    ("tpot_ms", "TPOT (ms)"),
-    ("spec_accept_length", "accepted tokens per verify step"),
+    ("steps", "verify steps/s (steps/s)", "rate"),
+    ("tokens", "decode (tok/s)", "rate"),
+    ("ttft_s", "TTFT (s)", "time"),
+    ("prefill_tok_s", "prefill (tok/s)", "rate"),
+    ("itl", "inter-token latency (ms)", "time"),
+    ("spec_accept_length", "accepted (tokens/verify step)", "per_step"),
 ]
 ITL = [("itl_ms_p50", "p50", "-"), ("itl_ms_p90", "p90", "--"), ("itl_ms_p99", "p99", ":")]
+STEPS = [
+    ("verify_steps_s_client", "client clock", "-", "o"),
+    ("verify_steps_s_server", "server step time", "--", "^"),
+]
+# the smallest gap between two context labels, in inches ('128k' at the tick font size)
+LABEL_GAP_IN = 0.34
 
 
 def save(fig: Figure, path: str | Path) -> Path:
@@ -39,25 +50,66 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def context_axis(ax, contexts) -> None:
-    """Log-scaled context axis labelled at the contexts that ran ('1k', '128k')."""
-    ticks: list[int] = []
-    for c in sorted({int(c) for c in contexts if pd.notna(c)}):
-        if not ticks or c / ticks[-1] >= 1.25:  # labels of close contexts would overlap
-            ticks.append(c)
+    """Log-scaled context axis labelled at the contexts that ran ('1k', '128k'); labels closer
+    than LABEL_GAP_IN on this axis are dropped (the largest context always keeps its label)."""
+    have = sorted({int(c) for c in contexts if pd.notna(c)})
     ax.set_xscale("log")
-    if ticks:
-        ax.set_xticks(ticks, [ctx_label(c) for c in ticks])
-        ax.minorticks_off()
-        ax.set_xlim(ticks[0] / 1.3, ticks[-1] * 1.3)
     ax.set_xlabel("context (tokens)")
+    if not have:
+        return
+    lo, hi = have[0] / 1.3, have[-1] * 1.3
+    ax.set_xlim(lo, hi)
+    fig = ax.get_figure()
+    width_in = max(ax.get_position().width * fig.get_figwidth(), 0.5)
+    min_ratio = 10 ** (LABEL_GAP_IN * np.log10(hi / lo) / width_in)
+    ticks = [have[-1]]
+    for c in reversed(have[:-1]):
+        if ticks[-1] / c >= min_ratio:
+            ticks.append(c)
+    ticks.reverse()
+    ax.set_xticks(ticks, [ctx_label(c) for c in ticks])
+    ax.minorticks_off()
 
 
-def log_y_if_wide(ax, values, ratio: float = 20.0) -> None:
-    """Log y when the data spans more than ``ratio`` (a cliff hides on a linear axis)."""
-    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
-    v = v[v > 0]
-    if len(v) and v.max() / v.min() > ratio:
-        ax.set_yscale("log")
+def _plain(value: float, _pos=None) -> str:
+    return f"{value:g}"
+
+
+def set_scale(ax, kind: str) -> None:
+    """The y scale chosen for this kind of quantity (SCALES), the same in every figure; log axes
+    are labelled in plain numbers (0.1, 30, 200), minor ticks too when under two decades."""
+    ax.set_yscale(SCALES[kind])
+    if SCALES[kind] == "linear":
+        ax.set_ylim(bottom=0)
+        return
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+    lo, hi = ax.get_ylim()
+    few = lo > 0 and hi / lo < 100
+    ax.yaxis.set_minor_formatter(FuncFormatter(_minor) if few else NullFormatter())
+
+
+def _minor(value: float, _pos=None) -> str:
+    """Minor log ticks labelled at 2, 3 and 5 times a power of ten only (7, 8, 9 would crowd)."""
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** np.floor(np.log10(value)), 6)
+    return _plain(value) if mantissa in (2.0, 3.0, 5.0) else ""
+
+
+def median_line(ax, df: pd.DataFrame, col: str, color: str, label: str, **kw) -> bool:
+    """``col`` (medians) vs context with the min–max over the requests as error bars."""
+    d = df.dropna(subset=[col]).sort_values("ctx")
+    if d.empty:
+        return False
+    lo, hi = d.get(f"{col}_min"), d.get(f"{col}_max")
+    yerr = None
+    if lo is not None and hi is not None and (lo.notna() & hi.notna()).any():
+        yerr = np.vstack([(d[col] - lo.fillna(d[col])), (hi.fillna(d[col]) - d[col])]).clip(0)
+    ax.errorbar(
+        d["ctx"], d[col], yerr=yerr, color=color, label=label, capsize=3, elinewidth=1,
+        marker=kw.pop("marker", "o"), ms=kw.pop("ms", 5), **kw,
+    )  # fmt: skip
+    return True
 
 
 def mark_not_ok(ax, points: pd.DataFrame, color_by: str | None = None) -> list[Line2D]:
@@ -253,108 +305,178 @@ def kernel_speedup(speedup: pd.DataFrame, kernels: pd.DataFrame) -> Figure:
                 markers=True,
                 ax=ax,
             )
-            log_y_if_wide(ax, s["speedup"], 10)
+            set_scale(ax, "ratio")
         ax.set_ylabel("speedup over Triton (x)")
     fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig
 
 
-def sweep_metrics(points: pd.DataFrame, server: str) -> Figure:
-    """The end-to-end metrics of one server configuration vs context, non-ok points marked."""
+def sweep_metrics(points: pd.DataFrame, server: str, title: str, tau: float) -> Figure:
+    """The end-to-end metrics of one server configuration vs context, non-ok points marked.
+
+    Medians over each point's requests, the min–max as error bars; ``title`` names the run.
+    """
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     good = ok(points)
     color, extra = style.color(server), []
-    for ax, (key, label) in zip(axes.flat, SWEEP_PANELS, strict=True):
+    for ax, (key, label, kind) in zip(axes.flat, SWEEP_PANELS, strict=True):
         context_axis(ax, points["ctx"])
-        ax.set_ylabel(label)
-        if key == "itl":
+        drawn = False
+        if key == "steps":
+            for col, name, ls, marker in STEPS:
+                drawn |= median_line(ax, good, col, color, name, ls=ls, marker=marker)
+        elif key == "tokens":
+            drawn = median_line(ax, good, "decode_tok_s", color, "measured")
+            if PRIMARY in good and good[PRIMARY].notna().any():
+                at_tau = good.assign(at_tau=good[PRIMARY] * tau)
+                label_tau = f"at acceptance length \N{GREEK SMALL LETTER TAU}={tau:g} (derived)"
+                median_line(ax, at_tau, "at_tau", color, label_tau, ls=":", marker="D", ms=4)
+        elif key == "itl":
             for col, name, ls in ITL:
-                if col in good and good[col].notna().any():
-                    sns.lineplot(
-                        good, x="ctx", y=col, color=color, ls=ls, marker="o", label=name, ax=ax
-                    )
-            values = pd.concat([good[c] for c, _, _ in ITL if c in good]) if len(good) else []
-        elif key in good and good[key].notna().any():
-            sns.lineplot(good, x="ctx", y=key, color=color, marker="o", ax=ax)
-            values = good[key]
+                drawn |= median_line(ax, good, col, color, name, ls=ls)
         else:
-            values = []
+            drawn = median_line(ax, good, key, color, None)
+        if not drawn:
             _empty(ax, "not recorded" if len(good) else "no point ran")
+        else:
+            set_scale(ax, kind)
         ax.set_ylabel(label)
-        log_y_if_wide(ax, values)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         extra += mark_not_ok(ax, points)
-    fig.suptitle(f"server configuration: {server}", fontweight="bold")
+    k = int(points["concurrency"].max()) if "concurrency" in points else 1
+    streams = f", {k} streams at once" if k > 1 else ""
+    n = _n_text(good)
+    fig.suptitle(f"{title}: {server}{streams} ({n})", fontweight="bold")
     fig.tight_layout()
-    figure_legend(fig, fig.axes, extra)
+    if extra:
+        figure_legend(fig, [], extra)
     return fig
 
 
-def compare_decode(sweeps: dict[str, pd.DataFrame], reference: pd.DataFrame | None) -> Figure:
-    """Decode tok/s vs context per server configuration, one panel per study, reference overlaid."""
+def _n_text(good: pd.DataFrame) -> str:
+    if good.empty or "requests" not in good:
+        return "n = 1 request per point"
+    lo, hi = int(good["requests"].min()), int(good["requests"].max())
+    n = str(lo) if lo == hi else f"{lo}–{hi}"
+    return f"median of n = {n} request{'s' if hi > 1 else ''} per point, bars min–max"
+
+
+def _reference_points(reference: pd.DataFrame) -> pd.DataFrame:
+    return reference.dropna(subset=["decode_tok_s"]).sort_values("actual_ctx")
+
+
+def compare_relative(
+    sweeps: dict[str, pd.DataFrame], reference: pd.DataFrame | None, titles: dict[str, str]
+) -> Figure:
+    """Like with like: each server's verify steps/s over its own at its shortest context, and the
+    published RTX PRO 6000 decode tok/s over its own at its shortest, one panel per study."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
     extra = []
     for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
-        context_axis(ax, sweep["ctx"])
-        good = ok(sweep)
-        servers = list(dict.fromkeys(sweep["server"]))
-        if good["decode_tok_s"].notna().any():
-            sns.lineplot(
-                good,
-                x="ctx",
-                y="decode_tok_s",
-                hue="server",
-                hue_order=servers,
-                palette=style.palette(servers),
-                marker="o",
-                ax=ax,
-            )
+        ctxs = list(sweep["ctx"])
         if reference is not None:
+            ctxs += list(_reference_points(reference)["actual_ctx"])
+        context_axis(ax, ctxs)
+        good = ok(sweep)
+        for server in dict.fromkeys(sweep["server"]):
+            rows = good[good["server"] == server].dropna(subset=[PRIMARY]).sort_values("ctx")
+            if rows.empty:
+                continue
+            first = rows[PRIMARY].iloc[0]
+            rel = rows.assign(rel=rows[PRIMARY] / first)
+            for end in ("min", "max"):
+                rel[f"rel_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) / first
+            median_line(ax, rel, "rel", style.color(server), server)
+        if reference is not None:
+            ref = _reference_points(reference)
             ax.plot(
-                reference["actual_ctx"],
-                reference["decode_tok_s"],
-                color=style.color("reference"),
-                ls="--",
-                marker="D",
-                ms=5,
-                label=style.REFERENCE_LABEL,
-            )
+                ref["actual_ctx"], ref["decode_tok_s"] / ref["decode_tok_s"].iloc[0],
+                color=style.color("reference"), ls="--", marker="D", ms=5,
+                label=style.REFERENCE_LABEL + ", tok/s",
+            )  # fmt: skip
+        ax.axhline(1.0, color="black", lw=0.8)
         extra += mark_not_ok(ax, sweep, "server")
-        ax.set(yscale="log", ylabel="decode (tok/s)", title=study)
-        ax.autoscale(axis="x")
+        set_scale(ax, "ratio")
+        ax.set(ylabel="rate over its own at its shortest context (x)", title=titles[study])
     fig.tight_layout()
     figure_legend(fig, fig.axes, extra)
     return fig
 
 
-def compare_speedup(speedups: dict[str, pd.DataFrame], baseline: dict[str, str | None]) -> Figure:
-    """Each server configuration's decode tok/s over the baseline's, per context and study."""
+def compare_absolute(
+    sweeps: dict[str, pd.DataFrame],
+    reference: pd.DataFrame | None,
+    titles: dict[str, str],
+    tau: float,
+) -> Figure:
+    """Tokens/s where the units agree: each server's verify steps/s x tau (its tokens/s if a
+    real drafter accepted tau tokens per step) beside the published table's measured tok/s."""
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
+    extra = []
+    tau_text = f"\N{GREEK SMALL LETTER TAU}={tau:g}"
+    for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
+        ctxs = list(sweep["ctx"])
+        if reference is not None:
+            ctxs += list(_reference_points(reference)["actual_ctx"])
+        context_axis(ax, ctxs)
+        good = ok(sweep)
+        for server in dict.fromkeys(sweep["server"]):
+            rows = good[good["server"] == server].dropna(subset=[PRIMARY])
+            if rows.empty:
+                continue
+            scaled = rows.assign(at_tau=rows[PRIMARY] * tau)
+            for end in ("min", "max"):
+                scaled[f"at_tau_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) * tau
+            median_line(ax, scaled, "at_tau", style.color(server), server)
+        if reference is not None:
+            ref = _reference_points(reference)
+            ax.plot(
+                ref["actual_ctx"], ref["decode_tok_s"], color=style.color("reference"), ls="--",
+                marker="D", ms=5, label=style.REFERENCE_LABEL + ", measured",
+            )  # fmt: skip
+        extra += mark_not_ok(ax, sweep, "server")
+        set_scale(ax, "rate")
+        ax.set(
+            ylabel=f"tokens/s (servers: verify steps/s x {tau_text})",
+            title=f"{titles[study]}, acceptance length {tau_text}",
+        )
+    fig.tight_layout()
+    figure_legend(fig, fig.axes, extra)
+    return fig
+
+
+def compare_speedup(
+    speedups: dict[str, pd.DataFrame], baseline: dict[str, str | None], titles: dict[str, str]
+) -> Figure:
+    """Each server configuration's verify steps/s over the baseline's, per context and study."""
     fig, axes = plt.subplots(1, len(speedups), figsize=(6.5 * len(speedups), 4.2), squeeze=False)
     for ax, (study, s) in zip(axes[0], speedups.items(), strict=True):
         context_axis(ax, s["requested_ctx"])
-        ax.axhline(
-            1.0,
-            color=style.color(baseline[study] or "triton"),
-            lw=1,
-            ls="--",
-            label=f"{baseline[study]} (baseline)",
-        )
+        if baseline[study]:
+            ax.axhline(
+                1.0,
+                color=style.color(baseline[study]),
+                lw=1,
+                ls="--",
+                label=f"{baseline[study]} (baseline)",
+            )
         good = s.dropna(subset=["speedup"])
         if good.empty:
             _empty(ax, "no context where both ran" if baseline[study] else "no Triton baseline")
         else:
-            servers = list(dict.fromkeys(good["server"]))
-            sns.lineplot(
-                good,
-                x="requested_ctx",
-                y="speedup",
-                hue="server",
-                palette=style.palette(servers),
-                marker="o",
-                ax=ax,
-            )
-            log_y_if_wide(ax, good["speedup"], 10)
-        ax.set(ylabel=f"decode speedup over {baseline[study]} (x)", title=study)
+            for server in dict.fromkeys(good["server"]):
+                rows = good[good["server"] == server].sort_values("requested_ctx")
+                ax.plot(
+                    rows["requested_ctx"], rows["speedup"], color=style.color(server),
+                    marker="o", label=server,
+                )  # fmt: skip
+            set_scale(ax, "ratio")
+        ax.set(
+            ylabel=f"verify steps/s over {baseline[study]} (x)",
+            title=f"{titles[study]}: speedup, medians",
+        )
     fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig

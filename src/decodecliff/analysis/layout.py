@@ -7,13 +7,13 @@ from pathlib import Path
 FIGURES: dict[str, tuple[str, ...]] = {
     "kernels": ("time_per_layer", "bandwidth", "roofline", "speedup"),
     "sweep": ("metrics",),
-    "compare": ("decode", "speedup"),
+    "compare": ("relative", "absolute", "speedup"),
 }
 TABLES: dict[str, tuple[str, ...]] = {
     "kernels": ("speedup", "not_ok"),
     "sweep": ("points",),
     "compare": ("speedup",),
-    "report": ("headline", "kernels_at_key_contexts", "targets"),
+    "report": ("headline", "kernels_at_key_contexts", "targets", "sweep"),
 }
 
 

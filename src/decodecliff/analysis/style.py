@@ -19,10 +19,19 @@ COLORS: dict[str, str] = {
     "triton": "#D55E00",
     "custom": "#0072B2",
     "torch": "#7F7F7F",
-    # server configurations of the default and GPU studies
+    # server configurations of the default and GPU studies, fixed by name so a configuration
+    # keeps its colour in every report (this run, the published study, the comparison)
     "custom-graphs": "#009E73",
     "custom-defrag": "#CC79A7",
     "custom-graphs-defrag": "#E69F00",
+    "triton-p1": "#D55E00",
+    "triton-graph-p1": "#E69F00",
+    "custom-p1": "#0072B2",
+    "custom-graph-p1": "#009E73",
+    "custom-defrag-p1": "#CC79A7",
+    "torch-chain16-p1": "#7F7F7F",
+    "triton-chain16-p1": "#D55E00",
+    "torch-chain16-p1-k4": "#56B4E9",
     # the published RTX PRO 6000 table
     "reference": "#000000",
 }

@@ -16,10 +16,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from decodecliff.sweep import metrics as sweep_metrics
+
 KERNEL_SCHEMA = "decodecliff.kernel-bench/"
 SWEEP_SCHEMA = "decodecliff.sweep-point/"
 SERVER_KEYS = ("backend", "page_size", "cuda_graph", "defrag", "spec")
 ENV_KEYS = ("gpu", "gpu_capability", "driver", "torch", "triton", "cuda_runtime", "git", "host")
+# metrics whose spread over a point's requests the summary gives (as <key>_min, <key>_max)
+SPREAD_KEYS = (
+    "verify_steps_s_client", "verify_steps_s_server", "decode_tok_s", "ttft_s", "prefill_tok_s",
+    "itl_ms_p50",
+)  # fmt: skip
+AFTER_KEYS = ("defrag_runs", "defrag_pages_moved", "request_fragmentation", "cuda_graphs_captured")
 _CTX_FILE = re.compile(r"^ctx(\d+)\.json$")
 
 
@@ -76,7 +84,9 @@ def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
     """Backend, page size, graphs, defrag, spec of a point's server: config first, then the file."""
     recorded = point.get("config") if isinstance(point.get("config"), dict) else {}
     extra = recorded.get("extra") if isinstance(recorded.get("extra"), dict) else {}
-    sources = [servers.get(name, {}), extra.get("server", {}), extra, recorded]
+    info = point.get("server_info") if isinstance(point.get("server_info"), dict) else {}
+    # the server's own description last: a study without its config still says what ran
+    sources = [servers.get(name, {}), extra.get("server", {}), extra, recorded, info]
     meta = {}
     for key in SERVER_KEYS:
         value = next((s[key] for s in sources if isinstance(s, dict) and key in s), None)
@@ -84,26 +94,96 @@ def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
     return meta
 
 
+def point_requests(point: dict) -> list[dict]:
+    """The recorded requests of a point; a file of schema /1 held one, in its top-level fields."""
+    if "requests" in point:
+        return list(point["requests"])
+    if point.get("status") != "ok":
+        return []
+    m = dict(point.get("metrics") or {})
+    m |= sweep_metrics.step_rates(m, point.get("meta_info") or {})
+    return [{"round": 0, "stream": 0, "error": None, "metrics": m, "meta_info": point["meta_info"]}]
+
+
+def _spread(requests: list[dict]) -> dict:
+    """min and max over the requests of each metric whose spread the report shows."""
+    out = {}
+    for key in SPREAD_KEYS:
+        values = [r["metrics"].get(key) for r in requests if r["metrics"].get(key) is not None]
+        out[f"{key}_min"] = min(values) if values else None
+        out[f"{key}_max"] = max(values) if values else None
+    return out
+
+
+def _after_point(point: dict) -> dict:
+    """What the server did during the point, from its info read afterwards (None: not read)."""
+    after = point.get("server_info_after")
+    if not isinstance(after, dict) or "invalid" in after:
+        return dict.fromkeys(AFTER_KEYS)
+    frag = after.get("fragmentation") if isinstance(after.get("fragmentation"), dict) else {}
+    graphs = after.get("cuda_graphs_captured")
+    return {
+        "defrag_runs": frag.get("defrag_runs"),
+        "defrag_pages_moved": frag.get("defrag_pages_moved"),
+        "request_fragmentation": frag.get("request_fragmentation"),
+        "cuda_graphs_captured": len(graphs) if isinstance(graphs, list) else None,
+    }
+
+
 def sweep_row(path: str | Path, servers: dict[str, dict] | None = None) -> dict:
-    """One tidy row of a sweep point file results/sweep/{server}/ctx{N}.json."""
+    """One tidy row of a sweep point file results/sweep/{server}/ctx{N}.json.
+
+    An ok point's numbers are medians over its requests, with min and max of the main ones
+    (``SPREAD_KEYS``), ``requests`` and ``verify_steps`` saying what they rest on; a point of
+    schema /1 had one request (``requests`` 1).
+    """
     path = Path(path)
     point = read_json(path, SWEEP_SCHEMA)
     server = point.get("name") or path.parent.name  # the point's server configuration
-    metrics = point.get("metrics") or {}
+    metrics = dict(point.get("metrics") or {})
+    requests = point_requests(point)
+    if point.get("status", "ok") == "ok" and requests:
+        metrics = sweep_metrics.point_summary(requests) | {
+            k: v for k, v in metrics.items() if k == "round_tok_s"
+        }
+        metrics |= _spread(requests)
     row = {
         "server": server,
         **_server_meta(server, point, servers or {}),
         "requested_ctx": point.get("requested_ctx"),
         "prompt_tokens": point.get("prompt_tokens", metrics.get("prompt_tokens")),
         "gen_tokens": point.get("gen_tokens"),
+        "concurrency": point.get("concurrency", 1),
         "status": point.get("status", "ok"),
         "reason": point.get("reason"),
+        "requests": len(requests),
     }
     for key, value in metrics.items():
         if key not in row and not isinstance(value, dict | list):
             row[key] = value
+    row |= _after_point(point)
     row |= {"started_at": point.get("started_at"), "finished_at": point.get("finished_at")}
     return row | _env_columns(point.get("env")) | {"file": str(path)}
+
+
+def request_rows(path: str | Path) -> list[dict]:
+    """One tidy row per recorded request of a point file."""
+    point = read_json(path, SWEEP_SCHEMA)
+    server = point.get("name") or Path(path).parent.name
+    rows = []
+    for i, req in enumerate(point_requests(point)):
+        row = {"server": server, "requested_ctx": point.get("requested_ctx"), "request": i}
+        row |= {"round": req.get("round"), "stream": req.get("stream")}
+        row |= {"status": "ok" if req.get("error") is None else "failed", "error": req.get("error")}
+        metrics = {k: v for k, v in req["metrics"].items() if not isinstance(v, dict | list)}
+        rows.append(row | metrics)
+    return rows
+
+
+def request_table(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Every recorded request of the given point files."""
+    rows = [row for p in paths for row in request_rows(p)]
+    return pd.DataFrame(rows, columns=None if rows else ["server", "requested_ctx", "request"])
 
 
 def sweep_table(paths: Iterable[str | Path], servers: Sequence[dict] | None = None) -> pd.DataFrame:
@@ -171,21 +251,29 @@ class Study:
     ceilings: dict = field(default_factory=dict)
 
 
+def study_title(name: str, sweep: pd.DataFrame, published: bool = False) -> str:
+    """How figures and tables name a study: 'embedded-cpu (CPU)', 'published h200 (NVIDIA H200)'."""
+    gpus = [str(g) for g in dict.fromkeys(sweep["gpu"].dropna())] if "gpu" in sweep else []
+    return f"{'published ' if published else ''}{name} ({', '.join(gpus) or 'CPU'})"
+
+
 def load_study(root: str | Path) -> Study:
-    """A study folder: summary/*.csv where present, else computed from the raw JSON."""
+    """A study folder's tables, computed from its raw JSON (summary/*.csv where there is none)."""
     root = Path(root)
     if not root.is_dir():
         raise ResultError(f"{root}: study folder not found")
     bench_path, build_path = root / "kernels" / "bench.json", root / "build" / "build.json"
     bench = read_json(bench_path, KERNEL_SCHEMA) if bench_path.is_file() else {}
-    if (root / "summary" / "kernels.csv").is_file():
-        kernels = pd.read_csv(root / "summary" / "kernels.csv")
-    else:
+    # The raw files win: a study published by an older analysis reads as this one computes it.
+    if bench or not (root / "summary" / "kernels.csv").is_file():
         kernels = kernel_table(bench)
-    if (root / "summary" / "sweep.csv").is_file():
-        sweep = pd.read_csv(root / "summary" / "sweep.csv")
     else:
-        sweep = sweep_table(sweep_files(root / "sweep"))
+        kernels = pd.read_csv(root / "summary" / "kernels.csv")
+    points = sweep_files(root / "sweep")
+    if points or not (root / "summary" / "sweep.csv").is_file():
+        sweep = sweep_table(points)
+    else:
+        sweep = pd.read_csv(root / "summary" / "sweep.csv")
     build = read_json(build_path) if build_path.is_file() else {}
     return Study(root, kernels, sweep, build, bench.get("env") or {}, bench.get("ceilings") or {})
 
@@ -212,6 +300,9 @@ def cli(argv: list[str]) -> int:
             print(f"wrote {p} ({len(kernels)} rows)")
     for p in write_table(sweep, args.out / "sweep.csv", not args.no_parquet):
         print(f"wrote {p} ({len(sweep)} rows)")
+    requests = request_table(paths)
+    for p in write_table(requests, args.out / "requests.csv", parquet=False):
+        print(f"wrote {p} ({len(requests)} rows)")
     return 0
 
 

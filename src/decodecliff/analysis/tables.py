@@ -70,7 +70,7 @@ def ctx_label(ctx: float) -> str:
     if ctx >= 1000 and ctx % 1024 == 0:
         return f"{ctx // 1024}k"
     if ctx >= 1000:
-        return f"{ctx / 1000:.0f}k"
+        return f"{ctx / 1000:.0f}k" if ctx >= 9500 else f"{ctx / 1000:.1f}k"
     return str(ctx)
 
 
@@ -120,34 +120,68 @@ def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
     return triton[0] if triton else None
 
 
-def sweep_speedup(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """Decode tok/s of every server over the baseline server's at the same requested context."""
-    cols = ["server", "requested_ctx", "status", "decode_tok_s"]
+# The primary end-to-end number: verify steps per second on the client's clock (with random
+# weights no draft is accepted, so tokens/s are the same steps counted once per token).
+PRIMARY = "verify_steps_s_client"
+PRIMARY_LABEL = "verify steps/s"
+
+
+def spread(row: pd.Series, key: str, fmt: str = ".3g") -> str:
+    """'median (min–max)' of a point's requests, the median alone for one request or a tie."""
+    if row["status"] != "ok":
+        return str(row["status"])
+    value = row.get(key)
+    if value is None or pd.isna(value):
+        return "–"
+    lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
+    text = format(value, fmt)
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return text
+    lo_text, hi_text = format(lo, fmt), format(hi, fmt)
+    return text if lo_text == hi_text else f"{text} ({lo_text}–{hi_text})"
+
+
+def sweep_speedup(sweep: pd.DataFrame, baseline: str | None, metric: str = PRIMARY) -> pd.DataFrame:
+    """``metric`` (medians) of every server over the baseline server's at the same requested
+    context and concurrency (streams at once); other concurrencies get no speedup."""
+    cols = ["server", "requested_ctx", "status", metric]
+    out_cols = cols + [f"baseline_{metric}", "speedup"]
     if baseline is None or sweep.empty:
-        return pd.DataFrame(columns=cols + ["baseline_decode_tok_s", "speedup"])
-    base = sweep.loc[sweep["server"] == baseline, ["requested_ctx", "status", "decode_tok_s"]]
-    base = base.rename(
-        columns={"status": "baseline_status", "decode_tok_s": "baseline_decode_tok_s"}
-    )
+        return pd.DataFrame(columns=out_cols)
+    k = _concurrency(sweep)
+    base = sweep.loc[sweep["server"] == baseline, ["requested_ctx", "status", metric]]
+    base = base.rename(columns={"status": "baseline_status", metric: f"baseline_{metric}"})
     out = sweep[cols].merge(base, on="requested_ctx", how="left")
-    out["speedup"] = out["decode_tok_s"] / out["baseline_decode_tok_s"]
-    return out[out["server"] != baseline].reset_index(drop=True)
+    out["speedup"] = out[metric] / out[f"baseline_{metric}"]
+    same = k.reindex(out["server"]).to_numpy() == k.get(baseline, 1)
+    out.loc[~same, "speedup"] = float("nan")
+    return out[out["server"] != baseline][out_cols].reset_index(drop=True)
+
+
+def _concurrency(sweep: pd.DataFrame) -> pd.Series:
+    """Streams per round of each server (1 for studies that predate the setting)."""
+    if "concurrency" not in sweep:
+        return pd.Series(1, index=list(dict.fromkeys(sweep["server"])))
+    return sweep.groupby("server", sort=False)["concurrency"].max().fillna(1).astype(int)
 
 
 def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """Per context: each server's decode tok/s, then each one's speedup over the baseline."""
+    """Per context: each server's verify steps/s, median (min–max) over its requests, then each
+    one's speedup over the baseline (medians, at the same concurrency)."""
     if sweep.empty:
         return pd.DataFrame()
     df = sweep.copy()
-    df["value"] = df.apply(lambda r: _cell(r, "decode_tok_s", ".3g"), axis=1)
+    df["value"] = df.apply(lambda r: spread(r, PRIMARY), axis=1)
     servers = list(dict.fromkeys(df["server"]))
+    k = _concurrency(sweep)
     table = df.pivot_table(
         index="requested_ctx", columns="server", values="value", aggfunc="first", sort=True
     )[servers]
-    table.columns = [f"{s} decode tok/s" for s in servers]
+    names = {s: s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in servers}
+    table.columns = [f"{names[s]} {PRIMARY_LABEL}" for s in servers]
     speed = sweep_speedup(sweep, baseline)
     for server in servers:
-        if server == baseline:
+        if server == baseline or k.get(server, 1) != k.get(baseline, 1):
             continue
         s = speed[speed["server"] == server].set_index("requested_ctx")["speedup"]
         table[f"{server} vs {baseline}"] = s.reindex(table.index).map(
@@ -156,3 +190,63 @@ def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table.index = [f"{ctx_label(c)} ({int(c):,})" for c in table.index]
     table.index.name = "context (tokens)"
     return table
+
+
+def counts(sweep: pd.DataFrame) -> str:
+    """What the end-to-end numbers rest on: requests and verify steps per point, as a sentence."""
+    good = ok(sweep)
+    if good.empty:
+        return "no end-to-end point ran"
+    n = good["requests"] if "requests" in good else pd.Series(1, index=good.index)
+    steps = good["verify_steps"] if "verify_steps" in good else pd.Series(dtype=float)
+
+    def span(v: pd.Series, what: str) -> str:
+        v = v.dropna().astype(int)
+        if v.empty:
+            return f"{what}s not reported"
+        lo, hi = int(v.min()), int(v.max())
+        return f"{lo} {what}{'' if hi == 1 else 's'}" if lo == hi else f"{lo}–{hi} {what}s"
+
+    return (
+        f"each point rests on n = {span(n, 'request')} and {span(steps, 'verify step')} "
+        "(summed over its requests); a cell is the median, the min–max over the requests in "
+        "brackets"
+    )
+
+
+LONG_COLUMNS = {
+    "requested_ctx": "context",
+    "concurrency": "streams",
+    "verify_steps_s_client": "verify steps/s (client)",
+    "verify_steps_s_server": "verify steps/s (server step time)",
+    "decode_tok_s": "tok/s",
+    "tok_s_at_tau": "tok/s at tau",
+    "ttft_s": "TTFT (s)",
+    "requests": "requests",
+    "verify_steps": "verify steps",
+    "defrag_runs": "defrag runs",
+    "defrag_pages_moved": "pages moved",
+    "cuda_graphs_captured": "graphs captured",
+}
+
+
+def sweep_long(sweep: pd.DataFrame, tau: float) -> pd.DataFrame:
+    """One line per server and context with every end-to-end number and what it rests on."""
+    if sweep.empty:
+        return pd.DataFrame(columns=["server", *LONG_COLUMNS.values()])
+    df = sweep.copy()
+    df["tok_s_at_tau"] = df[PRIMARY] * tau
+    out = pd.DataFrame({"server": df["server"]})
+    for key, label in LONG_COLUMNS.items():
+        if key in ("verify_steps_s_client", "verify_steps_s_server", "decode_tok_s", "ttft_s"):
+            out[label] = df.apply(lambda r, k=key: spread(r, k), axis=1)
+        elif key == "tok_s_at_tau":
+            out[f"tok/s at tau={tau:g}"] = [
+                "–" if pd.isna(v) else format(v, ".3g") for v in df[key]
+            ]
+        elif key == "requested_ctx":
+            out[label] = df[key].map(ctx_label)
+        else:
+            col = df[key] if key in df else pd.Series(None, index=df.index)
+            out[label] = ["–" if pd.isna(v) else str(int(v)) for v in col]
+    return out.reset_index(drop=True)
