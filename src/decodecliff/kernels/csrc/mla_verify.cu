@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "mla_ptx.cuh"
 
@@ -114,7 +115,7 @@ constexpr int min_blocks() {
 }
 
 template <int MT, int V>
-__global__ void __launch_bounds__(kThreads, min_blocks<MT, V>()) mla_attn_kernel(const Params p) {
+__device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
   using VT = Variant<V>;
   using L = SmemLayout<MT, V>;
   constexpr int BN = VT::kBlockN;
@@ -128,7 +129,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT, V>()) mla_attn_kernel
   constexpr int TPTOK = kThreads / BN;     // loader: threads per token
   constexpr int CPT = (kChunks + TPTOK - 1) / TPTOK;  // loader: chunks per thread
   static_assert(NT >= 1 && TPT >= 1 && BN % 16 == 0 && ST >= 2, "tile shape");
-  extern __shared__ __align__(128) uint8_t smem[];
 
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -416,6 +416,44 @@ __global__ void __launch_bounds__(kThreads, min_blocks<MT, V>()) mla_attn_kernel
   if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
 }
 
+}  // namespace dcmla
+
+#include "mla_v3.cuh"
+
+namespace dcmla {
+
+template <int V>
+constexpr int threads_of() {
+  return V == 3 ? kThreadsV3 : kThreads;
+}
+
+template <int MT, int V>
+constexpr int smem_of() {
+  if constexpr (V == 3)
+    return SmemLayoutV3<MT>::kBytes;
+  else
+    return SmemLayout<MT, V>::kBytes;
+}
+
+template <int MT, int V>
+constexpr int block_n_of() {
+  if constexpr (V == 3)
+    return V3Traits<MT>::kBlockN;
+  else
+    return Variant<V>::kBlockN;
+}
+
+// One kernel symbol per (m-tiles, variant): mla_attn_kernel<MT, V>, the body chosen at compile time.
+template <int MT, int V>
+__global__ void __launch_bounds__(threads_of<V>(), min_blocks<MT, V>()) mla_attn_kernel(
+    const Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  if constexpr (V == 3)
+    attn_v3<MT>(p, smem);
+  else
+    attn_v12<MT, V>(p, smem);
+}
+
 // Merge the splits of one row (grid.x = row, grid.y = 128-column segment) into bf16 output.
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
     const float* __restrict__ ws_o, const float* __restrict__ ws_lse, __nv_bfloat16* __restrict__ out,
@@ -491,30 +529,30 @@ cudaError_t prepare_kernel() {
   if (err != cudaSuccess) return err;
   if (dev >= 0 && dev < 64 && done[dev]) return cudaSuccess;
   err = cudaFuncSetAttribute(mla_attn_kernel<MT, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SmemLayout<MT, V>::kBytes);
+                             smem_of<MT, V>());
   if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
   return err;
 }
 
-template <int MT, int V>
-cudaError_t launch_attn(const Params& p, int row_tiles, int batch, cudaStream_t stream) {
-  cudaError_t err = prepare_kernel<MT, V>();
-  if (err != cudaSuccess) return err;
-  dim3 grid(row_tiles, p.num_splits, batch);
-  mla_attn_kernel<MT, V><<<grid, kThreads, SmemLayout<MT, V>::kBytes, stream>>>(p);
-  return cudaGetLastError();
-}
+template <int N>
+using IntC = std::integral_constant<int, N>;
 
-template <int MT, int V>
-cudaError_t ctas_per_sm(int* out) {
-  cudaError_t err = prepare_kernel<MT, V>();
-  if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, mla_attn_kernel<MT, V>, kThreads,
-                                                       SmemLayout<MT, V>::kBytes);
+// The one place that maps run-time (variant, m-tiles) to a kernel instance: f(IntC<MT>, IntC<V>).
+template <typename F>
+cudaError_t dispatch(int variant, int mtiles, F&& f) {
+  switch (variant * 10 + mtiles) {
+    case 11: return f(IntC<1>{}, IntC<1>{});
+    case 12: return f(IntC<2>{}, IntC<1>{});
+    case 21: return f(IntC<1>{}, IntC<2>{});
+    case 22: return f(IntC<2>{}, IntC<2>{});
+    case 31: return f(IntC<1>{}, IntC<3>{});
+    case 32: return f(IntC<2>{}, IntC<3>{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 inline bool valid_variant(int variant, int mtiles) {
-  return (variant == 1 || variant == 2) && (mtiles == 1 || mtiles == 2);
+  return variant >= 1 && variant <= 3 && (mtiles == 1 || mtiles == 2);
 }
 
 }  // namespace dcmla
@@ -526,19 +564,31 @@ int dcmla_rows_per_tile(int mtiles) { return 16 * mtiles; }
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
 
-// KV tokens per tile of a kernel variant (1 or 2); -1 for an unknown variant.
-int dcmla_block_n(int variant) {
-  if (variant == 1) return dcmla::Variant<1>::kBlockN;
-  if (variant == 2) return dcmla::Variant<2>::kBlockN;
-  return -1;
+// KV tokens per tile of a kernel (variant 1..3, mtiles 1 or 2); -1 if unknown.
+int dcmla_block_n(int variant, int mtiles) {
+  int n = -1;
+  dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
+    n = dcmla::block_n_of<decltype(mt)::value, decltype(v)::value>();
+    return cudaSuccess;
+  });
+  return n;
 }
 
 // Dynamic shared memory of an attention kernel (static shared memory is in ptxas -v); -1 if unknown.
 int dcmla_smem_bytes(int variant, int mtiles) {
-  if (!dcmla::valid_variant(variant, mtiles)) return -1;
-  if (variant == 1)
-    return mtiles == 1 ? dcmla::SmemLayout<1, 1>::kBytes : dcmla::SmemLayout<2, 1>::kBytes;
-  return mtiles == 1 ? dcmla::SmemLayout<1, 2>::kBytes : dcmla::SmemLayout<2, 2>::kBytes;
+  int n = -1;
+  dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
+    n = dcmla::smem_of<decltype(mt)::value, decltype(v)::value>();
+    return cudaSuccess;
+  });
+  return n;
+}
+
+// Threads per CTA of an attention kernel; -1 if unknown.
+int dcmla_threads(int variant, int mtiles) {
+  return dcmla::valid_variant(variant, mtiles)
+             ? (variant == 3 ? dcmla::kThreadsV3 : dcmla::kThreads)
+             : -1;
 }
 
 const char* dcmla_error_string(int code) {
@@ -547,18 +597,18 @@ const char* dcmla_error_string(int code) {
 
 // Resident CTAs per SM of an attention kernel on the current device.
 int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
-  if (!dcmla::valid_variant(variant, mtiles)) return static_cast<int>(cudaErrorInvalidValue);
-  cudaError_t err;
-  if (variant == 1)
-    err = mtiles == 1 ? dcmla::ctas_per_sm<1, 1>(out) : dcmla::ctas_per_sm<2, 1>(out);
-  else
-    err = mtiles == 1 ? dcmla::ctas_per_sm<1, 2>(out) : dcmla::ctas_per_sm<2, 2>(out);
-  return static_cast<int>(err);
+  return static_cast<int>(dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
+    constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
+    cudaError_t err = dcmla::prepare_kernel<MT, V>();
+    if (err != cudaSuccess) return err;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        out, dcmla::mla_attn_kernel<MT, V>, dcmla::threads_of<V>(), dcmla::smem_of<MT, V>());
+  }));
 }
 
 // out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
 // ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
-// variant: 1 or 2 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
+// variant: 1, 2 or 3 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
@@ -586,13 +636,15 @@ int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, co
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   const int rows = 16 * mtiles;
   const int row_tiles = (max_q_len * heads + rows - 1) / rows;
-  cudaError_t err;
-  if (variant == 1)
-    err = mtiles == 1 ? dcmla::launch_attn<1, 1>(p, row_tiles, batch, stream)
-                      : dcmla::launch_attn<2, 1>(p, row_tiles, batch, stream);
-  else
-    err = mtiles == 1 ? dcmla::launch_attn<1, 2>(p, row_tiles, batch, stream)
-                      : dcmla::launch_attn<2, 2>(p, row_tiles, batch, stream);
+  cudaError_t err = dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
+    constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
+    cudaError_t e = dcmla::prepare_kernel<MT, V>();
+    if (e != cudaSuccess) return e;
+    dim3 grid(row_tiles, p.num_splits, batch);
+    dcmla::mla_attn_kernel<MT, V>
+        <<<grid, dcmla::threads_of<V>(), dcmla::smem_of<MT, V>(), stream>>>(p);
+    return cudaGetLastError();
+  });
   if (err != cudaSuccess) return static_cast<int>(err);
   dim3 grid(static_cast<unsigned>(total_q) * heads, dcmla::kDv / dcmla::kCombineCols);
   dcmla::mla_combine_kernel<<<grid, dcmla::kCombineThreads, 0, stream>>>(
