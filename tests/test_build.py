@@ -32,9 +32,9 @@ def test_build_has_required_sass_and_fits_smem(built):
     archs = {k["arch"] for k in info["kernels"]}
     assert archs == {80, 90, 120}
     attn = [k for k in info["kernels"] if "mla_attn_kernel" in k["kernel"]]
-    assert len(attn) == 12  # two kernel variants x two row-tile sizes x three archs
+    assert len(attn) == 18  # three kernel variants x two row-tile sizes x three archs
     found = {(k["variant"], k["mtiles"], k["arch"]) for k in attn}
-    assert found == {(v, m, a) for v in ("v1", "v2") for m in (1, 2) for a in (80, 90, 120)}
+    assert found == {(v, m, a) for v in VARIANTS for m in (1, 2) for a in (80, 90, 120)}
     for k in info["kernels"]:
         assert 0 < k["smem_total"] <= build.SMEM_LIMIT, k
         assert k["spill_stores"] == k["spill_loads"] == 0, k
@@ -44,13 +44,28 @@ def test_build_has_required_sass_and_fits_smem(built):
         assert k["dynamic_smem"] == expected_smem(k["variant"], k["mtiles"]), k
     # v2's 16-row kernel is held to 128 registers (two CTAs per SM where shared memory allows)
     assert all(k["registers"] <= 128 for k in attn if (k["variant"], k["mtiles"]) == ("v2", 1))
+    # v3 runs 512 threads per CTA: 65,536 registers per SM allow 128 per thread
+    assert all(k["registers"] <= 128 for k in attn if k["variant"] == "v3")
 
 
 def expected_smem(variant: str, mtiles: int) -> int:
     """The shared-memory arithmetic of notes/kernel.md: KV ring + partial S + P + row scalars."""
-    block_n, stages = {"v1": (32, 2), "v2": (16, 4)}[variant]
+    block_n, stages, dim_groups = VARIANTS[variant][mtiles]
     rows, stride = 16 * mtiles, block_n + 8
-    return stages * block_n * 1152 + 4 * rows * stride * 4 + rows * stride * 2 + 3 * rows * 4
+    return (
+        stages * block_n * 1152
+        + dim_groups * rows * stride * 4
+        + rows * stride * 2
+        + 3 * rows * 4
+    )
+
+
+# variant -> m-tiles -> (KV tokens per tile, ring stages, partial-S dim groups)
+VARIANTS = {
+    "v1": {1: (32, 2, 4), 2: (32, 2, 4)},
+    "v2": {1: (16, 4, 4), 2: (16, 4, 4)},
+    "v3": {1: (16, 4, 8), 2: (32, 2, 4)},
+}
 
 
 @needs_nvcc
