@@ -6,9 +6,11 @@
 #   scripts/publish_study.sh /tmp/h200-raw config/h200.yaml results/published/h200
 #
 # RAW_DIR is laid out as the pipeline writes under results/: build/build.json, kernels/bench.json,
-# sweep/<server>/ctx<N>.json (plus any notes: engine/*.json, NOTES.md, README.md). Nothing is
-# measured here: the raw files are marked up to date (`snakemake --touch`) and only the summaries,
-# notebooks and report are computed, on this machine.
+# sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md of how it ran).
+# Nothing is measured here: the raw files are marked up to date (`snakemake --touch`) and only the
+# summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md is rendered
+# by the `notes` rule from the result files (workflow/report/notes.md.j2); one in RAW_DIR is
+# dropped, so no typed number is published.
 set -euo pipefail
 raw=$(realpath "$1") cfg=$2 dest=$3
 repo=$(git rev-parse --show-toplevel)
@@ -18,6 +20,7 @@ trap 'rm -rf "$work"' EXIT
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
 cp -r "$raw"/. "$work/results/"
+rm -f "$work/results/NOTES.md"
 cd "$work"
 build_json=$(mktemp) && cp results/build/build.json "$build_json"
 decodecliff build-kernel --out results/build > /dev/null  # the library the rules name as input

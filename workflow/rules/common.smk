@@ -16,6 +16,7 @@ KERNEL_LIB = "results/build/libdecodecliff_mla.so"
 BUILD_INFO = "results/build/build.json"
 KERNEL_BENCH = "results/kernels/bench.json"
 REPORT = "results/report.html"
+NOTES = "results/NOTES.md"
 
 
 def _json_path(path) -> str:
@@ -317,4 +318,4 @@ def server_names_pattern() -> str:
 
 def final_outputs() -> list[str]:
     """What `snakemake` with no target builds: the whole study up to the report."""
-    return [BUILD_INFO, KERNEL_BENCH, *sweep_outputs(), REPORT]
+    return [BUILD_INFO, KERNEL_BENCH, *sweep_outputs(), REPORT, NOTES]

@@ -66,3 +66,26 @@ rule render_report:
     shell:
         "jupyter nbconvert --to html --no-input --no-prompt --template-file {input.template}"
         " {input.notebook} --output-dir {params.outdir} --output {params.name} > {log} 2>&1"
+
+
+# The study's NOTES.md: the targets and the arithmetic of a verify step, rendered from the result
+# files through a template (published with the study; never typed).
+rule notes:
+    input:
+        kernels=rules.summarize.output.kernels,
+        sweep=rules.summarize.output.sweep,
+        bench=KERNEL_BENCH,
+        template="workflow/report/notes.md.j2",
+    output:
+        report(NOTES, caption="../report/notes.rst", category="0. Report"),
+    params:
+        study=lambda wildcards, input: os.path.dirname(os.path.dirname(input.bench)),
+        # a function: the config's command templates hold braces that are not wildcards
+        config=lambda wildcards: yaml.safe_dump(config, sort_keys=False),
+    log:
+        "results/logs/report/notes.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "echo {params.config:q} | python -m decodecliff.analysis.notes {params.study}"
+        " --config - --template {input.template} --out {output} > {log} 2>&1"

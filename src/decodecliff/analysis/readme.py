@@ -3,7 +3,8 @@
     python -m decodecliff.analysis.readme results/published/h200 README.md
 
 Replaces what stands between ``<!-- headline:start ... -->`` and ``<!-- headline:end -->``, so the
-README's numbers are always the published report's own.
+README's numbers are always the published study's own: the end-to-end table is computed from its
+raw point files by the functions its report and its rendered NOTES.md use.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from pathlib import Path
 
 import pandas as pd
+
+from . import summarize, tables
 
 START, END = "<!-- headline:start", "<!-- headline:end -->"
 
@@ -35,10 +38,18 @@ def kernel_rows(study: Path, contexts: list[str]) -> pd.DataFrame:
     return out.rename(columns={c: f"{c} (ms)" for c in cols})
 
 
+def end_to_end(study: Path) -> tuple[pd.DataFrame, str]:
+    """The end-to-end headline (verify steps/s, median and min–max) and what it rests on,
+    computed from the study's raw point files by the same functions as its report and notes."""
+    sweep = summarize.load_study(study).sweep
+    headline = tables.sweep_headline(sweep, tables.baseline_server(sweep))
+    return headline.reset_index(), tables.counts(sweep)
+
+
 def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
-    headline = pd.read_csv(study / "tables/report/headline.csv")
+    headline, counts = end_to_end(study)
     targets = pd.read_csv(study / "tables/report/targets.csv")
     kernels = kernel_rows(study, ["1k", "16k", "64k", "185k"])
     met = targets[targets["status"] == "met"]["target"].tolist()
@@ -51,8 +62,9 @@ def section(study: Path, name: str | None = None) -> str:
             f"torch {env['torch']}, Triton {env['triton']}, commit `{env['git'][:7]}`; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
-            "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps, decode tok/s "
-            "and speedup over the Triton server):",
+            "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps: verify steps "
+            "per second on the client's clock and the speedup over the Triton server; with "
+            f"random weights no draft token is accepted, so tok/s are the same numbers; {counts}):",
             "",
             markdown_table(headline),
             "",

@@ -102,7 +102,8 @@ def point_requests(point: dict) -> list[dict]:
         return []
     m = dict(point.get("metrics") or {})
     m |= sweep_metrics.step_rates(m, point.get("meta_info") or {})
-    return [{"round": 0, "stream": 0, "error": None, "metrics": m, "meta_info": point["meta_info"]}]
+    meta = point.get("meta_info") or {}
+    return [{"round": 0, "stream": 0, "error": None, "metrics": m, "meta_info": meta}]
 
 
 def _spread(requests: list[dict]) -> dict:
@@ -161,6 +162,8 @@ def sweep_row(path: str | Path, servers: dict[str, dict] | None = None) -> dict:
     for key, value in metrics.items():
         if key not in row and not isinstance(value, dict | list):
             row[key] = value
+    info = point.get("server_info") if isinstance(point.get("server_info"), dict) else {}
+    row |= {k: info.get(k) for k in ("num_layers", "weight_bytes")}  # for the step's floor
     row |= _after_point(point)
     row |= {"started_at": point.get("started_at"), "finished_at": point.get("finished_at")}
     return row | _env_columns(point.get("env")) | {"file": str(path)}

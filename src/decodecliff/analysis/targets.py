@@ -10,9 +10,9 @@ Targets are data (the config's ``targets`` list). Each names a ``kind``, a thres
   or, without one, every context from ``from_ctx`` up (every ``mode``, or the one given). At each
   point the baseline is its fastest variant (block configuration or KV split count);
 - ``decode_speedup``: end-to-end decode tok/s of ``server`` over ``baseline_server`` at ``ctx``;
-- ``verify_steps_per_s``: ``server``'s verify steps per second at ``ctx``: ``spec_verify_ct``
-  (verify steps the server reports for the request) over ``decode_wall_s`` (first to last token,
-  client clock), i.e. decode tok/s over the tokens each step emitted.
+- ``verify_steps_per_s``: ``server``'s verify steps per second at ``ctx``, the median over the
+  point's requests of ``spec_verify_ct`` (verify steps the server reports for the request) over
+  ``decode_wall_s`` (first to last token, client clock).
 
 Kernel targets select ``heads`` and ``page_size`` (page size 1 is the scattered layout). A
 context is matched to the measured point whose context is nearest to ``ctx`` (relative
@@ -332,11 +332,13 @@ def verify_steps_per_s(study: summarize.Study, target: Target) -> Measured:
         return Measured(None, server, row)
     ctx = int(row["requested_ctx"])
     subject = f"{server}, {tables.ctx_label(ctx)} ({ctx:,})"
-    steps, wall = row.get("spec_verify_ct"), row.get("decode_wall_s")
-    if pd.isna(steps) or pd.isna(wall) or not steps or not wall:
+    rate = row.get(tables.PRIMARY)
+    if rate is None or pd.isna(rate):
         return Measured(None, subject, "no verify steps recorded (spec_verify_ct, decode_wall_s)")
-    subject += f": {int(steps)} steps in {wall:.3g} s"
-    return Measured(float(steps) / float(wall), subject)
+    n, steps = row.get("requests", 1), row.get("verify_steps")
+    steps_text = "" if steps is None or pd.isna(steps) else f", {int(steps)} verify steps"
+    subject += f": median of {int(n)} request{'s' if n != 1 else ''}{steps_text}"
+    return Measured(float(rate), subject)
 
 
 MEASURE = {

@@ -116,9 +116,11 @@ def step_rates(m: dict, meta: dict) -> dict:
     one token, so this is the step rate a user sees. Server: 1000 / its mean step time
     (``verify_step_ms``, else ``decode_step_ms``), where it reports one (SGLang does not).
     """
-    steps = meta.get("spec_verify_ct")
-    if steps is None:
-        steps = meta.get("decode_steps")
+    steps = next(
+        (v for v in (meta.get("spec_verify_ct"), m.get("spec_verify_ct"), meta.get("decode_steps"))
+         if v is not None),
+        None,
+    )  # fmt: skip
     step_ms = meta.get("verify_step_ms")
     if step_ms is None:
         step_ms = meta.get("decode_step_ms")
