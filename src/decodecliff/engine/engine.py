@@ -24,10 +24,40 @@ from decodecliff.kernels.registry import get_backend
 from .config import EngineConfig
 from .kv_pool import KVPool, PoolExhausted
 from .model import StepInput, SyntheticMLA
-from .request import Request, SamplingParams
+from .request import Request, SamplingParams, TokenLogprob
 from .spec import DraftTree, NgramDrafter, accept_chain, accept_tree
 
 log = logging.getLogger("decodecliff.engine")
+
+
+def sample(rows: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
+    """One token per row of logits at the request's temperature, top_k and top_p."""
+    logits = rows.float() / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(dim=-1) - sorted_p >= params.top_p  # keeps at least the first
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    if not torch.isfinite(probs).all():
+        raise ValueError("the logits give no finite distribution")
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def token_logprobs(rows: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """Per row: the chosen token's log-probability under the model and the `top` most likely."""
+    lp = torch.log_softmax(rows.double(), dim=-1)
+    picked = lp.gather(-1, chosen[:, None].long())[:, 0].tolist()
+    alts = lp.topk(top, dim=-1) if top > 0 else None
+    out: list[TokenLogprob] = []
+    for r, value in enumerate(picked):
+        pairs = []
+        if alts is not None:
+            pairs = list(zip(alts.indices[r].tolist(), alts.values[r].tolist(), strict=True))
+        out.append((value, pairs))
+    return out
 
 
 class Engine:
@@ -96,7 +126,7 @@ class Engine:
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        need = len(prompt) + params.max_new_tokens + self.cfg.spec_tokens - 1
+        need = params.needed_tokens(len(prompt), self.cfg.spec_tokens)
         if need > self.max_total_num_tokens:
             raise ValueError(
                 f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens})"
@@ -116,10 +146,11 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="decodecliff-engine", daemon=True)
         self._thread.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 30) -> None:
+        """Stop the loop; requests still queued or running end with "server shutting down"."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout)
 
     @property
     def alive(self) -> bool:
@@ -134,8 +165,16 @@ class Engine:
         except BaseException as exc:  # keep the reason for /health
             self.failed = exc
             log.exception("engine loop died")
-            for req in list(self.running) + list(self.waiting):
-                self._finish(req, abort=f"engine stopped: {exc}", status=500)
+            self._abort_all(f"engine stopped: {exc}", 500)
+        else:
+            self._abort_all("server shutting down", 503)
+
+    def _abort_all(self, reason: str, status: int) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.waiting.append(self.inbox.get_nowait())
+        for req in list(self.running) + list(self.waiting):
+            self._finish(req, abort=reason, status=status)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
         """Serve the prompts concurrently in the calling thread; returns the finished requests."""
@@ -157,7 +196,13 @@ class Engine:
                 break
         for req in [r for r in self.running + list(self.waiting) if r.cancelled]:
             self._finish(req, abort="cancelled by the client")
-        while self.waiting and len(self.running) < self.cfg.max_running_requests:
+        # First come, first served while the pool can hold every admitted request's worst case
+        # (prompt + max_new_tokens + a step's drafts): an admitted request never runs out of KV.
+        while (
+            self.waiting
+            and len(self.running) < self.cfg.max_running_requests
+            and self._fits(self.waiting[0])
+        ):
             self._admit(self.waiting.popleft())
         if not self.running:
             return False
@@ -172,11 +217,18 @@ class Engine:
             self.maybe_defrag()
         return True
 
+    def _pages_needed(self, req: Request) -> int:
+        return self.pool.pages_for(req.params.needed_tokens(len(req.prompt), self.cfg.spec_tokens))
+
+    def _fits(self, req: Request) -> bool:
+        booked = sum(self._pages_needed(r) for r in self.running)
+        return booked + self._pages_needed(req) <= self.pool.num_pages
+
     def _admit(self, req: Request) -> None:
         req.row = self.pool.open()
         if self.cfg.spec != "none":
             req.drafter_state = self.drafter.new_state()
-        if req.params.temperature > 0:
+        if not req.params.greedy:
             seed = req.params.seed
             if seed is None:
                 seed = self.cfg.seed + self._request_no
@@ -224,12 +276,18 @@ class Engine:
         return ok
 
     # emitting tokens ---------------------------------------------------------------------------
-    def _emit(self, req: Request, tokens: list[int]) -> None:
+    def _emit(self, req: Request, tokens: list[int], rows: list[int] | None = None) -> None:
+        """Append tokens (the target's choices at query rows `rows`, default 0, 1, ...)."""
         params, eos = req.params, self.mcfg.eos_token_id
-        for tok in tokens:
+        rows = list(range(len(tokens))) if rows is None else rows
+        for tok, row in zip(tokens, rows, strict=True):
             req.tokens.append(tok)
+            if params.logprobs is not None:
+                req.logprobs.append(req.row_logprobs[row])
             if not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
                 req.finish_reason = {"type": "stop", "matched": tok}
+            elif (seq := self._stop_match(req)) is not None:
+                req.finish_reason = {"type": "stop", "matched": list(seq)}
             elif len(req.tokens) - len(req.prompt) >= params.max_new_tokens:
                 req.finish_reason = {"type": "length", "length": params.max_new_tokens}
             if req.finish_reason is not None:
@@ -237,20 +295,42 @@ class Engine:
                 return
         req.on_update(req.snapshot())
 
-    def _targets(self, reqs: list[Request], counts: list[int], logits: torch.Tensor) -> list[list]:
-        """The target's token at every query row: argmax, or a seeded sample at temperature > 0."""
+    @staticmethod
+    def _stop_match(req: Request) -> tuple[int, ...] | None:
+        out = len(req.tokens) - len(req.prompt)
+        for seq in req.params.stop_sequences:
+            if len(seq) <= out and tuple(req.tokens[-len(seq) :]) == seq:
+                return seq
+        return None
+
+    def _targets(
+        self, reqs: list[Request], counts: list[int], logits: torch.Tensor
+    ) -> list[list[int] | None]:
+        """The target's token at every query row: argmax, or a seeded sample.
+
+        A request whose sampling fails ends alone (500) and gets None; the others go on.
+        """
         chosen = logits.argmax(dim=-1)
-        start = 0
-        for req, n in zip(reqs, counts, strict=True):
-            if req.params.temperature > 0:
-                probs = torch.softmax(logits[start : start + n] / req.params.temperature, dim=-1)
-                sample = torch.multinomial(probs, 1, generator=req.generator)
-                chosen[start : start + n] = sample[:, 0]
+        start, failed = 0, set()
+        for i, (req, n) in enumerate(zip(reqs, counts, strict=True)):
+            rows = logits[start : start + n]
+            try:
+                if not req.params.greedy:
+                    chosen[start : start + n] = sample(rows, req.params, req.generator)
+                if req.params.logprobs is not None:
+                    req.row_logprobs = token_logprobs(
+                        rows, chosen[start : start + n], req.params.logprobs
+                    )
+            except Exception as exc:  # bad logits or parameters: this request only
+                log.exception("sampling failed for %s", req.rid)
+                self._finish(req, abort=f"sampling failed: {exc!r}", status=500)
+                failed.add(i)
             start += n
         flat = chosen.tolist()
-        out, start = [], 0
-        for n in counts:
-            out.append(flat[start : start + n])
+        out: list[list[int] | None] = []
+        start = 0
+        for i, n in enumerate(counts):
+            out.append(None if i in failed else flat[start : start + n])
             start += n
         return out
 
@@ -321,15 +401,17 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.forward(step)
         last = end == len(req.prompt)
-        target = self._targets([req], [1], logits)[0][0] if last else None
+        target = self._targets([req], [1], logits)[0] if last else None
         self._sync()
         req.prefill_ms += (time.perf_counter() - t0) * 1e3
+        if last and target is None:
+            return  # sampling failed; the request has ended
         req.prefilled = req.kv_len = end
         if req.drafter_state is not None:
             # Index the prompt chunk by chunk, so no verify step pays for the whole context.
             self.drafter.observe(req.drafter_state, req.prompt, end)
         if last:
-            self._emit(req, [target])
+            self._emit(req, target)
 
     def _decode_step(self, reqs: list[Request]) -> None:
         q = self.cfg.spec_tokens
@@ -359,11 +441,14 @@ class Engine:
         self._sync()
         ms = (time.perf_counter() - t0) * 1e3
         for i, req in enumerate(reqs):
+            if targets[i] is None:
+                continue  # its sampling failed and it has ended
             req.decode_ms.append(ms)
             if self.cfg.spec == "none":
                 req.kv_len += 1
                 self._emit(req, targets[i])
                 continue
+            path = None  # query rows of the emitted tokens (a chain's are 0, 1, ...)
             if self.cfg.spec == "chain":
                 emitted = accept_chain(tokens[i][1:], targets[i])
             else:
@@ -373,7 +458,7 @@ class Engine:
             req.accepted += len(emitted)
             req.kv_len += len(emitted)  # the last token and the accepted drafts
             self.pool.truncate(req.row, req.kv_len)
-            self._emit(req, emitted)
+            self._emit(req, emitted, path)
 
     def _compact_path(self, req: Request, path: list[int]) -> None:
         """Move the accepted tree nodes' KV to consecutive slots right after the prefix."""

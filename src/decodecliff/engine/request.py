@@ -12,25 +12,45 @@ import torch
 
 _ids = itertools.count()
 
+# Temperatures at or below this sample as greedy (as SGLang does): dividing logits by a smaller
+# number overflows float32 (1e-40 is subnormal) and the distribution is one-hot anyway.
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # <= GREEDY_TEMPERATURE: greedy
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    top_k: int = 0  # keep the k most likely tokens (0: off)
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()  # token sequences that end the output
     seed: int | None = None  # sampling seed at temperature > 0 (default: server seed + request no.)
+    logprobs: int | None = None  # report each output token's logprob and this many alternatives
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= GREEDY_TEMPERATURE or self.top_k == 1
+
+    def needed_tokens(self, prompt_len: int, spec_tokens: int) -> int:
+        """KV slots the request can hold at most: prompt, outputs and a step's draft tokens."""
+        return prompt_len + self.max_new_tokens + spec_tokens - 1
+
+
+TokenLogprob = tuple[float, list[tuple[int, float]]]  # (logprob, [(alternative id, logprob)])
 
 
 @dataclass
 class Update:
-    """What a client learns after an engine step: a snapshot, safe to hand to another thread."""
+    """What a client learns after an engine step: the new tokens only (a delta), thread-safe."""
 
-    output_ids: list[int]
+    new_ids: list[int]
     meta_info: dict
     finished: bool
     error: str | None = None
-    status: int = 200  # HTTP status for errors: 503 out of memory, 500 internal
+    status: int = 200  # HTTP status for errors: 503 out of memory / shutting down, 500 internal
+    new_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -50,8 +70,12 @@ class Request:
     cancelled: bool = False  # set by the server when the client goes away
     drafter_state: object = None
     generator: torch.Generator | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
+    row_logprobs: list[TokenLogprob] = field(default_factory=list)  # per query row of a step
+    reported: int = 0  # output tokens already handed to on_update
     # statistics
     created: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
     finished_at: float | None = None
     prefill_ms: float = 0.0
     decode_ms: list[float] = field(default_factory=list)
@@ -73,26 +97,37 @@ class Request:
         end = self.finished_at if self.finished_at is not None else time.perf_counter()
         verify_ct = len(self.verify_ms)
         mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+        ttft = None if self.first_token_at is None else self.first_token_at - self.created
         return {
             "id": self.rid,
             "prompt_tokens": len(self.prompt),
-            "completion_tokens": len(self.output),
+            "completion_tokens": len(self.tokens) - len(self.prompt),
             "cached_tokens": 0,
             "finish_reason": self.finish_reason,
             "e2e_latency": end - self.created,
+            "ttft": ttft,
             "prefill_ms": self.prefill_ms,
             "decode_step_ms": mean(self.decode_ms),
             "decode_steps": len(self.decode_ms),
             "spec_verify_ct": verify_ct,
             "spec_accept_length": self.accepted / verify_ct if verify_ct else None,
+            "spec_accepted_tokens": self.accepted,
             "verify_step_ms": mean(self.verify_ms),
         }
 
     def snapshot(self) -> Update:
+        """The tokens emitted since the previous snapshot, and the request's current meta_info."""
+        n_out = len(self.tokens) - len(self.prompt)
+        start, self.reported = self.reported, n_out
+        new = self.tokens[len(self.prompt) + start :]
+        if new and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        lps = self.logprobs[start:n_out] if self.params.logprobs is not None else None
         return Update(
-            output_ids=list(self.output),
+            new_ids=new,
             meta_info=self.meta_info(),
             finished=self.finish_reason is not None,
             error=self.error,
             status=self.status,
+            new_logprobs=lps,
         )

@@ -1,140 +1,482 @@
-"""Request validation for SGLang's /generate and OpenAI's /v1/completions bodies.
+"""Request validation for SGLang's /generate and OpenAI's /v1/completions and /v1/chat/completions.
 
-Every problem raises BadRequest with a message naming the offending field, which the server answers
-with a 400 JSON error; nothing here touches the engine.
+Every parameter a client may send is either honoured or refused: a problem raises BadRequest with a
+message naming the offending field (and `param`), which the server answers with a 400 JSON error.
+A parameter the server cannot honour is accepted only at its neutral value (a penalty of 0, an
+empty logit_bias); an unknown parameter is refused, as OpenAI's API does. Nothing here touches the
+engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from decodecliff.engine.request import SamplingParams
 
-from . import tokenizer
+from .tokenizer import ByteTokenizer
 
 MAX_TEMPERATURE = 100.0
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+MAX_STOP = 16
 
 
 class BadRequest(ValueError):
-    """The request body is invalid (HTTP 400)."""
+    """The request body is invalid (HTTP 400); `param` names the field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
 class ParsedRequest:
-    prompt: list[int]
-    params: SamplingParams
+    """One HTTP request: a prompt per input, n choices each (choice i * n + j)."""
+
+    prompts: list[list[int]]
+    params: list[SamplingParams]  # per prompt; choice j of a seeded prompt samples with seed + j
     stream: bool
+    n: int = 1
+    batched: bool = False  # the input was a list: answer with a list (or indexed chunks)
+    stop_strings: dict[tuple[int, ...], str] = field(default_factory=dict)
+    trim_stop: bool = True  # drop a matched stop string from the text
+    echo: bool = False
+    include_usage: bool = False  # a final usage chunk with no choices
+    continuous_usage: bool = False  # usage on every chunk (vLLM's continuous_usage_stats)
+
+    def choices(self) -> list[tuple[int, list[int], SamplingParams]]:
+        """(index, prompt, params) of every choice, seeds spread over a prompt's choices."""
+        out = []
+        for i, (prompt, params) in enumerate(zip(self.prompts, self.params, strict=True)):
+            for j in range(self.n):
+                p = params
+                if j and params.seed is not None:
+                    p = dataclasses.replace(params, seed=params.seed + j)
+                out.append((i * self.n + j, prompt, p))
+        return out
 
 
+@dataclass
+class Limits:
+    vocab_size: int
+    max_tokens: int  # the KV pool: no prompt + output may exceed it
+    tokenizer: ByteTokenizer
+    draft_reserve: int = 0  # KV slots a verify step's drafts take beyond the output
+
+
+# value checks ----------------------------------------------------------------------------------
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _int(value: object, name: str, lo: int, hi: int) -> int:
     if not _is_int(value):
-        raise BadRequest(f"{name} must be an integer, got {type(value).__name__}")
+        raise BadRequest(f"{name} must be an integer, got {type(value).__name__}", name)
     if not lo <= value <= hi:
-        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {value}")
+        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {value}", name)
     return value
+
+
+def _number(value: object, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{name} must be a number, got {type(value).__name__}", name)
+    if not lo <= float(value) <= hi:  # also refuses NaN
+        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {value}", name)
+    return float(value)
 
 
 def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be true or false, got {value!r}")
+        raise BadRequest(f"{name} must be true or false, got {value!r}", name)
     return value
 
 
-def _temperature(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"temperature must be a number, got {type(value).__name__}")
-    if not 0.0 <= float(value) <= MAX_TEMPERATURE:
-        raise BadRequest(f"temperature must be in [0, {MAX_TEMPERATURE}], got {value}")
-    return float(value)
+def _object(body: object, name: str = "the request body") -> dict:
+    if not isinstance(body, dict):
+        raise BadRequest(f"{name} must be a JSON object", None if name.startswith("the") else name)
+    return body
 
 
 def _token_ids(value: object, name: str, vocab_size: int) -> list[int]:
     if not isinstance(value, list):
-        raise BadRequest(f"{name} must be a list of token ids")
-    if value and isinstance(value[0], list):
-        raise BadRequest(f"{name}: batched requests are not supported; send one prompt per request")
+        raise BadRequest(f"{name} must be a list of token ids", name)
     for tok in value:
         if not _is_int(tok):
-            raise BadRequest(f"{name} must hold integers, got {tok!r}")
+            raise BadRequest(f"{name} must hold integers, got {tok!r}", name)
         if not 0 <= tok < vocab_size:
-            raise BadRequest(f"{name}: token id {tok} is outside the vocabulary [0, {vocab_size})")
+            raise BadRequest(
+                f"{name}: token id {tok} is outside the vocabulary [0, {vocab_size})", name
+            )
     return list(value)
 
 
-def _prompt(value: object, name: str, vocab_size: int, allow_text: bool = True) -> list[int]:
-    if isinstance(value, str) and allow_text:
-        ids = tokenizer.encode(value)
-    elif isinstance(value, list) and value and isinstance(value[0], str):
-        raise BadRequest(f"{name}: batched requests are not supported; send one prompt per request")
+def _prompts(value: object, name: str, lim: Limits, text: bool, ids: bool) -> tuple[list, bool]:
+    """Every prompt form: a string, a list of strings, token ids, a list of token-id lists.
+
+    Returns (prompts, batched).
+    """
+    is_list = isinstance(value, list) and bool(value)
+    kinds = (str,) * text + (list,) * ids  # what a batch may hold
+    if isinstance(value, str) and text:
+        items, batched = [value], False
+    elif is_list and any(all(isinstance(v, k) for v in value) for k in kinds):
+        items, batched = value, True
+    elif isinstance(value, list) and ids:
+        items, batched = [value], False
     else:
-        ids = _token_ids(value, name, vocab_size)
-    if not ids:
-        raise BadRequest(f"{name} is empty")
-    bad = next((t for t in ids if t >= vocab_size), None)
-    if bad is not None:
-        raise BadRequest(f"{name}: token id {bad} is outside the vocabulary [0, {vocab_size})")
-    return ids
+        want = " or ".join(
+            w for w, ok in (("a string or list of strings", text), ("token ids", ids)) if ok
+        )
+        raise BadRequest(f"{name} must be {want}", name)
+    prompts = []
+    for item in items:
+        toks = lim.tokenizer.encode(item) if isinstance(item, str) else None
+        toks = _token_ids(item, name, lim.vocab_size) if toks is None else toks
+        if not toks:
+            raise BadRequest(f"{name} is empty", name)
+        prompts.append(toks)
+    return prompts, batched
 
 
-def _seed(value: object, name: str) -> int | None:
-    return None if value is None else _int(value, name, 0, 2**63 - 1)
+def _stop(value: object, name: str, lim: Limits) -> dict[tuple[int, ...], str]:
+    """Stop strings as token sequences (one character is one token, so matching is exact).
+
+    A string with a character no token decodes to can never appear in the output: it is kept out.
+    """
+    if value is None:
+        return {}
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise BadRequest(f"{name} must be a string or a list of strings", name)
+    if len(items) > MAX_STOP or any(not s for s in items):
+        raise BadRequest(f"{name} takes 1..{MAX_STOP} non-empty strings", name)
+    tok = lim.tokenizer
+    return {tuple(tok.encode(s)): s for s in items if tok.representable(s)}
 
 
-def _object(body: object) -> dict:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
+def _refuse(body: dict, known: set[str], neutral: dict[str, object], where: str = "") -> None:
+    """Unknown keys, and known ones the server cannot honour at a non-neutral value, are 400s."""
+    unknown = sorted(k for k in body if k not in known and k not in neutral)
+    if unknown:
+        raise BadRequest(f"unsupported parameter(s): {', '.join(where + k for k in unknown)}")
+    for key, ok in neutral.items():
+        value = body.get(key)
+        if value is None or value == ok or (ok == () and not value):
+            continue
+        raise BadRequest(f"{where}{key} = {value!r} is not supported", where + key)
 
 
-def parse_generate(body: object, vocab_size: int, max_tokens: int) -> ParsedRequest:
-    """SGLang /generate: input_ids or text, sampling_params, stream."""
+def _sampling(
+    sp: dict, lim: Limits, names: dict[str, str], defaults: dict[str, object], logprobs: int | None
+) -> SamplingParams:
+    """SamplingParams from a dict whose keys are mapped by `names` (our field -> client key)."""
+
+    def get(ours: str) -> object:
+        key = names.get(ours, ours)
+        value = sp.get(key)
+        return defaults.get(ours) if value is None else value
+
+    top_k = get("top_k")
+    top_k = 0 if top_k == -1 else _int(top_k, names.get("top_k", "top_k"), 0, lim.vocab_size)
+    seed = get("seed")
+    return SamplingParams(
+        max_new_tokens=_int(get("max_new_tokens"), names["max_new_tokens"], 1, lim.max_tokens),
+        temperature=_number(get("temperature"), "temperature", 0.0, MAX_TEMPERATURE),
+        top_p=_number(get("top_p"), "top_p", 1e-9, 1.0),
+        top_k=top_k,
+        ignore_eos=_bool(get("ignore_eos"), "ignore_eos"),
+        stop_token_ids=tuple(_token_ids(get("stop_token_ids"), "stop_token_ids", lim.vocab_size)),
+        seed=None if seed is None else _int(seed, names.get("seed", "seed"), 0, 2**63 - 1),
+        logprobs=logprobs,
+    )
+
+
+BASE_DEFAULTS = {
+    "temperature": 0.0,  # unlike OpenAI and SGLang: deterministic runs unless asked otherwise
+    "top_p": 1.0,
+    "top_k": 0,
+    "ignore_eos": False,
+    "stop_token_ids": [],
+}
+
+
+# SGLang /generate ------------------------------------------------------------------------------
+GENERATE_KEYS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+}
+GENERATE_NEUTRAL = {
+    "lora_path": (),
+    "image_data": (),
+    "audio_data": (),
+    "video_data": (),
+    "input_embeds": (),
+    "custom_logit_processor": (),
+    "return_hidden_states": False,
+    "session_params": (),
+    "modalities": (),
+    "bootstrap_host": (),
+}
+SAMPLING_KEYS = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "sampling_seed",
+}
+SAMPLING_NEUTRAL = {
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "json_schema": (),
+    "regex": (),
+    "ebnf": (),
+    "structural_tag": (),
+    "custom_params": (),
+    "logit_bias": (),
+}
+
+
+def parse_generate(body: object, lim: Limits) -> ParsedRequest:
+    """SGLang /generate: input_ids or text (one or a batch), sampling_params (one or per input)."""
     body = _object(body)
+    _refuse(body, GENERATE_KEYS, GENERATE_NEUTRAL)
     has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
     if has_ids == has_text:
-        raise BadRequest("give exactly one of input_ids or text")
+        raise BadRequest("give exactly one of input_ids or text", "input_ids")
     if has_ids:
-        prompt = _prompt(body["input_ids"], "input_ids", vocab_size, allow_text=False)
+        prompts, batched = _prompts(body["input_ids"], "input_ids", lim, text=False, ids=True)
     else:
-        if not isinstance(body["text"], str):
-            raise BadRequest("text must be a string (batched requests are not supported)")
-        prompt = _prompt(body["text"], "text", vocab_size)
-    sp = body.get("sampling_params")
-    sp = {} if sp is None else sp
-    if not isinstance(sp, dict):
-        raise BadRequest("sampling_params must be a JSON object")
-    params = SamplingParams(
-        max_new_tokens=_int(sp.get("max_new_tokens", 128), "max_new_tokens", 1, max_tokens),
-        temperature=_temperature(sp.get("temperature", 0.0)),
-        ignore_eos=_bool(sp.get("ignore_eos", False), "ignore_eos"),
-        stop_token_ids=tuple(
-            _token_ids(sp.get("stop_token_ids") or [], "stop_token_ids", vocab_size)
-        ),
-        seed=_seed(sp.get("sampling_seed"), "sampling_seed"),
+        prompts, batched = _prompts(body["text"], "text", lim, text=True, ids=False)
+    sps = body.get("sampling_params")
+    sps = {} if sps is None else sps
+    if isinstance(sps, list):
+        if len(sps) != len(prompts):
+            raise BadRequest("sampling_params: give one object or one per input", "sampling_params")
+    else:
+        sps = [sps] * len(prompts)
+    sps = [_object(sp, "sampling_params") for sp in sps]
+    for sp in sps:
+        _refuse(sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, "sampling_params.")
+    logprob = _bool(body.get("return_logprob", False), "return_logprob")
+    top = _int(body.get("top_logprobs_num") or 0, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
+    start = body.get("logprob_start_len")
+    if logprob and start not in (None, -1):
+        raise BadRequest(
+            "logprob_start_len: prompt logprobs are not supported", "logprob_start_len"
+        )
+    defaults = {**BASE_DEFAULTS, "max_new_tokens": 128}
+    names = {"max_new_tokens": "max_new_tokens", "seed": "sampling_seed"}
+    params, stops, ns, trims = [], {}, set(), set()
+    for sp in sps:
+        stop = _stop(sp.get("stop"), "sampling_params.stop", lim)
+        p = _sampling(sp, lim, names, defaults, top if logprob else None)
+        params.append(dataclasses.replace(p, stop_sequences=tuple(stop)))
+        stops.update(stop)
+        ns.add(_int(sp.get("n", 1), "sampling_params.n", 1, MAX_N))
+        trims.add(not _bool(sp.get("no_stop_trim", False), "sampling_params.no_stop_trim"))
+    if len(ns) > 1 or len(trims) > 1:
+        raise BadRequest("sampling_params: n and no_stop_trim must agree across the batch")
+    return ParsedRequest(
+        prompts,
+        params,
+        _bool(body.get("stream", False), "stream"),
+        n=ns.pop(),
+        batched=batched,
+        stop_strings=stops,
+        trim_stop=trims.pop(),
     )
-    return ParsedRequest(prompt, params, _bool(body.get("stream", False), "stream"))
 
 
-def parse_completions(body: object, vocab_size: int, max_tokens: int) -> ParsedRequest:
-    """OpenAI /v1/completions: prompt (string or token ids), max_tokens, temperature, stream."""
+# OpenAI ------------------------------------------------------------------------------------------
+OPENAI_KEYS = {
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "ignore_eos",
+    "user",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+}
+OPENAI_NEUTRAL = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "logit_bias": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+}
+COMPLETION_KEYS = OPENAI_KEYS | {"prompt", "logprobs", "echo", "best_of"}
+COMPLETION_NEUTRAL = {**OPENAI_NEUTRAL, "suffix": ()}
+CHAT_KEYS = OPENAI_KEYS | {"messages", "logprobs", "top_logprobs", "add_generation_prompt"}
+CHAT_NEUTRAL = {
+    **OPENAI_NEUTRAL,
+    "tools": (),
+    "functions": (),
+    "echo": False,
+    "continue_final_message": False,
+    "chat_template": (),
+    "chat_template_kwargs": (),
+    "documents": (),
+}
+CHAT_ROLES = ("system", "user", "assistant", "developer")
+
+
+def _max_tokens(body: dict, lim: Limits, default: int) -> int:
+    a, b = body.get("max_tokens"), body.get("max_completion_tokens")
+    if a is not None and b is not None and a != b:
+        raise BadRequest("max_tokens and max_completion_tokens disagree", "max_tokens")
+    value = a if a is not None else b
+    name = "max_tokens" if a is not None or b is None else "max_completion_tokens"
+    return _int(default if value is None else value, name, 1, lim.max_tokens)
+
+
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False, False
+    opts = _object(opts, "stream_options")
+    if not stream:
+        raise BadRequest("stream_options needs stream = true", "stream_options")
+    unknown = sorted(set(opts) - {"include_usage", "continuous_usage_stats"})
+    if unknown:
+        raise BadRequest(f"unsupported stream_options: {', '.join(unknown)}", "stream_options")
+    usage = _bool(opts.get("include_usage", False), "stream_options.include_usage")
+    every = _bool(
+        opts.get("continuous_usage_stats", False), "stream_options.continuous_usage_stats"
+    )
+    return usage, every
+
+
+def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int | None, **kw):
+    n = _int(body.get("n", 1) if body.get("n") is not None else 1, "n", 1, MAX_N)
+    stream = _bool(body.get("stream", False) or False, "stream")
+    usage, every = _stream_options(body, stream)
+    stop = _stop(body.get("stop"), "stop", lim)
+    params = _sampling(
+        {**body, "max_tokens": _max_tokens(body, lim, kw.pop("default_max"))},
+        lim,
+        {"max_new_tokens": "max_tokens"},
+        BASE_DEFAULTS,
+        logprobs,
+    )
+    params = dataclasses.replace(params, stop_sequences=tuple(stop))
+    keep = _bool(body.get("include_stop_str_in_output", False), "include_stop_str_in_output")
+    return ParsedRequest(
+        prompts,
+        [params] * len(prompts),
+        stream,
+        n=n,
+        batched=batched,
+        stop_strings=stop,
+        trim_stop=not keep,
+        include_usage=usage,
+        continuous_usage=every,
+        **kw,
+    )
+
+
+def parse_completions(body: object, lim: Limits) -> ParsedRequest:
+    """OpenAI /v1/completions: a prompt in any form, n, stop, logprobs, echo, sampling."""
     body = _object(body)
+    _refuse(body, COMPLETION_KEYS, COMPLETION_NEUTRAL)
     if body.get("prompt") is None:
-        raise BadRequest("prompt is required")
-    prompt = _prompt(body["prompt"], "prompt", vocab_size)
-    if body.get("n", 1) != 1:
-        raise BadRequest("only n = 1 is supported")
-    if body.get("stop"):
-        raise BadRequest("stop strings are not supported; use stop_token_ids")
-    params = SamplingParams(
-        max_new_tokens=_int(body.get("max_tokens", 16), "max_tokens", 1, max_tokens),
-        temperature=_temperature(body.get("temperature", 0.0)),
-        ignore_eos=_bool(body.get("ignore_eos", False), "ignore_eos"),
-        stop_token_ids=tuple(
-            _token_ids(body.get("stop_token_ids") or [], "stop_token_ids", vocab_size)
-        ),
-        seed=_seed(body.get("seed"), "seed"),
-    )
-    return ParsedRequest(prompt, params, _bool(body.get("stream", False), "stream"))
+        raise BadRequest("prompt is required", "prompt")
+    prompts, batched = _prompts(body["prompt"], "prompt", lim, text=True, ids=True)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != (body.get("n") or 1):
+        raise BadRequest("best_of other than n is not supported", "best_of")
+    lp = body.get("logprobs")
+    lp = None if lp is None else _int(lp, "logprobs", 0, MAX_TOP_LOGPROBS)
+    echo = _bool(body.get("echo", False) or False, "echo")
+    if echo and lp is not None:
+        raise BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo")
+    return _openai(body, lim, prompts, batched, lp, echo=echo, default_max=16)
+
+
+def chat_prompt(messages: object, lim: Limits) -> list[int]:
+    """A plain chat template: '<|role|>\\ncontent\\n' per message, then '<|assistant|>\\n'."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", "messages")
+    parts = []
+    for m in messages:
+        m = _object(m, "messages")
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise BadRequest(
+                f"messages: role must be one of {CHAT_ROLES}, got {role!r}", "messages"
+            )
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise BadRequest(f"messages: unsupported field(s) {', '.join(extra)}", "messages")
+        parts.append(f"<|{role}|>\n{_content(content)}\n")
+    return lim.tokenizer.encode("".join(parts) + "<|assistant|>\n")
+
+
+def _content(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise BadRequest("messages: only text content parts are supported", "messages")
+            if not isinstance(part.get("text"), str):
+                raise BadRequest("messages: a text part needs a string text", "messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise BadRequest("messages: content must be a string or a list of text parts", "messages")
+
+
+def parse_chat(body: object, lim: Limits) -> ParsedRequest:
+    """OpenAI /v1/chat/completions over the plain chat template."""
+    body = _object(body)
+    _refuse(body, CHAT_KEYS, CHAT_NEUTRAL)
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise BadRequest("response_format other than text is not supported", "response_format")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise BadRequest("tool_choice is not supported (no tools)", "tool_choice")
+    if _bool(body.get("add_generation_prompt", True), "add_generation_prompt") is not True:
+        raise BadRequest("add_generation_prompt = false is not supported", "add_generation_prompt")
+    prompt = chat_prompt(body.get("messages"), lim)
+    want = _bool(body.get("logprobs", False) or False, "logprobs")
+    top = body.get("top_logprobs")
+    top = None if top is None else _int(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not want:
+        raise BadRequest("top_logprobs needs logprobs = true", "top_logprobs")
+    logprobs = (top or 0) if want else None
+    room = max(1, lim.max_tokens - len(prompt) - lim.draft_reserve)  # as vLLM: up to the context
+    return _openai(body, lim, [prompt], False, logprobs, default_max=room)

@@ -1,0 +1,181 @@
+"""The engine requests behind one HTTP request, and answering with them as JSON or SSE.
+
+The engine hands each request's new tokens (deltas, never cumulative snapshots) to the event loop;
+a `Batch` folds them into one `Choice` per request. Leaving a batch by any path (finished, the
+client disconnected and aiohttp cancelled the handler, a write to a closed stream failed) cancels
+every request still running, so an abandoned request stops at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from decodecliff.engine.engine import Engine
+from decodecliff.engine.request import Request, TokenLogprob, Update
+
+from .metrics import Metrics
+from .protocol import ParsedRequest
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestEntityTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    499: "ClientClosedRequest",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    """OpenAI's error shape (vLLM's too: the code is the HTTP status)."""
+    kind = ERROR_TYPES.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, param), status=status)
+
+
+def sse(payload: object) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt: list[int]
+    req: Request
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    finished: bool = False
+    error: str | None = None
+    status: int = 200
+    sent: int = 0  # output tokens already streamed to the client
+    opened: bool = False  # a chunk of this choice has been streamed
+    last_token_at: float | None = None
+
+    def matched_stop(self) -> tuple[int, ...] | None:
+        reason = self.meta.get("finish_reason") or {}
+        matched = reason.get("matched")
+        return tuple(matched) if isinstance(matched, list) else None
+
+    def visible(self, parsed: ParsedRequest) -> int:
+        """Output tokens the client may see: a stop string that may be forming is held back."""
+        n = len(self.ids)
+        if self.finished:
+            stop = self.matched_stop() if parsed.trim_stop else None
+            return n - len(stop) if stop else n
+        hold = 0
+        for seq in parsed.stop_strings:
+            for k in range(min(len(seq) - 1, n), hold, -1):
+                if tuple(self.ids[n - k :]) == seq[:k]:
+                    hold = k
+                    break
+        return n - hold
+
+
+class Batch:
+    def __init__(self, engine: Engine, parsed: ParsedRequest, metrics: Metrics) -> None:
+        self.engine, self.parsed, self.metrics = engine, parsed, metrics
+        self.loop = asyncio.get_running_loop()
+        self.inbox: asyncio.Queue[tuple[int, Update]] = asyncio.Queue()
+        self.choices: list[Choice] = []
+        for index, prompt, params in parsed.choices():
+            engine.check(prompt, params)  # ValueError (a 400) before anything is submitted
+            req = Request(prompt=prompt, params=params, on_update=self._pusher(index))
+            self.choices.append(Choice(index, prompt, req))
+
+    def _pusher(self, index: int) -> Callable[[Update], None]:
+        def push(update: Update) -> None:  # engine thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
+                self.loop.call_soon_threadsafe(self.inbox.put_nowait, (index, update))
+
+        return push
+
+    def __enter__(self) -> Batch:
+        for choice in self.choices:
+            self.engine.submit(choice.req)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for choice in self.choices:
+            if not choice.finished:
+                choice.req.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self.choices)
+
+    async def next(self) -> Choice:
+        """Wait for the next update of any choice and fold it in."""
+        index, update = await self.inbox.get()
+        choice = self.choices[index]
+        now = self.loop.time()
+        if update.new_ids:
+            if choice.last_token_at is None and update.meta_info.get("ttft") is not None:
+                self.metrics.ttft.observe(update.meta_info["ttft"])
+            elif choice.last_token_at is not None:
+                gap = (now - choice.last_token_at) / len(update.new_ids)
+                for _ in update.new_ids:
+                    self.metrics.itl.observe(gap)
+            choice.last_token_at = now
+        choice.ids += update.new_ids
+        choice.logprobs += update.new_logprobs or []
+        choice.meta = update.meta_info
+        choice.error, choice.status = update.error, update.status
+        if update.finished and not choice.finished:
+            choice.finished = True
+            self.metrics.finished(update.meta_info, update.error is None)
+        return choice
+
+    def first_error(self) -> Choice | None:
+        return next((c for c in self.choices if c.error is not None), None)
+
+
+async def respond(
+    request: web.Request,
+    batch: Batch,
+    chunk: Callable[[Choice], dict | None],
+    body: Callable[[list[Choice]], object],
+    error_chunk: Callable[[Choice], dict],
+    tail: Callable[[], list[dict]] = list,
+) -> web.StreamResponse:
+    """Answer body(choices) as JSON once every choice has finished, or stream SSE chunks.
+
+    A stream sends chunk(choice) after each update (None: nothing new to send), error_chunk for a
+    choice that failed, then tail() and [DONE]. A failure before anything was sent is a plain HTTP
+    error, for streams too.
+    """
+    with batch:
+        if not batch.parsed.stream:
+            while not batch.done:
+                await batch.next()
+            if (bad := batch.first_error()) is not None:
+                return error_response(bad.status, bad.error)
+            return web.json_response(body(batch.choices))
+        first = await batch.next()
+        if first.error is not None:
+            return error_response(first.status, first.error)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        choice: Choice | None = first
+        while choice is not None:
+            payload = error_chunk(choice) if choice.error is not None else chunk(choice)
+            if payload is not None:
+                await resp.write(sse(payload))
+            choice = None if batch.done else await batch.next()
+        for payload in tail():
+            await resp.write(sse(payload))
+        await resp.write(sse("[DONE]"))
+        return resp

@@ -1,0 +1,73 @@
+"""Prometheus metrics under SGLang's names (`sglang:*`), so dashboards made for SGLang read them.
+
+Gauges are read from the engine when /metrics is scraped; counters and histograms are fed by the
+server as requests stream (time to first token, inter-token latency, end-to-end latency).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from decodecliff.engine.engine import Engine
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        label = {"labelnames": ["model_name"], "registry": self.registry}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, **label).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, **label).labels(model_name)
+
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, buckets=LATENCY_BUCKETS, **label).labels(model_name)
+
+        self.running = gauge("sglang:num_running_reqs", "Requests in the running batch")
+        self.queued = gauge("sglang:num_queue_reqs", "Requests waiting for admission")
+        self.used_tokens = gauge("sglang:num_used_tokens", "KV slots in use")
+        self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use")
+        self.accept_length = gauge(
+            "sglang:spec_accept_length", "Mean tokens emitted per verify step (incl. the bonus)"
+        )
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
+        self.requests = counter("sglang:num_requests", "Finished requests")
+        self.aborted = counter("sglang:num_aborted_requests", "Requests ended by abort or error")
+        self.ttft = hist("sglang:time_to_first_token_seconds", "Time to the first output token")
+        self.itl = hist("sglang:inter_token_latency_seconds", "Time between output tokens")
+        self.e2e = hist("sglang:e2e_request_latency_seconds", "Request latency, arrival to end")
+        self.verify_steps = 0
+        self.verify_tokens = 0
+
+    def finished(self, meta: dict, ok: bool) -> None:
+        self.requests.inc()
+        if not ok:
+            self.aborted.inc()
+        self.prompt_tokens.inc(meta["prompt_tokens"])
+        self.generation_tokens.inc(meta["completion_tokens"])
+        self.e2e.observe(meta["e2e_latency"])
+        self.verify_steps += meta["spec_verify_ct"]
+        self.verify_tokens += meta["spec_accepted_tokens"]
+
+    @property
+    def avg_accept_length(self) -> float | None:
+        return self.verify_tokens / self.verify_steps if self.verify_steps else None
+
+    def render(self) -> bytes:
+        eng = self.engine
+        pool = eng.pool
+        used = (pool.num_pages - pool.allocator.num_free) * pool.page_size
+        self.running.set(len(eng.running))
+        self.queued.set(len(eng.waiting) + eng.inbox.qsize())
+        self.used_tokens.set(used)
+        self.token_usage.set(used / pool.max_total_tokens)
+        self.accept_length.set(self.avg_accept_length or 0.0)
+        return generate_latest(self.registry)
