@@ -1,7 +1,7 @@
 """Check the custom MLA kernel on a GPU: correctness over many random shapes, sanitizers, timing.
 
-    python scripts/check_custom_kernel.py [--variants v1 v2] [--quick] [--sanitize] [--out DIR]
-                                          [--cases N] [--seed N] [--no-timing]
+    python scripts/check_custom_kernel.py [--variants v1 v2 v3] [--quick] [--sanitize] [--out DIR]
+                                          [--cases N] [--seed N] [--no-timing] [--grid]
 
 Needs a CUDA GPU and the built library (`decodecliff build-kernel`). Every case draws fresh random
 inputs, poisons the output with NaN, runs each kernel variant twice (the reruns must be
@@ -284,8 +284,29 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3)
 
 
-def timing_points(quick: bool) -> list[tuple]:
+ISSUE_GRID = {  # the kernel study's shapes: every (ctx, mode, heads, page size) combination
+    "ctx": (1024, 16384, 65536, 185000),
+    "modes": ((1, False), (16, False), (64, True)),  # decode, chain16, tree64
+    "heads": (8, 64),
+    "pages": (1, 64),
+}
+
+
+def grid_points() -> list[tuple]:
+    g = ISSUE_GRID
+    return [
+        (ctx, q_len, heads, tree, ps, None)
+        for heads in g["heads"]
+        for ps in g["pages"]
+        for q_len, tree in g["modes"]
+        for ctx in g["ctx"]
+    ]
+
+
+def timing_points(quick: bool, grid: bool = False) -> list[tuple]:
     """(ctx, L, heads, tree, page_size, fixed splits or None) per timed point."""
+    if grid:
+        return grid_points()
     ctxs = (16384, 65536, 131072, 185000) if quick else (1024, 16384, 65536, 131072, 185000)
     points = []
     for ctx in ctxs:
@@ -308,7 +329,7 @@ def timing_points(quick: bool) -> list[tuple]:
     return points
 
 
-def timing(log, bw: float, variants: list[str], quick: bool) -> list[dict]:
+def timing(log, bw: float, variants: list[str], quick: bool, grid: bool = False) -> list[dict]:
     """Each point once per variant on the same batch; triton baseline on a few (not with quick)."""
     import triton.testing
 
@@ -322,7 +343,7 @@ def timing(log, bw: float, variants: list[str], quick: bool) -> list[dict]:
             log(f"triton baseline unavailable: {exc!r}")
     warmup, rep = (10, 40) if quick else (25, 100)
     rows = []
-    for ctx, q_len, heads, tree, ps, splits in timing_points(quick):
+    for ctx, q_len, heads, tree, ps, splits in timing_points(quick, grid):
         batch = gpu_batch([ctx], q_len, heads, page_size=ps, tree=tree, seed=ctx + q_len)
         out = batch.new_output()
         nbytes = ctx * D_QK * 2
@@ -394,8 +415,8 @@ def main() -> int:
         "--variants",
         nargs="+",
         choices=sorted(VARIANTS),
-        default=["v1", "v2"],
-        help="kernel variants to check and time side by side (default: v1 v2)",
+        default=["v1", "v2", "v3"],
+        help="kernel variants to check and time side by side (default: v1 v2 v3)",
     )
     parser.add_argument("--quick", action="store_true", help="10 random cases, main timing points")
     parser.add_argument(
@@ -404,6 +425,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: fresh every run")
     parser.add_argument("--sanitize", action="store_true", help="also run compute-sanitizer")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="time ctx 1k/16k/64k/185k x decode/chain16/tree64 x "
+        "8/64 heads x page 1/64 instead of the default points",
+    )
     parser.add_argument("--sanitizer-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -443,7 +470,7 @@ def main() -> int:
     report["sanitizers"] = run_sanitizers(args.out, variants, log) if args.sanitize else []
     if not args.no_timing:
         report["copy_GBps"] = copy_bandwidth() / 1e9
-        report["timing"] = timing(log, report["copy_GBps"] * 1e9, variants, args.quick)
+        report["timing"] = timing(log, report["copy_GBps"] * 1e9, variants, args.quick, args.grid)
     report["seconds"] = time.time() - start
     (args.out / "check.json").write_text(json.dumps(report, indent=1, default=str))
 

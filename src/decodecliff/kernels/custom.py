@@ -7,9 +7,9 @@ a step can be captured in a CUDA graph (fix ``num_splits`` at construction, rese
 
 Two kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
 ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
-iteration ahead; "v3" runs 16 warps per CTA (twice v1's warps per scheduler, <= 128 registers)
-with the page-table prefetch. "auto" (the default) takes what the H200 measured fastest for each
-tile height (notes/kernel.md).
+iteration ahead; "v3" is v1's tiling with v2's prefetch, held to 128 registers on sm_90 so two
+CTAs share an SM. "auto" (the default) takes what the H200 measured fastest for each tile height
+(notes/kernel.md): v3 for both.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3}  # name -> the kernel's template parameter
-AUTO_VARIANT = {1: "v2", 2: "v1"}  # m16 tiles per CTA -> the faster variant on the H200
+AUTO_VARIANT = {1: "v3", 2: "v3"}  # m16 tiles per CTA -> the fastest variant on the H200
 DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}

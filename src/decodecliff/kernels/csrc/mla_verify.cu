@@ -17,6 +17,9 @@
 //   v2: 16-token tiles, 4-stage ring (three tiles in flight), the page-table entry of the tile after
 //       the one being issued is loaded one iteration early, two mma chains in phase 1; the 16-row
 //       kernel is held to 128 registers so two CTAs fit an SM where shared memory allows.
+//   v3: v1's 32-token tiles and 2-stage ring with v2's page-table prefetch; on sm_90 both row-tile
+//       kernels are held to 128 registers so two CTAs share an SM (228 KB of shared memory): the
+//       per-tile phase chain of one CTA overlaps the other's (notes/kernel.md, "v3").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +49,8 @@ template <int V>
 struct Variant;
 template <>
 struct Variant<1> {
+  static constexpr int kPasses = 1;       // phase 1 n-tiles computed in this many passes
+  static constexpr bool kLazySum = false;  // row sums kept per thread, reduced once at the end
   static constexpr int kBlockN = 32;      // KV tokens per tile
   static constexpr int kStages = 2;       // cp.async ring depth
   static constexpr bool kPrefetch = false;  // page-table entries loaded one iteration early
@@ -53,12 +58,23 @@ struct Variant<1> {
 };
 template <>
 struct Variant<2> {
+  static constexpr int kPasses = 1;       // phase 1 n-tiles computed in this many passes
+  static constexpr bool kLazySum = false;  // row sums kept per thread, reduced once at the end
   static constexpr int kBlockN = 16;
   static constexpr int kStages = 4;
   static constexpr bool kPrefetch = true;
   static constexpr int kChains = 2;
 };
 
+template <>
+struct Variant<3> {  // v1's tiles + v2's prefetch; sm_90: <= 128 registers, 2 CTAs per SM
+  static constexpr int kBlockN = 32;
+  static constexpr int kStages = 2;
+  static constexpr bool kPrefetch = true;
+  static constexpr int kChains = 1;
+  static constexpr int kPasses = 1;
+  static constexpr bool kLazySum = true;  // no sum shuffles on the per-tile chain
+};
 template <int MT, int V>
 struct SmemLayout {
   static constexpr int kRows = 16 * MT;
@@ -77,6 +93,8 @@ static_assert(SmemLayout<2, 1>::kBytes <= kSmemLimit, "shared memory must fit sm
 static_assert(SmemLayout<1, 1>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 static_assert(SmemLayout<2, 2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 static_assert(SmemLayout<1, 2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<2, 3>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<1, 3>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 
 struct Params {
   const __nv_bfloat16* q;      // [total_q, H, 576]
@@ -107,15 +125,23 @@ __device__ __forceinline__ bool draft_visible(const Params& p, int b, int qi, in
   return p.tree_mask[(static_cast<int64_t>(b) * n + qi) * n + j] != 0;
 }
 
-// Resident CTAs per SM the register budget is cut for: v2's 16-row (decode) kernel fits 128
-// registers, so two CTAs share an SM where shared memory allows it (sm_90: 2 x 80,832 B).
+// Resident CTAs per SM the register budget is cut for. v2's 16-row (decode) kernel fits 128
+// registers everywhere, so two CTAs share an SM where shared memory allows it (sm_90: 2 x 80,832
+// B). v3 is cut to 128 registers on sm_90 only, whose 228 KB hold two of its CTAs (2 x 97,152 B):
+// two independent CTAs per SM overlap one's softmax with the other's mma. sm_120's 99 KB and
+// sm_80's 164 KB hold one, so there v3 keeps v1's register budget.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+constexpr int kV3Blocks = 2;
+#else
+constexpr int kV3Blocks = 1;
+#endif
 template <int MT, int V>
 constexpr int min_blocks() {
-  return (V == 2 && MT == 1) ? 2 : 1;
+  return (V == 2 && MT == 1) ? 2 : (V == 3 ? kV3Blocks : 1);
 }
 
 template <int MT, int V>
-__device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
+__device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   using VT = Variant<V>;
   using L = SmemLayout<MT, V>;
   constexpr int BN = VT::kBlockN;
@@ -246,12 +272,16 @@ __device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
     const uint32_t kv_s = kv_smem + slot * L::kTileBytes;
 
     // ---- phase 1: partial S over this warp's 144 dims ----
-    {
-      float s[NC][NT][4];
+    // (v4: in two passes of half the n-tiles, to stay within 128 registers)
+#pragma unroll
+    for (int pass = 0; pass < VT::kPasses; ++pass) {
+      constexpr int NTP = NT / VT::kPasses;  // n-tiles per pass
+      const int ntb = nt0 + pass * NTP;
+      float s[NC][NTP][4];
 #pragma unroll
       for (int ch = 0; ch < NC; ++ch)
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < NTP; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[ch][n][e] = 0.f;
       const int b_tok = (lane & 7) + ((lane >> 4) << 3);
@@ -260,31 +290,31 @@ __device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
       for (int kk = 0; kk < kKSteps; ++kk) {
         const int c = dq * (kKSteps * 2) + kk * 2 + b_half;
         const int ch = kk % NC;
-        if constexpr (NT >= 2) {
+        if constexpr (NTP >= 2) {
 #pragma unroll
-          for (int pr = 0; pr < NT / 2; ++pr) {
+          for (int pr = 0; pr < NTP / 2; ++pr) {
             uint32_t kb[4];
-            ldmatrix_x4(kv_s + kv_offset((nt0 + 2 * pr) * 8 + b_tok, c), kb);
+            ldmatrix_x4(kv_s + kv_offset((ntb + 2 * pr) * 8 + b_tok, c), kb);
             mma_bf16(s[ch][2 * pr], qf[kk], kb[0], kb[1]);
             mma_bf16(s[ch][2 * pr + 1], qf[kk], kb[2], kb[3]);
           }
         } else {
           uint32_t kb[2];
-          ldmatrix_x2(kv_s + kv_offset(nt0 * 8 + (lane & 7), c), kb);
+          ldmatrix_x2(kv_s + kv_offset(ntb * 8 + (lane & 7), c), kb);
           mma_bf16(s[ch][0], qf[kk], kb[0], kb[1]);
         }
       }
 #pragma unroll
       for (int ch = 1; ch < NC; ++ch)
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < NTP; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[0][n][e] += s[ch][n][e];
       float* sp = sp_smem + dq * R * SPS;
       const int r = mt_w * 16 + gid;
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int col = (nt0 + n) * 8 + 2 * tig;
+      for (int n = 0; n < NTP; ++n) {
+        const int col = (ntb + n) * 8 + 2 * tig;
         *reinterpret_cast<float2*>(sp + r * SPS + col) = make_float2(s[0][n][0], s[0][n][1]);
         *reinterpret_cast<float2*>(sp + (r + 8) * SPS + col) = make_float2(s[0][n][2], s[0][n][3]);
       }
@@ -340,9 +370,11 @@ __device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
         sv[e] = fast_exp2(sv[e] - m_use);
         sum += sv[e];
       }
+      if constexpr (!VT::kLazySum) {
 #pragma unroll
-      for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      row_l = row_l * alpha + sum;
+        for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      }
+      row_l = row_l * alpha + sum;  // lazy: this thread's share; alpha is the same row-wide
       row_m = m_new;
       if constexpr (TPT % 2 == 0) {
         uint32_t* pdst = reinterpret_cast<uint32_t*>(p_smem + rr * PS + rj * TPT);
@@ -393,6 +425,10 @@ __device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
   }
 
   // ---- epilogue: normalised partial O and log2-sum-exp per row ----
+  if constexpr (VT::kLazySum) {
+#pragma unroll
+    for (int off = 1; off < TPR; off <<= 1) row_l += __shfl_xor_sync(0xffffffffu, row_l, off);
+  }
   if (rj == 0) {
     const bool any = row_l > 0.f;
     final_smem[rr] = any ? row_m + __log2f(row_l) : -INFINITY;
@@ -418,29 +454,22 @@ __device__ __forceinline__ void attn_v12(const Params& p, uint8_t* smem) {
 
 }  // namespace dcmla
 
-#include "mla_v3.cuh"
 
 namespace dcmla {
 
 template <int V>
 constexpr int threads_of() {
-  return V == 3 ? kThreadsV3 : kThreads;
+  return kThreads;
 }
 
 template <int MT, int V>
 constexpr int smem_of() {
-  if constexpr (V == 3)
-    return SmemLayoutV3<MT>::kBytes;
-  else
-    return SmemLayout<MT, V>::kBytes;
+  return SmemLayout<MT, V>::kBytes;
 }
 
 template <int MT, int V>
 constexpr int block_n_of() {
-  if constexpr (V == 3)
-    return V3Traits<MT>::kBlockN;
-  else
-    return Variant<V>::kBlockN;
+  return Variant<V>::kBlockN;
 }
 
 // One kernel symbol per (m-tiles, variant): mla_attn_kernel<MT, V>, the body chosen at compile time.
@@ -448,10 +477,7 @@ template <int MT, int V>
 __global__ void __launch_bounds__(threads_of<V>(), min_blocks<MT, V>()) mla_attn_kernel(
     const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if constexpr (V == 3)
-    attn_v3<MT>(p, smem);
-  else
-    attn_v12<MT, V>(p, smem);
+  attn_body<MT, V>(p, smem);
 }
 
 // Merge the splits of one row (grid.x = row, grid.y = 128-column segment) into bf16 output.
@@ -586,9 +612,7 @@ int dcmla_smem_bytes(int variant, int mtiles) {
 
 // Threads per CTA of an attention kernel; -1 if unknown.
 int dcmla_threads(int variant, int mtiles) {
-  return dcmla::valid_variant(variant, mtiles)
-             ? (variant == 3 ? dcmla::kThreadsV3 : dcmla::kThreads)
-             : -1;
+  return dcmla::valid_variant(variant, mtiles) ? dcmla::kThreads : -1;
 }
 
 const char* dcmla_error_string(int code) {
