@@ -27,11 +27,14 @@ ANALYSIS_RULES = [
     "notebook_compare",
     "notebook_report",
     "render_report",
+    "notes",
 ]
 SERVERS = {
     "torch-chain16-p1": ("torch", [[256, 1024, 4096]]),
+    "torch-chain16-p1-k4": ("torch", [[256]]),
     "triton-chain16-p1": ("triton", [[64], [512]]),
 }
+CONCURRENCY = {"torch-chain16-p1-k4": 4}  # streams per round (the others: 1)
 _RUNS: dict[Path, subprocess.CompletedProcess] = {}
 
 
@@ -45,6 +48,7 @@ def study_config() -> dict:
             "name": name,
             "backend": backend,
             "chunks": [{"contexts": c, "timeout_s": 300, "point_timeout_s": 120} for c in chunks],
+            "concurrency": CONCURRENCY.get(name, 1),
         }
         for name, (backend, chunks) in SERVERS.items()
     ]
@@ -73,7 +77,7 @@ def run_analysis(root: Path) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(root),
         "--configfile", str(root / "config.yaml"), "--cores", "2", "--nolock",
-        "--allowed-rules", *ANALYSIS_RULES, "--", "results/report.html",
+        "--allowed-rules", *ANALYSIS_RULES, "--", "results/report.html", "results/NOTES.md",
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=root)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -107,16 +108,67 @@ def test_failed_and_skipped_points_are_listed_not_dropped(study: Path) -> None:
     assert (not_ok["reason"].str.contains("CUDA GPU")).any()
 
 
+def _spread_text(values: list[float]) -> str:
+    """What a headline cell says for these per-request values: median (min–max)."""
+    med, lo, hi = (format(float(f(values)), ".3g") for f in (np.median, min, max))
+    return med if lo == hi else f"{med} ({lo}–{hi})"
+
+
 def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
+    """Each cell is the median (min–max) over the point's recorded requests, from the raw file."""
     headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
+    checked = 0
     for point in raw_points():
         if point["status"] != "ok":
             continue
         row = next(i for i in headline.index if i.endswith(f"({point['requested_ctx']:,})"))
-        cell = headline.loc[row, f"{point['name']} decode tok/s"]
-        assert cell == format(point["metrics"]["decode_tok_s"], ".3g")
+        name = point["name"] + " "
+        col = next(c for c in headline.columns if c.startswith(name) and " vs " not in c)
+        steps = [r["metrics"]["verify_steps_s_client"] for r in point["requests"]]
+        assert len(steps) == point["requests_per_point"] * point["concurrency"]
+        assert headline.loc[row, col] == _spread_text(steps)
+        checked += 1
+    assert checked == 4
     speed = [c for c in headline.columns if c.endswith("vs triton-chain16-p1")]
+    # the 4-stream server is not compared with a 1-stream baseline
     assert speed == ["torch-chain16-p1 vs triton-chain16-p1"]
+    assert "torch-chain16-p1-k4 (4 streams) verify steps/s" in headline.columns
+
+
+def test_summary_says_what_each_number_rests_on(study: Path) -> None:
+    sweep = pd.read_csv(study / "results/summary/sweep.csv").set_index(["server", "requested_ctx"])
+    requests = pd.read_csv(study / "results/summary/requests.csv")
+    for point in raw_points():
+        row = sweep.loc[(point["name"], point["requested_ctx"])]
+        assert row["requests"] == len(point["requests"])
+        mine = requests[
+            (requests["server"] == point["name"])
+            & (requests["requested_ctx"] == point["requested_ctx"])
+        ]
+        assert len(mine) == len(point["requests"])
+        if point["status"] == "ok":
+            steps = sum(r["metrics"]["verify_steps"] for r in point["requests"])
+            assert row["verify_steps"] == steps
+            values = [r["metrics"]["decode_tok_s"] for r in point["requests"]]
+            assert row["decode_tok_s_min"] == pytest.approx(min(values))
+            assert row["decode_tok_s_max"] == pytest.approx(max(values))
+            assert row["defrag_runs"] == 0  # read from the server after the point
+    html = (study / "results/report.html").read_text()
+    # the published fixture predates several requests per point: it says n = 1
+    assert "n = 1 request and" in html
+    assert "n = 2–8 requests" in html
+
+
+def test_notes_are_rendered_from_the_results(study: Path) -> None:
+    notes = (study / "results/NOTES.md").read_text()
+    assert "do not edit by hand" in notes
+    checked = pd.read_csv(study / "results/tables/report/targets.csv")
+    for target, status in zip(checked["target"], checked["status"], strict=True):
+        assert f"| {target} |" in notes and status in notes
+    # one line per server at its longest context that ran (the Triton one's 512 failed)
+    longest = {"torch-chain16-p1": "1k", "torch-chain16-p1-k4": "256", "triton-chain16-p1": "64"}
+    for server, ctx in longest.items():
+        assert f"| {server} | {ctx} |" in notes
 
 
 def test_report_page_is_self_contained(study: Path) -> None:

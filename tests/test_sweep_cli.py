@@ -7,9 +7,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 
 from decodecliff.sweep import cli, launcher
 from decodecliff.sweep.runner import SCHEMA_PATH
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _dead_url() -> str:
@@ -100,7 +103,7 @@ def test_schema_rejects_an_ok_point_without_a_stream():
     schema = json.loads(Path(SCHEMA_PATH).read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     point = {
-        "schema": "decodecliff.sweep-point/1",
+        "schema": "decodecliff.sweep-point/2",
         "name": "x",
         "requested_ctx": 8,
         "prompt_tokens": 8,
@@ -108,7 +111,28 @@ def test_schema_rejects_an_ok_point_without_a_stream():
         "status": "ok",
         "reason": None,
         "warnings": [],
-        "metrics": {"ttft_s": 0.1, "e2e_s": 0.2, "completion_tokens": 2, "decode_tok_s": 10.0},
+        "metrics": {
+            "ttft_s": 0.1,
+            "e2e_s": 0.2,
+            "completion_tokens": 2,
+            "decode_tok_s": 10.0,
+            "requests": 1,
+        },
+        "requests_per_point": 1,
+        "concurrency": 1,
+        "requests": [
+            {
+                "round": 0,
+                "stream": 0,
+                "prompt_salt": 0,
+                "error": None,
+                "metrics": {},
+                "meta_info": {},
+                "token_timestamps": [[0.1, 1], [0.2, 2]],
+            }
+        ],
+        "rounds": [{"round": 0, "streams": 1, "wall_s": 0.2, "tokens": 2, "tok_s": 10.0}],
+        "server_info_after": None,
         "api": "generate",
         "server_url": None,
         "server_info": {},
@@ -126,3 +150,24 @@ def test_schema_rejects_an_ok_point_without_a_stream():
         jsonschema.validate({**point, "token_timestamps": []}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**point, "status": "failed"}, schema)  # a failure needs a reason
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**point, "requests": []}, schema)  # an ok point rests on requests
+
+
+def test_gpu_presets_record_at_least_three_requests_per_point():
+    """Five after the warm-up; where device time is short (the Triton server's longest points)
+    never fewer than three."""
+    for preset in ("h200", "rtx-pro-6000"):
+        cfg = yaml.safe_load((REPO / "config" / f"{preset}.yaml").read_text())
+        assert cfg["sweep"]["requests_per_point"] == 5
+        for server in cfg["sweep"]["servers"]:
+            for chunk in server["chunks"]:
+                assert chunk.get("requests_per_point", 5) >= 3, (preset, server["name"])
+
+
+def test_config_check_knows_the_cpu_pool_and_the_template_fields():
+    """The config checks (workflow/rules/common.smk) mirror the engine and the rules."""
+    from decodecliff.engine.config import EngineConfig
+
+    text = (REPO / "workflow/rules/common.smk").read_text()
+    assert f"CPU_DEFAULT_POOL = {EngineConfig.CPU_DEFAULT_TOKENS}" in text

@@ -38,7 +38,10 @@ def _points(out: Path) -> dict[int, dict]:
 
 
 def _sweep(out: Path, contexts: list[int], *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
+    """`decodecliff sweep` of the tiny server (a later --server-cmd in ``args`` replaces it)."""
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep"]
+    if "--server-cmd" not in args:
+        argv += ["--server-cmd", SERVE]
     argv += ["--name", "tiny", "--contexts", *map(str, contexts), "--gen-tokens", "6"]
     argv += ["--point-timeout", "60", "--chunk-timeout", "120", "--start-timeout", "60"]
     argv += ["--out", str(out), *args]
@@ -216,3 +219,93 @@ def test_url_server_is_used_not_launched_and_openai_api(tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize(
+    ("nan_in", "reason"),
+    [
+        ("info", "server info unusable: /get_server_info: non-finite number NaN"),
+        ("meta", "malformed stream chunk: non-finite number NaN"),
+        ("after", "server info after the point unusable: /get_server_info: non-finite number NaN"),
+    ],
+)
+def test_a_nan_from_the_server_fails_its_point_and_the_file_is_written(tmp_path, nan_in, reason):
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --nan-in {nan_in}"
+    done = _sweep(tmp_path, [16, 24], "--server-cmd", cmd, "--warmup-tokens", "0")
+    assert done.returncode == 0, done.stderr
+    points = _points(tmp_path)  # written, and valid JSON of the schema
+    assert sorted(points) == [16, 24]
+    for point in points.values():
+        assert point["status"] == "failed"
+        assert reason in point["reason"]
+
+
+def test_concurrent_streams_are_each_recorded(tmp_path):
+    done = _sweep(tmp_path, [40], "--requests-per-point", "2", "--concurrency", "3")
+    assert done.returncode == 0, done.stderr
+    point = _points(tmp_path)[40]
+    assert point["status"] == "ok", point["reason"]
+    reqs = point["requests"]
+    assert [(r["round"], r["stream"]) for r in reqs] == [(r, s) for r in (0, 1) for s in (0, 1, 2)]
+    assert len({r["prompt_salt"] for r in reqs}) == 6  # no two share a prompt
+    assert len({r["meta_info"]["id"] for r in reqs}) == 6
+    assert all(r["error"] is None and r["metrics"]["completion_tokens"] == 6 for r in reqs)
+    assert point["metrics"]["requests"] == 6
+    assert [x["streams"] for x in point["rounds"]] == [3, 3]
+    assert all(x["tokens"] == 18 and x["tok_s"] > 0 for x in point["rounds"])
+    steps = [r["metrics"]["verify_steps_s_client"] for r in reqs]
+    assert min(steps) <= point["metrics"]["verify_steps_s_client"] <= max(steps)
+    assert point["metrics"]["verify_steps"] == sum(r["metrics"]["verify_steps"] for r in reqs)
+    assert point["server_info_after"]["fragmentation"]["defrag_runs"] == 0
+
+
+def test_a_server_that_fails_to_start_records_its_command(tmp_path):
+    done = _sweep(tmp_path, [16], "--server-cmd", "false --port {port}")
+    assert done.returncode == 0, done.stderr
+    point = _points(tmp_path)[16]
+    assert point["status"] == "failed" and "failed to start" in point["reason"]
+    assert point["server_command"][0] == "false" and point["server_launch"] == 1
+
+
+def test_sighup_stops_the_sweep_and_its_server(tmp_path):
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
+    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
+    argv += ["--stop-grace", "3", "--out", str(tmp_path)]
+    sweep = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = None
+    try:
+        deadline = time.monotonic() + 60
+        while server is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+            server = _child(sweep.pid)
+        assert server is not None, "the server never started"
+        time.sleep(3)  # into the point
+        sweep.send_signal(signal.SIGHUP)
+        assert sweep.wait(timeout=30) == 128 + signal.SIGHUP
+        deadline = time.monotonic() + 20
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(server), "the server outlived the hung-up sweep"
+    finally:
+        for pid in (server, sweep.pid):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _child(pid: int) -> int | None:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            return int(stat.parent.name)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -75,7 +75,7 @@ rule notes:
         kernels=rules.summarize.output.kernels,
         sweep=rules.summarize.output.sweep,
         bench=KERNEL_BENCH,
-        template="workflow/report/notes.md.j2",
+        template=os.path.join(workflow.basedir, "workflow/report/notes.md.j2"),
     output:
         report(NOTES, caption="../report/notes.rst", category="0. Report"),
     params:

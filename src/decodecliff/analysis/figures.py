@@ -25,7 +25,7 @@ from .tables import PRIMARY, ctx_label, mode_order, ok
 SCALES = {"rate": "log", "time": "log", "ratio": "log", "per_step": "linear"}
 # (column, axis label with unit, scale kind) of the per-server panels
 SWEEP_PANELS = [
-    ("steps", "verify steps/s (steps/s)", "rate"),
+    ("steps", "verify steps (steps/s)", "rate"),
     ("tokens", "decode (tok/s)", "rate"),
     ("ttft_s", "TTFT (s)", "time"),
     ("prefill_tok_s", "prefill (tok/s)", "rate"),
@@ -49,24 +49,33 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def context_axis(ax, contexts) -> None:
+def context_axis(ax, contexts, secondary=()) -> None:
     """Log-scaled context axis labelled at the contexts that ran ('1k', '128k'); labels closer
-    than LABEL_GAP_IN on this axis are dropped (the largest context always keeps its label)."""
+    than LABEL_GAP_IN on this axis are dropped (the largest context always keeps its label).
+    ``secondary`` contexts (the reference table's) widen the axis and get a label where one fits.
+    """
     have = sorted({int(c) for c in contexts if pd.notna(c)})
+    extra = sorted({int(c) for c in secondary if pd.notna(c)} - set(have))
     ax.set_xscale("log")
     ax.set_xlabel("context (tokens)")
-    if not have:
+    every = sorted(have + extra)
+    if not every:
         return
-    lo, hi = have[0] / 1.3, have[-1] * 1.3
+    lo, hi = every[0] / 1.3, every[-1] * 1.3
     ax.set_xlim(lo, hi)
     fig = ax.get_figure()
     width_in = max(ax.get_position().width * fig.get_figwidth(), 0.5)
     min_ratio = 10 ** (LABEL_GAP_IN * np.log10(hi / lo) / width_in)
-    ticks = [have[-1]]
-    for c in reversed(have[:-1]):
-        if ticks[-1] / c >= min_ratio:
+
+    def fits(c: int, kept: list[int]) -> bool:
+        return all(max(c, k) / min(c, k) >= min_ratio for k in kept)
+
+    ticks: list[int] = []
+    for c in reversed(have or extra):  # from the largest down, so it keeps its label
+        if fits(c, ticks):
             ticks.append(c)
-    ticks.reverse()
+    ticks += [c for c in reversed(extra) if fits(c, ticks)] if have else []
+    ticks.sort()
     ax.set_xticks(ticks, [ctx_label(c) for c in ticks])
     ax.minorticks_off()
 
@@ -77,15 +86,17 @@ def _plain(value: float, _pos=None) -> str:
 
 def set_scale(ax, kind: str) -> None:
     """The y scale chosen for this kind of quantity (SCALES), the same in every figure; log axes
-    are labelled in plain numbers (0.1, 30, 200), minor ticks too when under two decades."""
+    are labelled in plain numbers (0.1, 30, 200), minor ticks too when under two decades (all of
+    them under one decade, else those at 2, 3 and 5 times a power of ten)."""
     ax.set_yscale(SCALES[kind])
     if SCALES[kind] == "linear":
         ax.set_ylim(bottom=0)
         return
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     lo, hi = ax.get_ylim()
-    few = lo > 0 and hi / lo < 100
-    ax.yaxis.set_minor_formatter(FuncFormatter(_minor) if few else NullFormatter())
+    span = hi / lo if lo > 0 else np.inf
+    minor = FuncFormatter(_plain) if span < 10 else FuncFormatter(_minor)
+    ax.yaxis.set_minor_formatter(minor if span < 100 else NullFormatter())
 
 
 def _minor(value: float, _pos=None) -> str:
@@ -375,10 +386,8 @@ def compare_relative(
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
     extra = []
     for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
-        ctxs = list(sweep["ctx"])
-        if reference is not None:
-            ctxs += list(_reference_points(reference)["actual_ctx"])
-        context_axis(ax, ctxs)
+        ref_ctx = [] if reference is None else list(_reference_points(reference)["actual_ctx"])
+        context_axis(ax, sweep["ctx"], ref_ctx)
         good = ok(sweep)
         for server in dict.fromkeys(sweep["server"]):
             rows = good[good["server"] == server].dropna(subset=[PRIMARY]).sort_values("ctx")
@@ -417,10 +426,8 @@ def compare_absolute(
     extra = []
     tau_text = f"\N{GREEK SMALL LETTER TAU}={tau:g}"
     for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
-        ctxs = list(sweep["ctx"])
-        if reference is not None:
-            ctxs += list(_reference_points(reference)["actual_ctx"])
-        context_axis(ax, ctxs)
+        ref_ctx = [] if reference is None else list(_reference_points(reference)["actual_ctx"])
+        context_axis(ax, sweep["ctx"], ref_ctx)
         good = ok(sweep)
         for server in dict.fromkeys(sweep["server"]):
             rows = good[good["server"] == server].dropna(subset=[PRIMARY])

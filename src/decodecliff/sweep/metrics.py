@@ -111,16 +111,15 @@ def step_rates(m: dict, meta: dict) -> dict:
     """Verify (or decode) steps per second from the client's clock and from the server's own
     step times, and the steps counted: what tokens/s is made of when acceptance varies.
 
-    Client: the steps the server reports for the request (``spec_verify_ct``, else
-    ``decode_steps``) over ``decode_wall_s``; every step after the first token emits at least
-    one token, so this is the step rate a user sees. Server: 1000 / its mean step time
-    (``verify_step_ms``, else ``decode_step_ms``), where it reports one (SGLang does not).
+    Client: the steps the server reports for the request (``spec_verify_ct``, else, without
+    speculation, ``decode_steps``) over ``decode_wall_s``; every step after the first token
+    emits at least one token, so this is the step rate a user sees. Server: 1000 / its mean
+    step time (``verify_step_ms``, else ``decode_step_ms``), where it reports one (SGLang
+    does not).
     """
-    steps = next(
-        (v for v in (meta.get("spec_verify_ct"), m.get("spec_verify_ct"), meta.get("decode_steps"))
-         if v is not None),
-        None,
-    )  # fmt: skip
+    # without speculation SGLang reports spec_verify_ct 0: the steps are then decode steps
+    candidates = (meta.get("spec_verify_ct"), m.get("spec_verify_ct"), meta.get("decode_steps"))
+    steps = next((v for v in candidates if v), None)
     step_ms = meta.get("verify_step_ms")
     if step_ms is None:
         step_ms = meta.get("decode_step_ms")

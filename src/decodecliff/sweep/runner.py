@@ -340,6 +340,9 @@ class Runner:
         start = time.monotonic()
         recs, reason = self._stream(ctx, ids, timeout, chunk)
         wall = time.monotonic() - start
+        for rec in recs:
+            if reason is not None and rec.error is None and not rec.done:
+                rec.error = reason  # cut short by the timeout or the server's death
         for i, (rec, salt) in enumerate(zip(recs, salts, strict=True)):
             res["requests"].append(self._request_record(res, rec, ctx, r, i, salt))
         tokens = sum(rec.completion_tokens or 0 for rec in recs)

@@ -1,0 +1,58 @@
+"""A server that speaks the sweep's protocol but answers with a NaN where asked: the fault that a
+buggy or real server can produce (Python's json writes NaN unless told not to).
+
+    python tests/faulty_server.py --port P --nan-in info|meta|after
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from aiohttp import web
+
+NAN = float("nan")
+
+
+def build(nan_in: str) -> web.Application:
+    calls = {"info": 0}
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def info(_request: web.Request) -> web.Response:
+        calls["info"] += 1
+        bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
+        body = {"max_total_num_tokens": 100000, "vocab_size": 1000, "load": NAN if bad else 0.0}
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def flush(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = body["sampling_params"]["max_new_tokens"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(1, n + 1):
+            meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": i}
+            if nan_in == "meta" and i == n:
+                meta["spec_accept_length"] = NAN
+            await resp.write(f"data: {json.dumps({'meta_info': meta})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/get_server_info", info)
+    app.router.add_post("/flush_cache", flush)
+    app.router.add_post("/generate", generate)
+    return app
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--nan-in", choices=["info", "meta", "after"], required=True)
+    args = p.parse_args()
+    web.run_app(build(args.nan_in), host="127.0.0.1", port=args.port, print=None)
