@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +10,7 @@ import torch
 from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.kv_pool import PageAllocator, PoolExhausted, page_breaks
-from decodecliff.engine.model import StepInput, SyntheticMLA, mha_spans
+from decodecliff.engine.model import StepInput, SyntheticMLA, layer_attention, mha_spans
 from decodecliff.engine.request import SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter, accept_chain, accept_tree
 from decodecliff.kernels.reference import TorchAttention
@@ -248,25 +244,6 @@ def test_defragment_moves_every_request_s_rows_with_it():
     assert pool.allocator.alloc(2) == [len(used), len(used) + 1]  # future pages run on
 
 
-def test_bench_engine_script_writes_step_times(tmp_path):
-    out = tmp_path / "bench.json"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
-    cmd = [sys.executable, str(script), "--device", "cpu", "--contexts", "64", "200"]
-    cmd += ["--modes", "decode", "tree", "--tree-nodes", "16", "--repeats", "2", "--threads", "1"]
-    subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, timeout=120)
-    data = json.loads(out.read_text())
-    assert [(r["mode"], r["context"], r["q_len"]) for r in data["rows"]] == [
-        ("decode", 64, 1),
-        ("decode", 200, 1),
-        ("tree", 64, 16),
-        ("tree", 200, 16),
-    ]
-    for row in data["rows"]:
-        assert row["step_ms"] > 0 and row["non_attention_ms"] > 0
-        assert len(row["step_ms_all"]) == 2
-    assert data["env"]["torch"] and "bench_engine.py" in data["command"]
-
-
 def prefill_step(prefix: int, chunk: int, page_size: int, seed: int) -> StepInput:
     """A chunk of `chunk` tokens after `prefix` cached ones, in scattered pages."""
     total = prefix + chunk
@@ -298,9 +275,9 @@ def test_mha_prefill_attention_equals_the_absorbed_path_per_layer(dtype, tol, pr
     h = torch.randn(chunk, PRESETS["tiny"].hidden, dtype=dtype)
     mha_cache = cache.clone()
     for layer in model.layers:
-        absorbed = model._attention(layer, h, step, cache, TorchAttention())
+        absorbed = layer_attention(model, layer, h, step, cache)
         spans = mha_spans(step, page_size)
-        mha = model._attention(layer, h, step, mha_cache, TorchAttention(), spans)
+        mha = layer_attention(model, layer, h, step, mha_cache, spans)
         assert torch.equal(cache, mha_cache)  # the chunk's latent rows were cached the same way
         assert (mha - absorbed).abs().max() <= tol * absorbed.abs().max()
     # The whole model: same logits from caches that hold the same prefix.
@@ -311,15 +288,15 @@ def test_mha_prefill_attention_equals_the_absorbed_path_per_layer(dtype, tol, pr
 
 
 class RecordingAttention(TorchAttention):
-    """The torch backend, remembering how many query tokens per request each call had."""
+    """The torch backend, remembering how many query tokens per request each step had."""
 
     def __init__(self) -> None:
         super().__init__()
         self.q_lens: list[int] = []
 
-    def __call__(self, batch, out=None):
-        self.q_lens.append(batch.max_q_len)
-        return super().__call__(batch, out)
+    def plan(self, meta):
+        self.q_lens.append(meta.max_q_len)
+        return super().plan(meta)
 
 
 @pytest.mark.parametrize(

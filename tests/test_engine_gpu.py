@@ -10,9 +10,8 @@ import torch
 
 from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
-from decodecliff.engine.model import StepInput, SyntheticMLA, mha_spans
+from decodecliff.engine.model import StepInput, SyntheticMLA, layer_attention, mha_spans
 from decodecliff.engine.request import SamplingParams
-from decodecliff.kernels.reference import TorchAttention
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -107,8 +106,8 @@ def test_mha_prefill_layer_matches_at_kimi_shapes(dtype, tol):
     )
     h = torch.randn(chunk, cfg.hidden, device="cuda", generator=g).to(dtype)
     layer = model.layers[0]
-    absorbed = model._attention(layer, h, step, cache.clone(), TorchAttention())
-    mha = model._attention(layer, h, step, cache, TorchAttention(), mha_spans(step, 1))
+    absorbed = layer_attention(model, layer, h, step, cache.clone())
+    mha = layer_attention(model, layer, h, step, cache, mha_spans(step, 1))
     err = (mha.float() - absorbed.float()).norm() / absorbed.float().norm()
     assert err < tol
 
@@ -116,12 +115,50 @@ def test_mha_prefill_layer_matches_at_kimi_shapes(dtype, tol):
 @pytest.mark.parametrize("backend", capturable_backends())
 def test_mha_prefill_keeps_prefill_chunks_away_from_the_backend(backend):
     eng = engine(backend=backend, chunk_size=4096, prefill_attention="mha")
-    real, q_lens = eng.backend, []
+    real, q_lens = eng.backend.plan, []
 
-    def recording(batch, out=None):
-        q_lens.append(batch.max_q_len)
-        return real(batch, out)
+    def recording(meta):
+        q_lens.append(meta.max_q_len)
+        return real(meta)
 
-    eng.backend = recording
+    eng.backend.plan = recording
     assert [len(o) for o in outputs(eng)] == [16, 16]
     assert set(q_lens) == {1}
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_fused_triton_kernels_match_their_torch_code(dtype, tol):
+    from decodecliff.engine import fused
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g).to(dtype)  # noqa: E731
+    T, R, C, H = 16, 1536, 512, 8
+    table = fused.RopeTable(64, 10000.0, torch.device("cuda"))
+    table.reserve(4096)
+    cs = table.rows(torch.randint(0, 4096, (T,), device="cuda", generator=g))
+    close = lambda a, b: (a.float() - b.float()).abs().max() <= tol * b.float().abs().max()  # noqa: E731
+
+    x, d, w = rnd(T, 7168), rnd(T, 7168), rnd(7168)
+    x_ref = x.clone()
+    ref = fused.rms_norm(x_ref.add_(d), w)
+    assert close(fused.add_rms_norm(x, d, w), ref) and torch.equal(x, x_ref)
+
+    qkv, qn, kvn = rnd(T, R + C + 64), rnd(R), rnd(C)
+    slots = torch.randperm(64, device="cuda", generator=g)[:T]
+    cache, cache_ref = torch.zeros(64, 576, device="cuda", dtype=dtype), None
+    cq = fused.qkv_a_post(qkv, qn, kvn, cs, cache, slots)
+    cache_ref = torch.zeros_like(cache)
+    cache_ref[slots] = torch.cat(
+        [fused.rms_norm(qkv[:, R : R + C], kvn), fused._rope_torch(qkv[:, R + C :], cs)], -1
+    )
+    assert close(cq, fused.rms_norm(qkv[:, :R], qn)) and close(cache, cache_ref)
+
+    q = rnd(T, H, 192)
+    out = torch.zeros(T, H, 576, device="cuda", dtype=dtype)
+    fused.rope(q[..., 128:], cs, out[..., 512:])
+    assert close(out[..., 512:], fused._rope_torch(q[..., 128:], cs))
+    assert not out[..., :512].any()  # nothing written outside the rope columns
+
+    gu = rnd(T, 2 * 2304)
+    ref = torch.nn.functional.silu(gu[:, :2304]) * gu[:, 2304:]
+    assert close(fused.silu_mul(gu), ref)

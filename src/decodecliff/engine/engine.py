@@ -19,9 +19,11 @@ from collections import deque
 
 import torch
 
+from decodecliff.kernels.api import AttentionBackend
 from decodecliff.kernels.registry import get_backend
 
 from .config import EngineConfig
+from .graphs import GraphRunner
 from .kv_pool import KVPool, PoolExhausted
 from .model import StepInput, SyntheticMLA
 from .request import Request, SamplingParams, TokenLogprob
@@ -81,12 +83,9 @@ class Engine:
             device=self.device,
             scatter_seed=cfg.scatter_seed,
         )
+        self.model.rope.reserve(self.pool.max_total_tokens)  # the cos/sin table, built once
         self.drafter = NgramDrafter()
-        self.graphs = None
-        if cfg.cuda_graph:
-            from .graphs import GraphRunner
-
-            self.graphs = GraphRunner(self)
+        self.graphs = self.graph_runner() if cfg.cuda_graph else None
         self.inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -382,6 +381,23 @@ class Engine:
             max_kv_len=max(kv_lens),
             logit_rows=None if logit_rows is None else as_long(logit_rows),
             mha=mha,
+        )
+
+    def graph_runner(self, backend: AttentionBackend | None = None) -> GraphRunner:
+        """CUDA graphs of this engine's decode/verify step (with ``backend``, default its own)."""
+
+        def forward(step: StepInput) -> torch.Tensor:
+            return self.model.forward(step, self.pool.cache, backend or self.backend)
+
+        return GraphRunner(
+            forward,
+            max_batch=self.cfg.max_running_requests,
+            q_len=self.cfg.spec_tokens,
+            max_pages=self.pool.max_pages_per_req,
+            max_kv_len=self.pool.max_total_tokens,
+            tree=self.cfg.spec == "tree",
+            device=self.device,
+            capturable=(backend or self.backend).capturable,
         )
 
     def forward(self, step: StepInput, decode: bool = False) -> torch.Tensor:

@@ -5,49 +5,60 @@ table [max_batch, max_pages], kv_lens, q_indptr, tree mask) and one graph per (b
 tokens per request) replays the whole model over them. ``max_kv_len`` is pinned to the pool's
 capacity when capturing, so a longer context never needs a new graph: the attention backend must
 read the true lengths from the ``kv_lens`` buffer on the device (the custom kernel does; the `torch`
-backend syncs to the host and cannot be captured, so its steps fall back to eager execution).
+backend syncs to the host and cannot be captured: it says so (``capturable = False``) and its steps
+run eagerly). The runner knows the step function and the buffer sizes only, not the engine.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
-from decodecliff.kernels.api import AttentionBackend
-
 from .model import StepInput
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 log = logging.getLogger("decodecliff.graphs")
 
+Forward = Callable[[StepInput], torch.Tensor]
+
 
 class GraphRunner:
-    def __init__(self, engine: Engine, backend: AttentionBackend | None = None) -> None:
-        if engine.device.type != "cuda":
+    """Replays ``forward`` (a whole model step) from CUDA graphs over fixed-size input buffers.
+
+    It knows only the step function and the sizes that fix the buffers: ``max_batch`` requests of
+    ``q_len`` query tokens, ``max_pages`` pages per request, ``max_kv_len`` (the pool's capacity),
+    ``tree`` (whether steps carry a tree mask). A forward whose backend is not ``capturable`` (see
+    kernels/api.py) runs eagerly.
+    """
+
+    def __init__(
+        self,
+        forward: Forward,
+        *,
+        max_batch: int,
+        q_len: int,
+        max_pages: int,
+        max_kv_len: int,
+        tree: bool,
+        device: torch.device,
+        capturable: bool = True,
+    ) -> None:
+        if device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.engine = engine
-        self.backend = backend if backend is not None else engine.backend
-        cfg, pool, dev = engine.cfg, engine.pool, engine.device
-        self.max_batch, self.q = cfg.max_running_requests, cfg.spec_tokens
-        n = self.max_batch * self.q
+        self.forward_eager, self.capturable = forward, capturable
+        self.max_batch, self.q, self.max_kv_len = max_batch, q_len, max_kv_len
+        n, dev = max_batch * q_len, device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
         # Padding rows write to the scratch slot 0 of a page nobody reads past kv_len.
         self.out_slots = torch.zeros(n, dtype=torch.long, device=dev)
-        self.page_table = torch.zeros(
-            self.max_batch, pool.max_pages_per_req, dtype=torch.int32, device=dev
-        )
-        self.kv_lens = torch.ones(self.max_batch, dtype=torch.int32, device=dev)
-        self.q_indptr = torch.zeros(self.max_batch + 1, dtype=torch.int32, device=dev)
+        self.page_table = torch.zeros(max_batch, max_pages, dtype=torch.int32, device=dev)
+        self.kv_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self.q_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
         self.tree_mask = None
-        if cfg.spec == "tree":
-            self.tree_mask = torch.zeros(
-                self.max_batch, self.q, self.q, dtype=torch.bool, device=dev
-            )
+        if tree:
+            self.tree_mask = torch.zeros(max_batch, q_len, q_len, dtype=torch.bool, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.uncapturable: set[tuple[int, int]] = set()
         self.mempool = torch.cuda.graph_pool_handle()
@@ -66,7 +77,7 @@ class GraphRunner:
             q_indptr=self.q_indptr[: bs + 1],
             tree_mask=None if self.tree_mask is None else self.tree_mask[:bs],
             max_q_len=q,
-            max_kv_len=self.engine.pool.max_total_tokens,
+            max_kv_len=self.max_kv_len,
         )
 
     def _load(self, step: StepInput, bs: int, T: int) -> None:
@@ -80,21 +91,17 @@ class GraphRunner:
         if self.tree_mask is not None and step.tree_mask is not None:
             self.tree_mask[:bs].copy_(step.tree_mask)
 
-    def _eager(self, step: StepInput) -> torch.Tensor:
-        return self.engine.model.forward(step, self.engine.pool.cache, self.backend)
-
     def _capture(self, key: tuple[int, int]) -> None:
         static = self._static_step(*key)
-        model, cache = self.engine.model, self.engine.pool.cache
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy initialisation and autotuning happen outside
-                model.forward(static, cache, self.backend)
+                self.forward_eager(static)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            out = model.forward(static, cache, self.backend)
+            out = self.forward_eager(static)
         self.graphs[key] = (graph, out)
 
     def forward(self, step: StepInput) -> torch.Tensor:
@@ -103,17 +110,19 @@ class GraphRunner:
         q = T // bs
         key = (bs, q)
         fixed_shape = step.logit_rows is None and bs * q == T and q == self.q
-        if not fixed_shape or bs > self.max_batch or key in self.uncapturable:
-            return self._eager(step)
+        if not (self.capturable and fixed_shape) or bs > self.max_batch:
+            return self.forward_eager(step)
+        if key in self.uncapturable:
+            return self.forward_eager(step)
         self._load(step, bs, T)
         if key not in self.graphs:
             try:
                 self._capture(key)
-            except Exception as exc:  # a backend that syncs or allocates cannot be captured
+            except RuntimeError as exc:  # e.g. a workspace that would grow during capture
                 log.warning("cannot capture a CUDA graph for %s (%r); running eagerly", key, exc)
                 self.uncapturable.add(key)
                 torch.cuda.synchronize()
-                return self._eager(step)
+                return self.forward_eager(step)
         graph, out = self.graphs[key]
         graph.replay()
         return out

@@ -6,6 +6,12 @@ against the cached latent row [latent 512 | k_rope 64] = 576, and the attention 
 512 wide) is expanded by W_vc to the 128-wide V head before W_o. Every op is a fixed-shape tensor op
 with no host sync, so a step can be captured in a CUDA graph.
 
+The step is as lean as a production MLA engine's: the q_a and kv_a projections are one GEMM and
+gate and up are one GEMM (weights concatenated once at load from the same seeded weights),
+RMSNorm is fused with the residual add, the kv part's norm + rope + cache write is one kernel,
+rope reads a cos/sin table built once, and attention metadata is planned once per step
+(``backend.plan``) with one ``backend.run`` per layer (engine/fused.py has the kernels).
+
 A prefill chunk may instead take the multi-head path (``StepInput.mha``), as SGLang serves MLA
 models: the request's cached latent rows are decompressed with the same weights (k_nope = c W_kc^T,
 v = c W_vc per head; k_rope shared) and attended with head dim 192 and V dim 128. Scores and outputs
@@ -22,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from decodecliff.kernels.api import AttentionBackend, AttnBatch
+from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta
 
+from . import fused
 from .config import ModelConfig
 
 
@@ -42,6 +49,21 @@ class StepInput:
     max_kv_len: int
     logit_rows: torch.Tensor | None = None  # rows whose logits are needed; None: all
     mha: bool = False  # prefill: decompressed multi-head attention instead of the backend
+
+    def attn_meta(self, num_heads: int, page_size: int, sm_scale: float) -> AttnMeta:
+        """The step's attention metadata, planned once and shared by every layer."""
+        return AttnMeta(
+            page_table=self.page_table,
+            kv_lens=self.kv_lens,
+            q_indptr=self.q_indptr,
+            sm_scale=sm_scale,
+            num_tokens=self.input_ids.shape[0],
+            num_heads=num_heads,
+            page_size=page_size,
+            tree_mask=self.tree_mask,
+            max_q_len=self.max_q_len,
+            max_kv_len=self.max_kv_len,
+        )
 
 
 @dataclass
@@ -66,49 +88,47 @@ def mha_spans(step: StepInput, page_size: int) -> list[MhaSpan]:
     return spans
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (x32 * weight.float()).to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half rope on the last dim of x ([T, ..., d]) at the given positions."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d // 2,)
-    cos, sin = angles.cos().view(shape), angles.sin().view(shape)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+WEIGHT_LAYOUTS = ("kn", "nk")  # how a [K, N] projection is stored: row-major, or as W^T rows
 
 
 class Layer:
-    """Weights of one decoder layer; normal(0, 1/fan_in) keeps every projection unit-variance."""
+    """Weights of one decoder layer; normal(0, 1/fan_in) keeps every projection unit-variance.
 
-    def __init__(self, cfg: ModelConfig, make) -> None:
+    The weights are drawn in the unfused order (q_a, q_b, kv_a, ..., gate, up, down), then q_a|kv_a
+    and gate|up are concatenated along N: the same model as separate projections, fewer GEMMs.
+    """
+
+    def __init__(self, cfg: ModelConfig, make: _Maker) -> None:
         h, H = cfg.hidden, cfg.num_heads
         residual_scale = 1.0 / math.sqrt(2 * cfg.num_layers)  # keeps the residual stream bounded
         self.attn_norm = make.ones(h)
-        self.w_qa = make.weight(h, cfg.q_lora_rank)
+        w_qa = make.weight(h, cfg.q_lora_rank)
         self.q_norm = make.ones(cfg.q_lora_rank)
-        self.w_qb = make.weight(cfg.q_lora_rank, H * cfg.qk_head_dim)
-        self.w_kva = make.weight(h, cfg.kv_row_dim)
+        self.w_qb = make.linear(make.weight(cfg.q_lora_rank, H * cfg.qk_head_dim))
+        w_kva = make.weight(h, cfg.kv_row_dim)
+        self.w_qkv_a = make.linear(torch.cat([w_qa, w_kva], dim=1))  # [h, q_lora + 576]
+        del w_qa, w_kva
         self.kv_norm = make.ones(cfg.kv_lora_rank)
         self.w_kc = make.weight(H, cfg.qk_nope_dim, cfg.kv_lora_rank)  # absorbed K up-projection
         self.w_vc = make.weight(H, cfg.kv_lora_rank, cfg.v_head_dim)  # absorbed V up-projection
-        self.w_o = make.weight(H * cfg.v_head_dim, h, scale=residual_scale)
+        self.w_o = make.linear(make.weight(H * cfg.v_head_dim, h, scale=residual_scale))
         self.mlp_norm = make.ones(h)
-        self.w_gate = make.weight(h, cfg.mlp_dim)
-        self.w_up = make.weight(h, cfg.mlp_dim)
-        self.w_down = make.weight(cfg.mlp_dim, h, scale=residual_scale)
+        w_gate = make.weight(h, cfg.mlp_dim)
+        w_up = make.weight(h, cfg.mlp_dim)
+        self.w_gate_up = make.linear(torch.cat([w_gate, w_up], dim=1))  # [h, 2 * mlp]
+        del w_gate, w_up
+        self.w_down = make.linear(make.weight(cfg.mlp_dim, h, scale=residual_scale))
 
 
 class _Maker:
     """Creates seeded random tensors directly on the target device (no CPU round trip)."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, seed: int) -> None:
-        self.device, self.dtype = device, dtype
+    def __init__(
+        self, device: torch.device, dtype: torch.dtype, seed: int, layout: str = "kn"
+    ) -> None:
+        if layout not in WEIGHT_LAYOUTS:
+            raise ValueError(f"weight layout must be one of {WEIGHT_LAYOUTS}, got {layout!r}")
+        self.device, self.dtype, self.layout = device, dtype, layout
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
     def weight(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -116,78 +136,121 @@ class _Maker:
         w = torch.randn(*shape, generator=self.gen, device=self.device, dtype=torch.float32)
         return (w * (scale / math.sqrt(fan_in))).to(self.dtype)
 
+    def linear(self, w: torch.Tensor) -> torch.Tensor:
+        """A [K, N] projection for ``x @ w``: as is, or stored N-major and viewed transposed."""
+        return w if self.layout == "kn" else w.t().contiguous().t()
+
     def ones(self, n: int) -> torch.Tensor:
         return torch.ones(n, device=self.device, dtype=self.dtype)
 
 
 class SyntheticMLA:
     def __init__(
-        self, cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0
+        self,
+        cfg: ModelConfig,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        seed: int = 0,
+        weight_layout: str = "kn",
     ) -> None:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
-        make = _Maker(self.device, dtype, seed)
+        make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]
         self.final_norm = make.ones(cfg.hidden)
-        self.lm_head = make.weight(cfg.hidden, cfg.vocab_size)
+        self.lm_head = make.linear(make.weight(cfg.hidden, cfg.vocab_size))
         self.sm_scale = 1.0 / math.sqrt(cfg.qk_head_dim)
+        self.rope = fused.RopeTable(cfg.qk_rope_dim, cfg.rope_theta, self.device)
 
     def weight_bytes(self) -> int:
         tensors = [self.embed, self.final_norm, self.lm_head]
         tensors += [t for layer in self.layers for t in vars(layer).values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def step_weight_bytes(self) -> int:
+        """Weights a decode/verify step must read: all but the embedding (only T rows of it)."""
+        return self.weight_bytes() - self.embed.numel() * self.embed.element_size()
+
+    def step_gemm_flops(self, rows: int, logit_rows: int | None = None) -> int:
+        """Multiply-adds x 2 of a step's projections over ``rows`` tokens (logits for some)."""
+        per_layer = sum(
+            t.numel() for layer in self.layers[:1] for t in vars(layer).values() if t.dim() > 1
+        )
+        logits = self.lm_head.numel() * (rows if logit_rows is None else logit_rows)
+        return 2 * (rows * per_layer * len(self.layers) + logits)
+
     def forward(
         self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend
     ) -> torch.Tensor:
         """Logits [rows, vocab] in float32; kv_cache is [layers, pages, page_size, 576]."""
+        cfg, T = self.cfg, step.input_ids.shape[0]
+        self.rope.reserve(step.max_kv_len)  # positions < kv_len <= max_kv_len (host-side)
+        cs = self.rope.rows(step.positions)  # [T, 64] cos | sin, shared by every layer
         x = self.embed[step.input_ids]
         spans = mha_spans(step, kv_cache.shape[2]) if step.mha else None
+        bufs = None
+        if spans is None:
+            backend.plan(step.attn_meta(cfg.num_heads, kv_cache.shape[2], self.sm_scale))
+            bufs = self._buffers(T)
+        delta = None
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm)
-            x = x + self._attention(layer, h, step, kv_cache[i], backend, spans)
-            x = x + self._mlp(layer, rms_norm(x, layer.mlp_norm))
+            h = fused.add_rms_norm(x, delta, layer.attn_norm)
+            delta = self._attention(layer, h, cs, step, kv_cache[i], backend, spans, bufs)
+            h = fused.add_rms_norm(x, delta, layer.mlp_norm)
+            delta = self._mlp(layer, h)
         if step.logit_rows is not None:
-            x = x[step.logit_rows]
-        return (rms_norm(x, self.final_norm) @ self.lm_head).float()
+            x, delta = x[step.logit_rows], delta[step.logit_rows]
+        return (fused.add_rms_norm(x, delta, self.final_norm) @ self.lm_head).float()
+
+    def _buffers(self, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-step scratch shared by the layers: queries [T,H,576], latent out, V out."""
+        H, dev, dt = self.cfg.num_heads, self.device, self.dtype
+        return (
+            torch.empty(T, H, D_QK, device=dev, dtype=dt),
+            torch.zeros(T, H, D_V, device=dev, dtype=dt),  # what a no-op backend leaves
+            torch.empty(T, H, self.cfg.v_head_dim, device=dev, dtype=dt),
+        )
 
     def _attention(
         self,
         layer: Layer,
         h: torch.Tensor,
+        cs: torch.Tensor,
         step: StepInput,
         cache: torch.Tensor,
         backend: AttentionBackend,
         spans: list[MhaSpan] | None = None,
+        bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Attention output [T, hidden]; multi-head over decompressed K/V when spans are given."""
+        """Attention output [T, hidden]; multi-head over decompressed K/V when spans are given.
+
+        Absorbed path: ``backend.plan`` must have run for this step; ``bufs`` from ``_buffers``.
+        """
         cfg, T = self.cfg, h.shape[0]
-        q = (rms_norm(h @ layer.w_qa, layer.q_norm) @ layer.w_qb).view(T, cfg.num_heads, -1)
-        q_nope, q_rope = q.split([cfg.qk_nope_dim, cfg.qk_rope_dim], dim=-1)
-        q_rope = apply_rope(q_rope, step.positions, cfg.rope_theta)
-        kv = h @ layer.w_kva
-        latent = rms_norm(kv[:, : cfg.kv_lora_rank], layer.kv_norm)
-        k_rope = apply_rope(kv[:, cfg.kv_lora_rank :], step.positions, cfg.rope_theta)
         # The tokens' own KV goes into the cache before attention reads it (as SGLang does).
-        cache.view(-1, cfg.kv_row_dim)[step.out_slots] = torch.cat([latent, k_rope], dim=-1)
+        cq = fused.qkv_a_post(
+            h @ layer.w_qkv_a,
+            layer.q_norm,
+            layer.kv_norm,
+            cs,
+            cache.view(-1, cfg.kv_row_dim),
+            step.out_slots,
+        )
+        q = (cq @ layer.w_qb).view(T, cfg.num_heads, -1)
+        q_nope, q_rope = q.split([cfg.qk_nope_dim, cfg.qk_rope_dim], dim=-1)
         if spans is not None:
+            q_rope = fused.rope(q_rope, cs, torch.empty_like(q_rope))
             v = torch.cat([self._mha(layer, q_nope, q_rope, cache, s) for s in spans])
             return v.reshape(T, -1) @ layer.w_o
-        q_latent = torch.bmm(q_nope.transpose(0, 1), layer.w_kc).transpose(0, 1)  # [T, H, 512]
-        batch = AttnBatch(
-            q=torch.cat([q_latent, q_rope], dim=-1),
-            kv_cache=cache,
-            page_table=step.page_table,
-            kv_lens=step.kv_lens,
-            q_indptr=step.q_indptr,
-            sm_scale=self.sm_scale,
-            tree_mask=step.tree_mask,
-            max_q_len=step.max_q_len,
-            max_kv_len=step.max_kv_len,
+        q_buf, out, v_buf = bufs if bufs is not None else self._buffers(T)
+        # q_nope W_kc and rope(q_rope) land in place in the [T, H, 576] query rows.
+        torch.bmm(
+            q_nope.transpose(0, 1), layer.w_kc, out=q_buf[..., : cfg.kv_lora_rank].transpose(0, 1)
         )
-        out = backend(batch)  # [T, H, 512]
-        v = torch.bmm(out.transpose(0, 1), layer.w_vc).transpose(0, 1)  # [T, H, 128]
-        return v.reshape(T, -1) @ layer.w_o
+        fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :])
+        backend.run(q_buf, cache, out)  # [T, H, 512]
+        torch.bmm(out.transpose(0, 1), layer.w_vc, out=v_buf.transpose(0, 1))  # [T, H, 128]
+        return v_buf.view(T, -1) @ layer.w_o
 
     def _mha(
         self,
@@ -222,4 +285,24 @@ class SyntheticMLA:
         return out[0, ..., :dv].transpose(0, 1)  # [T, H, 128]
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        return (F.silu(h @ layer.w_gate) * (h @ layer.w_up)) @ layer.w_down
+        return fused.silu_mul(h @ layer.w_gate_up) @ layer.w_down
+
+
+def layer_attention(
+    model: SyntheticMLA,
+    layer: Layer,
+    h: torch.Tensor,
+    step: StepInput,
+    cache: torch.Tensor,
+    spans: list[MhaSpan] | None = None,
+    backend: AttentionBackend | None = None,
+) -> torch.Tensor:
+    """One layer's attention output alone (planned for this step): for checks layer by layer."""
+    from decodecliff.kernels.reference import TorchAttention
+
+    backend = backend or TorchAttention()
+    model.rope.reserve(step.max_kv_len)
+    if spans is None:
+        backend.plan(step.attn_meta(model.cfg.num_heads, cache.shape[1], model.sm_scale))
+    cs = model.rope.rows(step.positions)
+    return model._attention(layer, h, cs, step, cache, backend, spans)

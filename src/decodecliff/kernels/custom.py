@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .api import D_QK, D_V, AttnBatch
+from .api import D_QK, D_V, AttnBatch, AttnMeta
 
 LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
@@ -142,6 +142,33 @@ def validate(batch: AttnBatch, out: torch.Tensor) -> None:
     _check(all(t.device == q.device for t in tensors), "all tensors must be on q's device")
 
 
+def validate_meta(meta: AttnMeta) -> None:
+    """The metadata checks of ``validate`` for a planned step (the tensors' own go in run())."""
+    pt, b = meta.page_table, meta.batch_size
+    _check(meta.device.type == "cuda", "tensors must be on a CUDA device")
+    _check(
+        pt.dtype == torch.int32 and pt.dim() == 2 and pt.stride(1) == 1 and pt.shape[0] >= b,
+        "page_table must be int32 [>= B, max_pages] with unit column stride",
+    )
+    _check(meta.kv_lens.dtype == torch.int32 and meta.kv_lens.dim() == 1, "kv_lens: int32 [B]")
+    _check(
+        meta.q_indptr.dtype == torch.int32 and meta.q_indptr.shape == (b + 1,),
+        "q_indptr: int32 [B + 1]",
+    )
+    tm = meta.tree_mask
+    _check(
+        tm is None
+        or (
+            tm.dtype in (torch.bool, torch.uint8)
+            and tm.dim() == 3
+            and tm.is_contiguous()
+            and tm.shape[0] >= b
+            and tm.shape[1] == tm.shape[2]
+        ),
+        "tree_mask must be contiguous bool [B, n, n]",
+    )
+
+
 class CustomAttention:
     """Split-KV absorbed-MLA attention on tensor cores (mma.sync), any page size, chain or tree.
 
@@ -151,6 +178,7 @@ class CustomAttention:
     """
 
     name = "custom"
+    capturable = True
 
     def __init__(
         self,
@@ -171,6 +199,7 @@ class CustomAttention:
         # Outgrown workspaces stay allocated: a captured CUDA graph may still point into them.
         self._retired: list[torch.Tensor] = []
         self._wave: dict[tuple[int, int], int] = {}
+        self._step: tuple[AttnMeta, LaunchPlan] | None = None  # what plan() left for run()
 
     def _raise(self, code: int, what: str) -> None:
         if code != 0:
@@ -193,17 +222,54 @@ class CustomAttention:
             self._wave[key] = sms * max(1, per_sm.value)
         return self._wave[key]
 
-    def plan(self, batch: AttnBatch) -> LaunchPlan:
+    def plan(self, batch: AttnBatch | AttnMeta) -> LaunchPlan:
+        """The launch plan of a batch; from an AttnMeta, also the step that run() launches."""
         heads = batch.num_heads
-        max_q = batch.max_q_len or batch.q.shape[0]
+        max_q = batch.max_q_len or batch.num_tokens
         if batch.max_q_len is None and batch.tree_mask is not None:
             max_q = min(max_q, batch.tree_mask.shape[1])  # a tree mask bounds every q_len
         max_kv = batch.max_kv_len or batch.page_table.shape[1] * batch.page_size
         mtiles = 1 if max_q * heads <= 16 else 2
-        wave = self.ctas_per_wave(batch.q.device, mtiles)
-        return plan_launch(
+        wave = self.ctas_per_wave(batch.device, mtiles)
+        plan = plan_launch(
             heads, max_q, max_kv, batch.batch_size, wave, self.max_splits, self.num_splits
         )
+        if isinstance(batch, AttnMeta):
+            validate_meta(batch)
+            self.reserve(batch.num_tokens * heads, plan.num_splits, batch.device)
+            self._step = (batch, plan)
+        return plan
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One layer of the planned step: launch only (no sync, no allocation)."""
+        if self._step is None:
+            raise RuntimeError("custom attention: run() before plan()")
+        meta, plan = self._step
+        _check(
+            q.shape[0] == meta.num_tokens
+            and q.dtype == kv_cache.dtype == out.dtype == torch.bfloat16
+            and q.is_contiguous()
+            and kv_cache.is_contiguous()
+            and out.is_contiguous(),
+            "run() needs the planned token count and contiguous bf16 q, kv_cache and out",
+        )
+        rows = meta.num_tokens * meta.num_heads
+        if rows == 0 or meta.batch_size == 0:
+            return out
+        ws_o = self.reserve(rows, plan.num_splits, q.device).data_ptr()
+        tm = meta.tree_mask
+        code = self.lib.dcmla_mla_attention(
+            q.data_ptr(), kv_cache.data_ptr(), meta.page_table.data_ptr(),
+            meta.kv_lens.data_ptr(), meta.q_indptr.data_ptr(),
+            None if tm is None else tm.data_ptr(), out.data_ptr(),
+            ws_o, ws_o + rows * plan.num_splits * D_V * 4,
+            meta.batch_size, meta.num_heads, meta.num_tokens, plan.max_q_len, meta.page_size,
+            meta.page_table.stride(0), 0 if tm is None else tm.shape[1], plan.num_splits,
+            plan.mtiles, self.variant_id(plan.mtiles), float(meta.sm_scale),
+            torch.cuda.current_stream(q.device).cuda_stream,
+        )  # fmt: skip
+        self._raise(code, "launch")
+        return out
 
     def reserve(self, rows: int, num_splits: int, device: torch.device) -> torch.Tensor:
         """Workspace for ``rows`` query rows (tokens x heads) x ``num_splits``: fp32 O + LSE."""

@@ -48,7 +48,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .api import D_QK, D_V, AttnBatch  # noqa: E402
+from .api import D_QK, D_V, AttnBatch, AttnMeta  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 if INTERPRETED and type(tl.zeros).__name__ != "InterpretedFunction":
@@ -354,17 +354,6 @@ def _decode_stage2(
     tl.store(Out + b.to(tl.int64) * stride_ot + head * stride_oh + offs_dv, acc / e_sum)
 
 
-def _quiet(step: Callable[[], None]) -> Callable[[], None]:
-    """Rows masked out (padding heads or queries) hold NaN that is never stored; numpy warns."""
-    import numpy as np
-
-    def run() -> None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            step()
-
-    return run
-
-
 def _check(batch: AttnBatch) -> None:
     if batch.q.dim() != 3 or batch.q.shape[2] != D_QK:
         raise ValueError(f"q must be [tokens, heads, {D_QK}], got {tuple(batch.q.shape)}")
@@ -385,6 +374,15 @@ def _check(batch: AttnBatch) -> None:
         )
 
 
+def _check_meta(meta: AttnMeta) -> None:
+    if meta.page_table.dtype != torch.int32 or meta.page_table.dim() != 2:
+        raise ValueError("page_table must be int32 [B, max_pages]")
+    if meta.page_table.device != meta.device:
+        raise ValueError("page_table and kv_lens must be on the same device")
+    if meta.device.type == "cuda" and INTERPRETED:
+        raise ValueError("the triton backend was loaded for the CPU; tensors are on a CUDA device")
+
+
 class TritonAttention:
     """SGLang's Triton MLA attention: extend kernel for verify, grouped split-KV decode for L = 1.
 
@@ -395,6 +393,7 @@ class TritonAttention:
     """
 
     name = "triton"
+    capturable = True
 
     def __init__(self, arch_config: str = "auto", decode: str = "grouped", num_kv_splits: int = 8):
         if decode not in ("grouped", "extend"):
@@ -409,6 +408,7 @@ class TritonAttention:
         self._logits: torch.Tensor | None = None
         self._lse: torch.Tensor | None = None
         self._retired: list[torch.Tensor] = []
+        self._launch: Callable[..., None] | None = None
 
     def config(self, device: torch.device | str | None = None) -> ArchConfig:
         if self._config is None:
@@ -429,41 +429,62 @@ class TritonAttention:
             setattr(self, name, buf)
         return buf[tuple(slice(0, n) for n in shape)]
 
-    def token_slots(self, batch: AttnBatch) -> torch.Tensor:
+    def token_slots(self, batch: AttnBatch | AttnMeta) -> torch.Tensor:
         """[B, max_kv_len] int64 token slots (page * page_size + offset): SGLang's kv_indices."""
-        b, ps = batch.batch_size, batch.page_size
+        b, ps, dev = batch.batch_size, batch.page_size, batch.device
         max_kv = batch.max_kv_len or int(batch.kv_lens.max())
-        slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, batch.q.device)
-        tok = torch.arange(slots.shape[1], device=batch.q.device)
+        slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, dev)
+        tok = torch.arange(slots.shape[1], device=dev)
         page_col = (tok // ps).clamp_(max=batch.page_table.shape[1] - 1)
         pages = batch.page_table[:b].index_select(1, page_col).to(torch.int64)
         torch.add(pages * ps, tok % ps, out=slots)
         return slots
 
+    def plan(self, meta: AttnMeta) -> Callable[..., None]:
+        """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
+        _check_meta(meta)
+        slots = self.token_slots(meta)
+        max_q = meta.max_q_len or int((meta.q_indptr[1:] - meta.q_indptr[:-1]).max())
+        if max_q == 1 and meta.num_tokens == meta.batch_size and self.decode == "grouped":
+            launch = self._plan_decode(meta, slots)
+        else:
+            launch = self._plan_extend(meta, slots, max_q)
+        self._launch = launch
+        return launch
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One layer: launch the planned kernels on this layer's queries and cache."""
+        if self._launch is None:
+            raise RuntimeError("triton attention: run() before plan()")
+        if INTERPRETED:
+            import numpy as np
+
+            # Rows masked out (padding heads or queries) hold NaN that is never stored.
+            with np.errstate(invalid="ignore", divide="ignore"):
+                self._launch(q, kv_cache.view(-1, D_QK), out)
+        else:
+            self._launch(q, kv_cache.view(-1, D_QK), out)
+        return out
+
     def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
         """Build the metadata (outside any timed region) and return the launch-only step."""
         _check(batch)
-        slots = self.token_slots(batch)
-        max_q = batch.max_q_len or int((batch.q_indptr[1:] - batch.q_indptr[:-1]).max())
-        if max_q == 1 and batch.q.shape[0] == batch.batch_size and self.decode == "grouped":
-            step = self._prepare_decode(batch, out, slots)
-        else:
-            step = self._prepare_extend(batch, out, slots, max_q)
-        return _quiet(step) if INTERPRETED else step
+        self.plan(batch.meta)
+        return lambda: self.run(batch.q, batch.kv_cache, out)
 
-    def _prepare_extend(self, batch, out, slots, max_q) -> Callable[[], None]:
-        cfg = self.config(batch.q.device)
-        q, kv = batch.q, batch.kv_cache.view(-1, D_QK)
-        tree = batch.tree_mask
+    def _plan_extend(self, meta: AttnMeta, slots: torch.Tensor, max_q: int) -> Callable[..., None]:
+        cfg = self.config(meta.device)
+        tree = meta.tree_mask
         if tree is not None:
             tree = tree.view(torch.uint8) if tree.dtype == torch.bool else tree
         mask_arg = tree if tree is not None else slots  # an unused pointer when there is no tree
         mask_strides = (tree.stride(0), tree.stride(1)) if tree is not None else (0, 0)
-        grid = (batch.batch_size, batch.num_heads, triton.cdiv(max_q, cfg.block_m))
+        grid = (meta.batch_size, meta.num_heads, triton.cdiv(max_q, cfg.block_m))
+        kv_lens, q_indptr, sm_scale = meta.kv_lens, meta.q_indptr, meta.sm_scale
 
-        def step() -> None:
+        def launch(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> None:
             _extend_kernel[grid](
-                q, kv, out, slots, batch.kv_lens, batch.q_indptr, mask_arg, batch.sm_scale,
+                q, kv, out, slots, kv_lens, q_indptr, mask_arg, sm_scale,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv.stride(0),
                 slots.stride(0), *mask_strides,
                 D_NOPE=D_NOPE, D_ROPE=D_ROPE, D_V=D_V, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -471,32 +492,32 @@ class TritonAttention:
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
 
-        return step
+        return launch
 
-    def _prepare_decode(self, batch, out, slots) -> Callable[[], None]:
-        q, kv = batch.q, batch.kv_cache.view(-1, D_QK)
-        b, h, s = batch.batch_size, batch.num_heads, self.num_kv_splits
-        logits = self._buffer("_logits", (b, h, s, D_V), torch.float32, q.device)
-        lse = self._buffer("_lse", (b, h, s), torch.float32, q.device)
+    def _plan_decode(self, meta: AttnMeta, slots: torch.Tensor) -> Callable[..., None]:
+        b, h, s = meta.batch_size, meta.num_heads, self.num_kv_splits
+        logits = self._buffer("_logits", (b, h, s, D_V), torch.float32, meta.device)
+        lse = self._buffer("_lse", (b, h, s), torch.float32, meta.device)
         grid1 = (b, triton.cdiv(h, DECODE_BLOCK_H), s)
         mid_strides = (logits.stride(0), logits.stride(1), logits.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
+        kv_lens, sm_scale = meta.kv_lens, meta.sm_scale
 
-        def step() -> None:
+        def launch(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> None:
             _decode_stage1[grid1](
-                q, kv, slots, batch.kv_lens, logits, lse, batch.sm_scale, s, h,
+                q, kv, slots, kv_lens, logits, lse, sm_scale, s, h,
                 q.stride(0), q.stride(1), kv.stride(0), slots.stride(0), *mid_strides, *lse_strides,
                 D_NOPE=D_NOPE, D_ROPE=D_ROPE, D_V=D_V, BLOCK_N=DECODE_BLOCK_N,
                 BLOCK_H=DECODE_BLOCK_H, MIN_BLOCK_KV=MIN_BLOCK_KV, UPCAST=INTERPRETED,
                 num_warps=4, num_stages=2,
             )  # fmt: skip
             _decode_stage2[(b, h)](
-                logits, lse, out, batch.kv_lens, s, *mid_strides, *lse_strides,
+                logits, lse, out, kv_lens, s, *mid_strides, *lse_strides,
                 out.stride(0), out.stride(1),
                 MAX_KV_SPLITS=s, MIN_BLOCK_KV=MIN_BLOCK_KV, D_V=D_V, num_warps=4, num_stages=2,
             )  # fmt: skip
 
-        return step
+        return launch
 
     def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor:
         out = batch.new_output() if out is None else out

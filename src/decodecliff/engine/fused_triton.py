@@ -1,0 +1,161 @@
+"""Triton kernels of engine/fused.py (CUDA only; fused.py holds the torch reference of each).
+
+One program per token row (per (token, head) for rope): at decode/verify sizes (T = 1..256 rows)
+these kernels are launch-bound, so the point is one launch where the unfused code made ten.
+Every kernel reads its inputs in the stored dtype, computes in float32 and rounds once on store,
+as the torch code does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_row(x, w_ptr, cols, n, eps):
+    """RMSNorm of one float32 row x (masked to n columns) times the weight, in float32."""
+    mask = cols < n
+    var = tl.sum(tl.where(mask, x * x, 0.0), axis=0) / n
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return x * (1.0 / tl.sqrt(var + eps)) * w
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, d_ptr, w_ptr, out_ptr, n, x_stride, d_stride, out_stride, eps,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + row * d_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + d).to(x_ptr.dtype.element_ty)  # the residual stream keeps its dtype
+        tl.store(x_ptr + row * x_stride + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    y = _norm_row(x, w_ptr, cols, n, eps)
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_pair(x_ptr, cs_ptr, HALF: tl.constexpr):
+    """(out1, out2) float32 halves of rotate-half rope at x_ptr with [cos | sin] at cs_ptr."""
+    i = tl.arange(0, HALF)
+    x1 = tl.load(x_ptr + i).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF + i).to(tl.float32)
+    cos = tl.load(cs_ptr + i)
+    sin = tl.load(cs_ptr + HALF + i)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def _qkv_a_post_kernel(
+    qkv_ptr, qn_ptr, kvn_ptr, cs_ptr, cq_ptr, cache_ptr, slots_ptr,
+    qkv_stride, cq_stride, cache_stride, eps,
+    R: tl.constexpr, C: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    base = qkv_ptr + row * qkv_stride
+    if tl.program_id(1) == 0:  # the q part: RMSNorm -> cq
+        cols = tl.arange(0, BLOCK_R)
+        x = tl.load(base + cols, mask=cols < R, other=0.0).to(tl.float32)
+        y = _norm_row(x, qn_ptr, cols, R, eps)
+        tl.store(cq_ptr + row * cq_stride + cols, y.to(cq_ptr.dtype.element_ty), mask=cols < R)
+    else:  # the kv part: RMSNorm(latent) | rope(k_rope) -> the token's cache row
+        dst = cache_ptr + tl.load(slots_ptr + row) * cache_stride
+        cols = tl.arange(0, BLOCK_C)
+        x = tl.load(base + R + cols, mask=cols < C, other=0.0).to(tl.float32)
+        y = _norm_row(x, kvn_ptr, cols, C, eps)
+        tl.store(dst + cols, y.to(cache_ptr.dtype.element_ty), mask=cols < C)
+        o1, o2 = _rope_pair(base + R + C, cs_ptr + row * 2 * HALF, HALF)
+        i = tl.arange(0, HALF)
+        tl.store(dst + C + i, o1.to(cache_ptr.dtype.element_ty))
+        tl.store(dst + C + HALF + i, o2.to(cache_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cs_ptr, out_ptr, heads, x_st, x_sh, o_st, o_sh, HALF: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    t, h = pid // heads, pid % heads
+    o1, o2 = _rope_pair(x_ptr + t * x_st + h * x_sh, cs_ptr + t * 2 * HALF, HALF)
+    i = tl.arange(0, HALF)
+    dst = out_ptr + t * o_st + h * o_sh
+    tl.store(dst + i, o1.to(out_ptr.dtype.element_ty))
+    tl.store(dst + HALF + i, o2.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, m, gu_stride, out_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < m
+    g = tl.load(gu_ptr + row * gu_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * gu_stride + m + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 2048 else 8
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(n)
+    d = x if delta is None else delta
+    _add_rms_norm_kernel[(rows,)](
+        x, d, weight, out, n, x.stride(0), d.stride(0), out.stride(0), eps,
+        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return out
+
+
+def qkv_a_post(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    kv_norm: torch.Tensor,
+    cs: torch.Tensor,
+    cache_rows: torch.Tensor,
+    out_slots: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    rows = qkv.shape[0]
+    r, c = q_norm.shape[0], kv_norm.shape[0]
+    half = (qkv.shape[1] - r - c) // 2
+    cq = torch.empty(rows, r, dtype=qkv.dtype, device=qkv.device)
+    block_r = triton.next_power_of_2(r)
+    _qkv_a_post_kernel[(rows, 2)](
+        qkv, q_norm, kv_norm, cs, cq, cache_rows, out_slots,
+        qkv.stride(0), cq.stride(0), cache_rows.stride(0), eps,
+        R=r, C=c, HALF=half, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(c),
+        num_warps=_warps(block_r),
+    )  # fmt: skip
+    return cq
+
+
+def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    t, h, d = x.shape
+    _rope_kernel[(t * h,)](
+        x, cs, out, h, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        HALF=d // 2, num_warps=1,
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    rows, m = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, m, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(m, block))](
+        gate_up, out, m, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4
+    )
+    return out
