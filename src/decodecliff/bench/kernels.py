@@ -1,11 +1,17 @@
 """`decodecliff bench-kernels`: time each attention backend against the device's measured roofline.
 
+Backends are this repository's (torch, triton, custom) and the peers a user could pick instead
+(sglang, flashinfer, cublas: kernels/peers.py), all timed in the same run on the same inputs.
 For every (heads, page size, mode, context, backend, variant) point it builds one random problem
-(scattered pages), checks the backend's output against the `torch` backend once (NaN-poisoned output
-buffer, so a kernel that writes nothing fails), then times the launch-only step (metadata built
-outside the timed region) and reports ms per layer, effective GB/s, TFLOP/s and the fraction of the
-roofline floor (see roofline.py for the exact definitions). The JSON is rewritten atomically after
-every point, so an interrupted run keeps what it measured.
+(scattered pages) and, before timing, checks the backend twice (NaN-poisoned output buffers, so a
+kernel that writes nothing fails): its relative error against the `torch` backend on the random
+problem, and its per-row maximum error against a float64 reference on a planted problem of the same
+shape (kernels/planted.py), which fails on any wrong mask decision. Then it times the launch-only
+step (plan / metadata built outside the timed region) and reports ms per layer, effective GB/s,
+TFLOP/s and the fraction of the roofline floor (see roofline.py for the exact definitions). A
+backend that cannot serve a point (no GPU, not installed, no tree mask) records it as skipped with
+the reason. The JSON is rewritten atomically after every point, so an interrupted run keeps what it
+measured; a progress bar on stderr shows points done / total, elapsed time and an estimate.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from pathlib import Path
 import torch
 
 from .. import envinfo
+from ..kernels import planted as planting
 from ..kernels.api import AttnBatch
-from ..kernels.registry import BACKENDS, get_backend
+from ..kernels.reference import TorchAttention
+from ..kernels.registry import BACKENDS, GPU_ONLY, get_backend
 from ..kernels.synthetic import random_batch, relative_error
 from . import roofline
 from .timing import median_ms
@@ -35,6 +43,9 @@ SCHEMA = "decodecliff.kernel-bench/1"
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 32768, 65536, 131072, 185000]
 REL_ERR_TOL = 2e-2  # bf16 inputs and output, fp32 accumulation
 CPU_GUARD_FLOPS = 2e10  # above this the CPU skips the correctness guard (torch reference too slow)
+CPU_PLANTED_FLOPS = 2e9  # the planted check on a CPU (backend + float64 reference) up to this size
+DECODE_SPLITS = ["sglang", 8, 64]  # "sglang": the count SGLang's Triton backend picks for MLA
+FLASHINFER_BACKENDS = ["fa2", "fa3"]
 
 
 def parse_mode(mode: str) -> tuple[int, bool]:
@@ -50,12 +61,32 @@ def parse_mode(mode: str) -> tuple[int, bool]:
 @dataclass(frozen=True)
 class Variant:
     backend: str
-    label: str | None  # the triton block config / decode split count; None for other backends
+    label: str | None  # the kernel / block config / decode split count; None for single kernels
     options: tuple[tuple[str, object], ...] = ()
+
+
+def split_label(splits: int | str) -> str:
+    """s8, s64, ... or "sglang" (the count SGLang's Triton backend picks, in the point's detail)."""
+    return "sglang" if splits == "sglang" else f"s{splits}"
+
+
+def peer_variants(backend: str, q_len: int, args: argparse.Namespace) -> list[Variant]:
+    """The sglang kernels (extend + split-KV verify, or decode per split count) and FlashInfer's."""
+    if backend == "flashinfer":
+        return [Variant("flashinfer", b, (("backend", b),)) for b in args.flashinfer_backends]
+    if q_len > 1:
+        return [Variant("sglang", k, (("kernel", k),)) for k in ("extend", "verify")]
+    return [
+        Variant("sglang", f"decode-{split_label(s)}", (("kernel", "decode"), ("num_kv_splits", s)))
+        for s in args.decode_splits
+        if s != 0
+    ]
 
 
 def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.device) -> list:
     """Which configurations of ``backend`` to time at this q_len."""
+    if backend in ("sglang", "flashinfer"):
+        return peer_variants(backend, q_len, args)
     if backend != "triton":
         return [Variant(backend, None)]
     from ..kernels.triton_baseline import resolve_arch_config
@@ -70,7 +101,7 @@ def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.d
             out += [Variant("triton", f"{v.label}-extend", v.options) for v in extend]
         else:
             opts = (("decode", "grouped"), ("num_kv_splits", splits))
-            out.append(Variant("triton", f"grouped-s{splits}", opts))
+            out.append(Variant("triton", f"grouped-{split_label(splits)}", opts))
     return out
 
 
@@ -90,8 +121,12 @@ class Backends:
 
 
 def make_step(backend, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+    """The launch-only step: metadata (prepare / plan) built here, outside any timed region."""
     if hasattr(backend, "prepare"):
         return backend.prepare(batch, out)
+    if hasattr(backend, "plan") and hasattr(backend, "run"):
+        backend.plan(batch.meta)
+        return lambda: backend.run(batch.q, batch.kv_cache, out)
     return lambda: backend(batch, out)
 
 
@@ -109,7 +144,8 @@ def base_point(variant: Variant, heads: int, ctx: int, mode: str, page_size: int
     return Point(
         backend=variant.backend, triton_config=variant.label, heads=heads, ctx=ctx, mode=mode,
         q_len=q_len, page_size=page_size, batch=args.batch, ms=None, gbs=None, tflops=None,
-        floor_ms=None, roofline_frac=None, rel_err=None, status="skipped", reason=None,
+        floor_ms=None, roofline_frac=None, rel_err=None, planted_err=None, planted_row=None,
+        detail=None, status="skipped", reason=None,
     )  # fmt: skip
 
 
@@ -119,6 +155,8 @@ class Runner:
         self.backends = Backends()
         self.seconds_per_call: dict[tuple, tuple[int, float]] = {}  # key -> (ctx, s)
         self.reference: torch.Tensor | None = None
+        self.planted: tuple[planting.Planted, torch.Tensor] | None = None  # per shape, with its ref
+        self.shape: dict = {}
 
     def estimate(self, key: tuple, ctx: int) -> float | None:
         if key not in self.seconds_per_call:
@@ -138,13 +176,53 @@ class Runner:
             self.reference = get_backend("torch")(batch)
         return self.reference
 
+    def planted_problem(self) -> tuple[planting.Planted, torch.Tensor]:
+        """This shape's planted problem and its float64 reference, built once per shape."""
+        if self.planted is None:
+            sh = self.shape
+            plant = planting.planted_batch(
+                sh["kv_lens"], sh["q_len"], sh["heads"], sh["page_size"], sh["tree"],
+                device=self.device, seed=self.args.seed,
+            )  # fmt: skip
+            ref = TorchAttention(torch.float64)(float64_batch(plant.batch))
+            self.planted = (plant, ref)
+        return self.planted
+
+    def check_planted(self, point: Point, backend, batch: AttnBatch) -> bool:
+        """The planted mask check; False (with the point failed) when a mask decision is wrong."""
+        flops = roofline.attention_flops(
+            point["ctx"], point["q_len"], point["heads"], batch.batch_size
+        )
+        if self.device.type == "cpu" and flops > CPU_PLANTED_FLOPS:
+            return True
+        plant, ref = self.planted_problem()
+        out = plant.batch.new_output().fill_(float("nan"))
+        make_step(backend, plant.batch, out)()
+        sync(self.device)
+        worst = planting.worst_row(plant, out, ref)
+        point["planted_err"] = worst["max_err"]
+        point["planted_row"] = f"{worst['visible']} vs {worst['hidden']}"
+        if worst["max_err"] > planting.PLANTED_TOL:
+            point.update(
+                status="failed",
+                reason=f"planted mask check: row error {worst['max_err']:.3g} at token "
+                f"{worst['token']} head {worst['head']} (shows {worst['visible']}, hides "
+                f"{worst['hidden']})",
+            )
+            return False
+        return True
+
     def run_point(self, point: Point, variant: Variant, batch: AttnBatch) -> Point:
-        if variant.backend == "custom" and self.device.type != "cuda":
-            point["reason"] = "custom backend needs a CUDA GPU"
+        if variant.backend in GPU_ONLY and self.device.type != "cuda":
+            point["reason"] = f"{variant.backend} backend needs a CUDA GPU"
             return point
         backend = self.backends.get(variant)
         if isinstance(backend, Exception):
             point["reason"] = f"{variant.backend} unavailable: {type(backend).__name__}: {backend}"
+            return point
+        why = backend.unsupported(batch.meta) if hasattr(backend, "unsupported") else None
+        if why:
+            point["reason"] = why
             return point
         key = (variant, point["heads"], point["mode"], point["page_size"])
         limit = self.args.max_seconds_per_point
@@ -157,6 +235,11 @@ class Runner:
         first = self.call_seconds(step)  # on a GPU this call also compiles
         if not self.check_output(point, variant, batch, out):
             return point
+        if not self.check_planted(point, backend, batch):
+            return point
+        step = make_step(backend, batch, out)  # re-planned on the timed problem
+        if getattr(backend, "resolved_splits", None):
+            point["detail"] = {"num_kv_splits": backend.resolved_splits}
         if self.device.type == "cuda":
             first = self.call_seconds(step)
         self.seconds_per_call.setdefault(key, (point["ctx"], first))
@@ -205,6 +288,12 @@ class Runner:
         )  # fmt: skip
 
 
+def float64_batch(batch: AttnBatch) -> AttnBatch:
+    """The same problem with q and the cache in float64 (the reference's input), same device."""
+    meta = batch.meta
+    return meta.batch(batch.q.double(), batch.kv_cache.double())
+
+
 def write_json(path: Path, doc: dict) -> None:
     """Write atomically: a temporary file in the same folder, then rename over the target."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +314,7 @@ def print_table(points: list[dict], ceilings: dict) -> None:
     )
     table = Table(title=title)
     cols = ["backend", "config", "heads", "ctx", "mode", "ps", "ms", "GB/s", "TFLOP/s", "floor ms"]
-    for col in [*cols, "roofline", "rel err", "status"]:
+    for col in [*cols, "roofline", "rel err", "planted", "status"]:
         table.add_column(col, justify="left" if col in ("backend", "config", "mode") else "right")
 
     def num(v, fmt):
@@ -237,9 +326,18 @@ def print_table(points: list[dict], ceilings: dict) -> None:
             p["backend"], p["triton_config"] or "", str(p["heads"]), str(p["ctx"]), p["mode"],
             str(p["page_size"]), num(p["ms"], ".4g"), num(p["gbs"], ".4g"), num(p["tflops"], ".3g"),
             num(p["floor_ms"], ".3g"), num(p["roofline_frac"], ".2%"), num(p["rel_err"], ".2g"),
-            status,
+            num(p.get("planted_err"), ".2g"), status,
         )  # fmt: skip
     Console(width=200).print(table)
+
+
+def splits_arg(value: str) -> int | str:
+    if value == "sglang":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer or 'sglang'") from None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -257,8 +355,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cpu")
     p.add_argument("--triton-config", nargs="+", default=["auto"], help="auto sm80 sm90 sm120 ...")
     p.add_argument(
-        "--decode-splits", nargs="+", type=int, default=[8, 64],
-        help="triton grouped-decode KV splits for decode points (0: decode via the extend kernel)",
+        "--decode-splits", nargs="+", type=splits_arg, default=DECODE_SPLITS,
+        help="KV splits of the triton grouped decode and sglang's decode_attention_fwd at decode "
+        "points: N, 'sglang' (the count SGLang's Triton backend picks for MLA), 0 (triton only: "
+        "decode via the extend kernel)",
+    )  # fmt: skip
+    p.add_argument(
+        "--flashinfer-backends", nargs="+", choices=FLASHINFER_BACKENDS,
+        default=FLASHINFER_BACKENDS, help="FlashInfer MLA paths to time (fa3 needs sm_90)",
     )  # fmt: skip
     p.add_argument("--max-seconds-per-point", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
@@ -296,8 +400,8 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--heads and --batch must be positive")
     if "triton" in args.backends:
         validate_triton_configs(p, args.triton_config)
-    if any(s < 0 for s in args.decode_splits):
-        p.error("--decode-splits must be >= 0")
+    if any(s != "sglang" and s < 0 for s in args.decode_splits):
+        p.error("--decode-splits must be >= 0 or 'sglang'")
     if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
         p.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -323,32 +427,104 @@ def run(args: argparse.Namespace) -> dict:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     doc = {
         "schema": SCHEMA, "env": envinfo.collect(), "ceilings": ceilings,
-        "config": {**config, "device": str(device)}, "points": [],
+        "config": {**config, "device": str(device)}, "peers": peer_versions(), "points": [],
     }  # fmt: skip
     runner = Runner(args, device, ceilings)
-    for heads in args.heads:
-        for page_size in args.page_sizes:
-            for mode in args.modes:
-                for ctx in sorted(args.contexts):
-                    run_shape(runner, doc, heads, page_size, mode, ctx)
+    shapes = [
+        (heads, page_size, mode, ctx)
+        for heads in args.heads
+        for page_size in args.page_sizes
+        for mode in args.modes
+        for ctx in sorted(args.contexts)
+    ]
+    total = sum(len(todo_at(args, device, parse_mode(m)[0])) for _, _, m, _ in shapes)
+    with BenchProgress(total, quiet=args.quiet) as progress:
+        for shape in shapes:
+            run_shape(runner, doc, *shape, progress)
     return doc
 
 
-def run_shape(runner: Runner, doc: dict, heads: int, page_size: int, mode: str, ctx: int) -> None:
+def peer_versions() -> dict:
+    """Installed versions of the peers' packages (None: not installed)."""
+    import importlib.metadata
+
+    out = {}
+    for name in ("sglang", "flashinfer-python", "apache-tvm-ffi"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def todo_at(args: argparse.Namespace, device: torch.device, q_len: int) -> list[Variant]:
+    return [v for b in args.backends for v in variants(b, q_len, args, device)]
+
+
+class BenchProgress:
+    """points done / total, elapsed and remaining time on stderr (rich), one log line per point."""
+
+    def __init__(self, total: int, quiet: bool = False) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = Console(stderr=True, width=160)
+        self.progress = Progress(
+            TextColumn("[bold]bench-kernels[/] {task.description}"), BarColumn(),
+            MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
+            TextColumn("left ~"), TimeRemainingColumn(), console=self.console,
+            disable=quiet or not self.console.is_terminal,
+        )  # fmt: skip
+        self.task = self.progress.add_task("", total=total)
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def __enter__(self) -> BenchProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def describe(self, text: str) -> None:
+        self.progress.update(self.task, description=text)
+
+    def point_done(self, line: str) -> None:
+        """Advance by one point; without a live terminal, the line carries the counts itself."""
+        self.done += 1
+        self.progress.advance(self.task)
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        counts = f"[{self.done}/{self.total} {elapsed:.0f}s, ~{left:.0f}s left]"
+        self.console.print(f"{counts} {line}", markup=False, highlight=False)
+
+
+def run_shape(
+    runner: Runner, doc: dict, heads: int, page_size: int, mode: str, ctx: int,
+    progress: BenchProgress,
+) -> None:  # fmt: skip
     args, device = runner.args, runner.device
     q_len, tree = parse_mode(mode)
-    todo = [v for b in args.backends for v in variants(b, q_len, args, device)]
+    todo = todo_at(args, device, q_len)
+    progress.describe(f"h{heads} ps{page_size} {mode} ctx {ctx}")
     if ctx < q_len:
         for v in todo:
             point = base_point(v, heads, ctx, mode, page_size, args)
             point["reason"] = f"ctx {ctx} < q_len {q_len}"
-            record(doc, point, args)
+            record(doc, point, args, progress)
         return
+    kv_lens = [ctx] * args.batch
     batch = random_batch(
-        [ctx] * args.batch, q_len, heads, page_size, tree, scattered=True, device=device,
-        seed=args.seed,
-    )  # fmt: skip
-    runner.reference = None
+        kv_lens, q_len, heads, page_size, tree, scattered=True, device=device, seed=args.seed
+    )
+    runner.reference, runner.planted = None, None
+    runner.shape = dict(kv_lens=kv_lens, q_len=q_len, heads=heads, page_size=page_size, tree=tree)
     for v in todo:
         point = base_point(v, heads, ctx, mode, page_size, args)
         try:
@@ -357,19 +533,19 @@ def run_shape(runner: Runner, doc: dict, heads: int, page_size: int, mode: str, 
             point.update(status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        record(doc, point, args)
+        record(doc, point, args, progress)
     del batch
-    runner.reference = None
+    runner.reference, runner.planted = None, None
 
 
-def record(doc: dict, point: dict, args: argparse.Namespace) -> None:
+def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProgress) -> None:
     doc["points"].append(dict(point))
     write_json(args.out, doc)
     ms = "-" if point["ms"] is None else f"{point['ms']:.4g} ms"
     label = point["triton_config"] or ""
     line = f"{point['backend']:<7} {label:<12} h{point['heads']} ps{point['page_size']} "
     line += f"{point['mode']:<8} ctx {point['ctx']:>7}: {point['status']} {ms}"
-    print(line + (f" ({point['reason']})" if point["reason"] else ""), file=sys.stderr)
+    progress.point_done(line + (f" ({point['reason']})" if point["reason"] else ""))
 
 
 def cli(argv: list[str]) -> int:

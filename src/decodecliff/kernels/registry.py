@@ -10,7 +10,12 @@ BACKENDS = {
     "torch": ("decodecliff.kernels.reference", "TorchAttention"),
     "triton": ("decodecliff.kernels.triton_baseline", "TritonAttention"),
     "custom": ("decodecliff.kernels.custom", "CustomAttention"),
+    # peers a user could pick instead (kernels/peers.py; the `peers` extra installs them)
+    "sglang": ("decodecliff.kernels.peers", "SGLangAttention"),
+    "flashinfer": ("decodecliff.kernels.peers", "FlashInferAttention"),
+    "cublas": ("decodecliff.kernels.peers", "CublasAttention"),
 }
+GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 
 
 def get_backend(name: str, **options) -> AttentionBackend:

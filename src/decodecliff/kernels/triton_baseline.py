@@ -26,7 +26,9 @@ Differences from SGLang, none of which changes the work done per token:
   (``skip_prefix_custom_mask``); here it is the draft-only [max_q, max_q] block of ``tree_mask``,
   read by stage 2 exactly where SGLang reads its draft columns.
 * KV splits. SGLang picks per-request split counts up to ``max_kv_splits``; at batch 1 and long
-  contexts that is the maximum, which is what ``num_kv_splits`` fixes here.
+  contexts that is the maximum, which is what ``num_kv_splits`` fixes here. ``num_kv_splits=
+  "sglang"`` computes SGLang's own count from the ``max_kv_len`` hint (peers.sglang_num_kv_splits
+  under the MLA cap of peers.sglang_max_kv_splits: 256 on an H200), one count for the batch.
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set before Triton
 is imported). Triton 3.9's interpreter computes bf16 ``tl.dot`` wrongly, so under the interpreter
@@ -388,18 +390,24 @@ class TritonAttention:
 
     ``arch_config`` picks the extend kernel's block sizes ("auto" = this GPU's entry of SGLang's
     table); ``decode`` is "grouped" (SGLang's decode path) or "extend" (decode through the extend
-    kernel, as a verify of one token); ``num_kv_splits`` is the grouped decode's split count.
+    kernel, as a verify of one token); ``num_kv_splits`` is the grouped decode's split count, or
+    "sglang" for the count SGLang's Triton backend picks (``resolved_splits`` after a plan).
     Workspaces grow to the largest batch seen and are reused, never reallocated per call.
     """
 
     name = "triton"
     capturable = True
 
-    def __init__(self, arch_config: str = "auto", decode: str = "grouped", num_kv_splits: int = 8):
+    def __init__(
+        self, arch_config: str = "auto", decode: str = "grouped", num_kv_splits: int | str = 8
+    ):
         if decode not in ("grouped", "extend"):
             raise ValueError(f"decode must be 'grouped' or 'extend', got {decode!r}")
-        if num_kv_splits < 1:
-            raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        if num_kv_splits != "sglang" and not (
+            isinstance(num_kv_splits, int) and num_kv_splits >= 1
+        ):
+            raise ValueError(f"num_kv_splits must be >= 1 or 'sglang', got {num_kv_splits!r}")
+        self.resolved_splits: int | None = None
         self.arch_config = arch_config
         self.decode = decode
         self.num_kv_splits = num_kv_splits
@@ -494,8 +502,22 @@ class TritonAttention:
 
         return launch
 
+    def decode_splits(self, meta: AttnMeta) -> int:
+        """The grouped decode's split count for this step (host-side: hints only)."""
+        if self.num_kv_splits != "sglang":
+            return self.num_kv_splits
+        from .peers import sglang_max_kv_splits, sglang_num_kv_splits
+
+        sms = 0
+        if meta.device.type == "cuda":
+            sms = torch.cuda.get_device_properties(meta.device).multi_processor_count
+        longest = meta.max_kv_len or int(meta.kv_lens.max())
+        lens = [max(longest, 1)] * meta.batch_size
+        return sglang_num_kv_splits(lens, meta.num_heads, sms, sglang_max_kv_splits(sms))[0]
+
     def _plan_decode(self, meta: AttnMeta, slots: torch.Tensor) -> Callable[..., None]:
-        b, h, s = meta.batch_size, meta.num_heads, self.num_kv_splits
+        b, h, s = meta.batch_size, meta.num_heads, self.decode_splits(meta)
+        self.resolved_splits = s
         logits = self._buffer("_logits", (b, h, s, D_V), torch.float32, meta.device)
         lse = self._buffer("_lse", (b, h, s), torch.float32, meta.device)
         grid1 = (b, triton.cdiv(h, DECODE_BLOCK_H), s)

@@ -1,0 +1,419 @@
+"""Peers: the attention kernels a user could pick instead of the custom one, as bench backends.
+
+* ``sglang``: SGLang's own Triton kernels, from the installed ``sglang`` package (pinned in the
+  ``peers`` extra): ``extend_attention_fwd`` (what SGLang's Triton backend runs for target-verify on
+  NVIDIA), ``decode_attention_fwd`` (L = 1, with the split count SGLang's Triton backend picks or a
+  fixed one) and ``verify_shared_kv_fwd`` (its split-KV verify kernel, ``verify_mla.py``; causal
+  chains of one length only).
+* ``flashinfer``: FlashInfer's ``BatchMLAPagedAttentionWrapper``, planned once per step and run per
+  layer, on its fa2 (mma.sync) or fa3 (Hopper wgmma) path. Causal only: no tree mask.
+* ``cublas``: gather the visible latent rows, then two cuBLAS matmuls with a masked softmax between
+  (the simple path any engineer tries).
+
+Importing ``sglang`` runs its package ``__init__``, which pulls in the whole server's
+dependencies; the kernel modules themselves need only torch, triton and a few helpers. So
+``load_sglang`` loads just those modules from the installed package's files: the packages above
+them (``sglang``, ``sglang.kernels``, ...) are registered as empty namespace stubs whose
+``__init__`` never runs, and two shims stand in for ``sglang.srt.environ`` (every ``envs`` flag at
+its default, as on a server started without SGLANG_* variables) and ``sglang.srt.utils`` (is_cuda,
+is_hip, the SM count). $DECODECLIFF_SGLANG_PATH may name a folder holding ``sglang/`` instead of the
+installed package. Nothing of SGLang is copied into this repository.
+
+The SGLang kernels take SGLang's metadata (``kv_indptr`` / ``kv_indices`` token slots, the draft
+tokens' K/V as separate ``k_extend`` / ``v_extend`` tensors): ``plan()`` builds it once per step
+from the page table, as SGLang's ``init_forward_metadata`` does, and ``run()`` gathers the draft
+rows into a persistent ``k_extend`` (one index_select of q_len rows, timed with the kernel).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import itertools
+import math
+import os
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .api import D_QK, D_V, AttnMeta, PlannedBackend
+from .reference import TorchAttention, token_rows
+
+SGLANG_PATH_ENV = "DECODECLIFF_SGLANG_PATH"
+SGLANG_KERNELS = "sglang.kernels.ops.attention"
+# SGLang's defaults for the MLA Triton decode: --triton-attention-num-kv-splits 8, and the
+# per-request split scheduler's minimum tokens per split (triton_backend._MLA_DECODE_MIN_BLOCK_KV).
+SGLANG_BASE_KV_SPLITS = 8
+SGLANG_MLA_MIN_BLOCK_KV = 32
+KIMI_K2_CONTEXT = 262_144  # the model's context length, which caps SGLang's decode split count
+FLASHINFER_WORKSPACE_BYTES = 128 * 2**20
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class _DefaultFlag:
+    """An ``envs.SGLANG_*`` flag read as its default (False / 0)."""
+
+    def get(self):
+        return False
+
+
+class _DefaultEnvs:
+    def __getattr__(self, name: str) -> _DefaultFlag:
+        return _DefaultFlag()
+
+
+def _core_count(device_index: int = 0) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _shim_modules(root: Path) -> dict[str, types.ModuleType]:
+    """Namespace stubs for the packages above the kernels, and the two helper shims."""
+    mods = {}
+    for name, folder in [
+        ("sglang", root),
+        ("sglang.kernels", root / "kernels"),
+        ("sglang.kernels.ops", root / "kernels" / "ops"),
+        (SGLANG_KERNELS, root / "kernels" / "ops" / "attention"),
+        ("sglang.srt", root / "srt"),
+    ]:
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(folder)]
+        mod.__decodecliff_stub__ = True
+        mods[name] = mod
+    environ = types.ModuleType("sglang.srt.environ")
+    environ.envs = _DefaultEnvs()
+    utils = types.ModuleType("sglang.srt.utils")
+    utils.is_hip = lambda: torch.version.hip is not None
+    utils.is_cuda = lambda: torch.cuda.is_available() and torch.version.cuda is not None
+    utils.is_gfx95_supported = lambda: False
+    utils.is_gfx1250_supported = lambda: False
+    utils.get_device_core_count = _core_count
+    utils.next_power_of_2 = _next_power_of_2
+    mods["sglang.srt.environ"], mods["sglang.srt.utils"] = environ, utils
+    return mods
+
+
+def sglang_root() -> Path:
+    """The ``sglang`` package folder to load the kernels from (never importing the package)."""
+    if os.environ.get(SGLANG_PATH_ENV):
+        root = Path(os.environ[SGLANG_PATH_ENV]) / "sglang"
+    else:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(
+                "sglang is not installed: pip install -e '.[peers]' (or pip install --no-deps "
+                "sglang==0.5.23; the kernels need only torch and triton)"
+            )
+        root = Path(next(iter(spec.submodule_search_locations)))
+    if not (root / "kernels" / "ops" / "attention" / "extend_attention.py").is_file():
+        raise ModuleNotFoundError(
+            f"{root} holds no sglang/kernels/ops/attention/extend_attention.py"
+        )
+    return root
+
+
+@dataclass(frozen=True)
+class SGLangKernels:
+    extend_attention_fwd: object
+    decode_attention_fwd: object
+    verify_shared_kv_fwd: object
+    get_num_kv_splits_triton: object
+    version: str
+    root: str
+
+
+_SGLANG: SGLangKernels | None = None
+
+
+def load_sglang() -> SGLangKernels:
+    """SGLang's Triton attention kernels, loaded once from the package files (see the docstring)."""
+    global _SGLANG
+    if _SGLANG is not None:
+        return _SGLANG
+    real = sys.modules.get("sglang")
+    if real is not None and not getattr(real, "__decodecliff_stub__", False):
+        root = Path(next(iter(real.__path__)))  # the real package is imported: use it as it is
+    else:
+        root = sglang_root()
+        for name, mod in _shim_modules(root).items():
+            sys.modules.setdefault(name, mod)
+    mod = {m: importlib.import_module(f"{SGLANG_KERNELS}.{m}") for m in ("extend_attention",
+           "decode_attention", "verify_mla", "metadata")}  # fmt: skip
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    _SGLANG = SGLangKernels(
+        mod["extend_attention"].extend_attention_fwd,
+        mod["decode_attention"].decode_attention_fwd,
+        mod["verify_mla"].verify_shared_kv_fwd,
+        mod["metadata"].get_num_kv_splits_triton,
+        version,
+        str(root),
+    )
+    return _SGLANG
+
+
+def sglang_max_kv_splits(sm_count: int, max_context_len: int = KIMI_K2_CONTEXT) -> int:
+    """SGLang's Triton backend for MLA: the split cap (triton_backend._mla_decode_kv_splits_cap).
+
+    max(--triton-attention-num-kv-splits, min(next_power_of_2(SMs), next_power_of_2(ctx / 32))):
+    256 on a 132-SM H200 or a 188-SM RTX PRO 6000.
+    """
+    if sm_count <= 0:
+        return SGLANG_BASE_KV_SPLITS
+    sm_cap = _next_power_of_2(sm_count)
+    ctx_cap = _next_power_of_2(math.ceil(max_context_len / SGLANG_MLA_MIN_BLOCK_KV))
+    return max(SGLANG_BASE_KV_SPLITS, min(sm_cap, ctx_cap))
+
+
+def sglang_num_kv_splits(
+    seq_lens: list[int], heads: int, sm_count: int, max_splits: int
+) -> list[int]:
+    """SGLang's per-request decode split counts for MLA (metadata.get_num_kv_splits_triton).
+
+    The same arithmetic on the host, for one KV head and one query token per request: at batch 1
+    and long contexts it gives ``max_splits`` (256 on an H200 from 2k tokens up).
+    """
+    if sm_count <= 0:
+        return [max_splits] * len(seq_lens)
+    longest, shortest = max(seq_lens), min(seq_lens)
+    if longest * 8 < shortest * 10:
+        shortest = longest
+    splits1 = min(math.ceil(longest / shortest), max_splits)
+    chunk1 = math.ceil(longest / splits1)
+    ext_cores = int(sm_count * max(math.log2(longest / 64.0), 1.0))
+    token_grid = len(seq_lens) * math.ceil(heads / min(16, heads))
+    splits2 = min(math.ceil(ext_cores / token_grid), max_splits)
+    chunk2 = math.ceil(longest / splits2)
+    return [max(math.ceil(n / chunk1), math.ceil(n / chunk2)) for n in seq_lens]
+
+
+def _split_points(meta: AttnMeta) -> tuple[list[int], list[int]]:
+    q_indptr, kv_lens = meta.q_indptr.tolist(), meta.kv_lens.tolist()
+    return [q_indptr[b + 1] - q_indptr[b] for b in range(len(kv_lens))], kv_lens
+
+
+def _indptr(lengths: list[int], device) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+class SGLangAttention(PlannedBackend):
+    """SGLang's Triton kernels on this repository's paged layout (see the module docstring).
+
+    ``kernel``: "extend" (extend_attention_fwd, any q_len, chain or tree), "verify"
+    (verify_shared_kv_fwd: causal chains of one q_len) or "decode" (decode_attention_fwd, every
+    q_len = 1). ``num_kv_splits`` (decode): a fixed count, or "sglang" for the per-request counts
+    SGLang's Triton backend computes (its get_num_kv_splits_triton under the MLA cap).
+    ``interpreted``: allow CPU tensors (the kernels then run in the Triton interpreter, which must
+    have been chosen before triton was imported; for tests at tiny sizes, in fp32).
+    """
+
+    name = "sglang"
+    capturable = False  # plan() reads lengths on the host, as SGLang's eager metadata does
+
+    def __init__(
+        self,
+        kernel: str = "extend",
+        num_kv_splits: int | str = "sglang",
+        max_context_len: int = KIMI_K2_CONTEXT,
+        interpreted: bool = False,
+    ):
+        if kernel not in ("extend", "verify", "decode"):
+            raise ValueError(f"kernel must be extend, verify or decode, got {kernel!r}")
+        if num_kv_splits != "sglang" and not (isinstance(num_kv_splits, int) and num_kv_splits > 0):
+            raise ValueError(f"num_kv_splits must be 'sglang' or >= 1, got {num_kv_splits!r}")
+        self.kernel, self.num_kv_splits = kernel, num_kv_splits
+        self.max_context_len = max_context_len
+        self.interpreted = interpreted  # CPU under the Triton interpreter (tests at tiny sizes)
+        self.ops = load_sglang()
+        self._step: dict | None = None
+        self.resolved_splits: int | None = None  # the decode split count of the last plan
+
+    def unsupported(self, meta: AttnMeta) -> str | None:
+        """Why this kernel cannot serve ``meta`` (None when it can)."""
+        if meta.device.type != "cuda" and not self.interpreted:
+            return "SGLang's Triton kernels need a CUDA GPU"
+        q_lens, _ = _split_points(meta)
+        if self.kernel == "decode" and any(q != 1 for q in q_lens):
+            return "decode_attention_fwd serves q_len = 1 only"
+        if self.kernel == "verify" and meta.tree_mask is not None:
+            return "verify_shared_kv_fwd is causal only (SGLang uses it at topk = 1)"
+        if self.kernel == "verify" and len(set(q_lens)) != 1:
+            return "verify_shared_kv_fwd needs one q_len for every request"
+        return None
+
+    def plan(self, meta: AttnMeta) -> dict:
+        reason = self.unsupported(meta)
+        if reason:
+            raise ValueError(f"sglang {self.kernel}: {reason}")
+        q_lens, kv_lens = _split_points(meta)
+        dev = meta.device
+        rows = [token_rows(meta.page_table[b], n, meta.page_size) for b, n in enumerate(kv_lens)]
+        step = {"qo_indptr": _indptr(q_lens, dev), "max_q": max(q_lens), "T": sum(q_lens)}
+        if self.kernel == "decode":
+            step |= self._plan_decode(meta, rows, kv_lens)
+        else:
+            prefix = [n - q for n, q in zip(kv_lens, q_lens, strict=True)]
+            step["kv_indptr"] = _indptr(prefix, dev)
+            step["kv_indices"] = torch.cat([r[:p] for r, p in zip(rows, prefix, strict=True)])
+            step["ext_rows"] = torch.cat([r[p:] for r, p in zip(rows, prefix, strict=True)])
+            step["k_extend"] = None  # allocated by the first run() in the cache's dtype
+            step |= self._plan_mask(meta, q_lens, kv_lens)
+        step["sm_scale"] = meta.sm_scale
+        self._step = step
+        return step
+
+    def _plan_mask(self, meta: AttnMeta, q_lens: list[int], kv_lens: list[int]) -> dict:
+        """SGLang's custom mask: per request [q_len, kv_len] flattened, prefix columns set."""
+        if meta.tree_mask is None:
+            return {"custom_mask": None, "mask_indptr": None, "causal": True}
+        parts = []
+        for b, (q, n) in enumerate(zip(q_lens, kv_lens, strict=True)):
+            m = torch.ones(q, n, dtype=torch.bool, device=meta.device)
+            m[:, n - q :] = meta.tree_mask[b, :q, :q]
+            parts.append(m.flatten())
+        sizes = [q * n for q, n in zip(q_lens, kv_lens, strict=True)]
+        return {
+            "custom_mask": torch.cat(parts),
+            "mask_indptr": _indptr(sizes, meta.device),
+            "causal": False,
+        }
+
+    def _plan_decode(self, meta: AttnMeta, rows: list[torch.Tensor], kv_lens: list[int]) -> dict:
+        b, dev = meta.batch_size, meta.device
+        seq_lens = meta.kv_lens.to(torch.int32)
+        if self.num_kv_splits == "sglang":
+            sms = _core_count(dev.index or 0) if dev.type == "cuda" else 0
+            max_splits = sglang_max_kv_splits(sms, self.max_context_len)
+            splits = torch.full((b,), max_splits, dtype=torch.int32, device=dev)
+            if sms > 0:  # SGLang fills the cap when it cannot count the cores
+                self.ops.get_num_kv_splits_triton[(1,)](
+                    splits, seq_lens, b, 1, meta.num_heads, 1, max_splits, sms,
+                    MAX_NUM_SEQ=256 if b < 256 else _next_power_of_2(b),
+                )  # fmt: skip
+        else:
+            max_splits = self.num_kv_splits
+            splits = torch.full((b,), max_splits, dtype=torch.int32, device=dev)
+        self.resolved_splits = int(splits.max())
+        h = meta.num_heads
+        return {
+            "kv_indptr": _indptr(kv_lens, dev),
+            "kv_indices": torch.cat(rows),
+            "num_kv_splits": splits,
+            "max_kv_splits": max_splits,
+            "attn_logits": torch.empty(b, h, max_splits, D_V, dtype=torch.float32, device=dev),
+            "attn_lse": torch.empty(b, h, max_splits, dtype=torch.float32, device=dev),
+        }
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        s = self._step
+        if s is None:
+            raise RuntimeError("sglang attention: run() before plan()")
+        kv = kv_cache.view(-1, 1, D_QK)
+        if self.kernel == "decode":
+            self.ops.decode_attention_fwd(
+                q, kv, kv[..., :D_V], out, s["kv_indptr"], s["kv_indices"], s["attn_logits"],
+                s["attn_lse"], s["num_kv_splits"], s["max_kv_splits"], s["sm_scale"], 1.0, 1.0,
+                has_mla=True,
+            )  # fmt: skip
+            return out
+        if s["k_extend"] is None or s["k_extend"].dtype != kv.dtype:
+            s["k_extend"] = kv.new_empty(s["T"], 1, D_QK)
+        k_ext = torch.index_select(kv, 0, s["ext_rows"], out=s["k_extend"])
+        args = (
+            q, k_ext, k_ext[..., :D_V], out, kv, kv[..., :D_V], s["qo_indptr"], s["kv_indptr"],
+            s["kv_indices"], s["custom_mask"], s["causal"], s["mask_indptr"], s["max_q"], 1.0, 1.0,
+        )  # fmt: skip
+        if self.kernel == "extend":
+            self.ops.extend_attention_fwd(*args, sm_scale=s["sm_scale"])
+        elif not self.ops.verify_shared_kv_fwd(*args, sm_scale=s["sm_scale"]):
+            raise ValueError("sglang verify_shared_kv_fwd declined this problem (can_handle)")
+        return out
+
+
+class FlashInferAttention(PlannedBackend):
+    """FlashInfer's MLA paged attention (BatchMLAPagedAttentionWrapper), plan once / run per layer.
+
+    ``backend``: "fa2" (mma.sync, any sm_80+ GPU) or "fa3" (Hopper wgmma, sm_90 only). Its masks
+    are causal and non-causal only, so a tree mask is unsupported.
+    """
+
+    name = "flashinfer"
+    capturable = False  # plan() copies the lengths to the host (FlashInfer's own plan does)
+
+    def __init__(self, backend: str = "fa2"):
+        if backend not in ("fa2", "fa3"):
+            raise ValueError(f"backend must be fa2 or fa3, got {backend!r}")
+        if not torch.cuda.is_available():
+            raise RuntimeError("FlashInfer's MLA kernels need a CUDA GPU")
+        major, minor = torch.cuda.get_device_capability()
+        if backend == "fa3" and major != 9:
+            raise RuntimeError(
+                f"FlashInfer's fa3 MLA path needs sm_90 (Hopper), not {major}.{minor}"
+            )
+        import flashinfer.mla
+
+        self.backend = backend
+        self.version = importlib.metadata.version("flashinfer-python")
+        workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.int8, device="cuda")
+        self.wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend=backend)
+
+    def unsupported(self, meta: AttnMeta) -> str | None:
+        if meta.device.type != "cuda":
+            return "FlashInfer needs a CUDA GPU"
+        if meta.tree_mask is not None:
+            return "FlashInfer's MLA wrapper has causal and non-causal masks only, no tree mask"
+        return None
+
+    def plan(self, meta: AttnMeta) -> None:
+        reason = self.unsupported(meta)
+        if reason:
+            raise ValueError(f"flashinfer: {reason}")
+        q_lens, kv_lens = _split_points(meta)
+        pages = [math.ceil(n / meta.page_size) for n in kv_lens]
+        indices = torch.cat([meta.page_table[b, :p] for b, p in enumerate(pages)])
+        self.wrapper.plan(
+            _indptr(q_lens, meta.device), _indptr(pages, meta.device), indices.to(torch.int32),
+            meta.kv_lens.to(torch.int32), meta.num_heads, D_V, D_QK - D_V, meta.page_size, True,
+            meta.sm_scale, torch.bfloat16, torch.bfloat16,
+        )  # fmt: skip
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        q_nope, q_pe = q[..., :D_V], q[..., D_V:]
+        ckv, kpe = kv_cache[..., :D_V], kv_cache[..., D_V:]
+        self.wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
+        return out
+
+
+class CublasAttention(TorchAttention):
+    """Gather the visible latent rows, then Q K^T and P V as bf16 cuBLAS matmuls (fp32 softmax).
+
+    The plan (row lists and masks) is the torch backend's; only the per-layer math differs.
+    """
+
+    name = "cublas"
+    capturable = False
+
+    def __init__(self) -> None:
+        super().__init__(torch.bfloat16)
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        flat = kv_cache.reshape(-1, D_QK)
+        for span in self._spans:
+            kv = flat.index_select(0, span.rows)  # [n, 576] bf16
+            rows = q[span.q0 : span.q1]
+            length, heads = rows.shape[0], rows.shape[1]
+            scores = torch.matmul(rows.reshape(length * heads, D_QK), kv.T)
+            scores = scores.view(length, heads, -1).float().mul_(self._sm_scale)
+            scores.masked_fill_(~span.mask, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(kv.dtype).view(length * heads, -1)
+            out[span.q0 : span.q1] = torch.matmul(probs, kv[:, :D_V]).view(length, heads, D_V)
+        return out
