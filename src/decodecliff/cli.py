@@ -18,6 +18,7 @@ COMMANDS = {
         "decodecliff.bench.kernels",
         "time the attention backends against the roofline",
     ),
+    "bench-engine": ("decodecliff.bench.engine", "a verify step's anatomy beside its floor"),
     "serve": ("decodecliff.server.app", "serve the synthetic MLA model over SGLang's HTTP API"),
     "sweep": ("decodecliff.sweep.cli", "run a chunked context sweep against a server"),
 }
