@@ -1,7 +1,10 @@
-"""The Triton baseline compiled on a GPU against the float64 reference (skipped without CUDA)."""
+"""GPU backends against the float64 reference (skipped without CUDA): the Triton baseline on
+random problems, and every GPU backend (triton, custom and the peers) on planted problems whose
+per-row errors show any wrong mask decision."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -50,3 +53,67 @@ def test_triton_gpu_long_context_verify_and_decode() -> None:
         batch = random_batch([185_000], q_len, 8, 1, tree, device="cuda", seed=q_len)
         out = TritonAttention(num_kv_splits=64)(batch)
         assert relative_error(out, reference_attention(batch)) < 2e-2
+
+
+# Planted mask checks (kernels/planted.py) for every GPU backend, this repository's and the peers'.
+GPU_BACKENDS = [
+    ("triton", dict(arch_config="sm90")),
+    ("triton", dict(arch_config="sm120", num_kv_splits="sglang")),
+    ("custom", {}),
+    ("sglang", dict(kernel="extend")),
+    ("sglang", dict(kernel="verify")),
+    ("sglang", dict(kernel="decode", num_kv_splits="sglang")),
+    ("flashinfer", dict(backend="fa2")),
+    ("flashinfer", dict(backend="fa3")),
+    ("cublas", {}),
+]
+PLANTED_CASES = [
+    # (kv_lens, q_len, page_size, tree, heads): contexts 1 .. 185k, page sizes 1 and 64, ragged
+    ([1], 1, 1, False, 8),
+    ([185_000], 1, 1, False, 64),
+    ([185_000, 33, 4097], 1, 64, False, 8),
+    ([185_000], 16, 1, False, 8),
+    ([185_000], 16, 64, False, 64),
+    ([5_000, 77, 16], 16, 64, False, 8),
+    ([185_000], 64, 1, True, 8),
+    ([300, 64, 1_000], 16, 64, True, 64),
+]
+
+
+@functools.cache
+def planted_case(case: int):
+    """The planted problem on the GPU and its float64 reference (computed there too)."""
+    from decodecliff.kernels.planted import planted_batch
+    from decodecliff.kernels.reference import TorchAttention
+
+    kv_lens, q_len, page_size, tree, heads = PLANTED_CASES[case]
+    plant = planted_batch(kv_lens, q_len, heads, page_size, tree, device="cuda", seed=case)
+    exact = plant.batch.meta.batch(plant.batch.q.double(), plant.batch.kv_cache.double())
+    return plant, TorchAttention(torch.float64)(exact)
+
+
+def gpu_backend(name: str, options: dict):
+    from decodecliff.kernels import get_backend
+
+    try:
+        return get_backend(name, **options)
+    except (ImportError, FileNotFoundError, RuntimeError) as exc:  # not installed / not this GPU
+        pytest.skip(f"{name} {options}: {type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize("case", range(len(PLANTED_CASES)))
+@pytest.mark.parametrize("which", range(len(GPU_BACKENDS)), ids=lambda i: str(GPU_BACKENDS[i]))
+def test_planted_masks_on_gpu(which: int, case: int) -> None:
+    from decodecliff.kernels.planted import PLANTED_TOL, worst_row
+
+    name, options = GPU_BACKENDS[which]
+    plant, ref = planted_case(case)
+    backend = gpu_backend(name, options)
+    why = backend.unsupported(plant.batch.meta) if hasattr(backend, "unsupported") else None
+    if why:
+        pytest.skip(why)
+    out = plant.batch.new_output().fill_(float("nan"))
+    backend(plant.batch, out)
+    torch.cuda.synchronize()
+    worst = worst_row(plant, out, ref)
+    assert worst["max_err"] < PLANTED_TOL, f"{name} {options} {PLANTED_CASES[case]}: {worst}"
