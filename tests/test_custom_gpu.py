@@ -30,7 +30,7 @@ def library(tmp_path_factory) -> str:
     return lib
 
 
-@pytest.fixture(params=["v1", "v2", "v3"])
+@pytest.fixture(params=["v1", "v2", "v3", "auto"])
 def backend(library, request):
     from decodecliff.kernels.custom import CustomAttention
 

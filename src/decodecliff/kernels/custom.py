@@ -9,7 +9,7 @@ Two kernel variants share the source (``variant``): "v1" streams 32-token tiles 
 ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
 iteration ahead; "v3" is v1's tiling with v2's prefetch, held to 128 registers on sm_90 so two
 CTAs share an SM. "auto" (the default) takes what the H200 measured fastest for each tile height
-(notes/kernel.md): v3 for both.
+(notes/kernel.md): v3 where its plan fills more than one CTA per SM, else v1.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ctypes
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,9 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3}  # name -> the kernel's template parameter
-AUTO_VARIANT = {1: "v3", 2: "v3"}  # m16 tiles per CTA -> the fastest variant on the H200
+# "auto": v3 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
+# else v1 (a lone v3 CTA is v1 in fewer registers); fastest or within 7% at all 48 H200 grid points.
+AUTO_VARIANTS = ("v3", "v1")
 DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -67,6 +69,7 @@ class LaunchPlan:
     row_tiles: int  # row tiles per request
     num_splits: int  # KV splits per request
     max_q_len: int
+    variant: int = 1  # the kernel's template parameter (see VARIANTS)
 
 
 def plan_launch(
@@ -174,7 +177,7 @@ class CustomAttention:
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
-    ``variant``: the kernel variant, "v1", "v2" or "auto" (see ``AUTO_VARIANT``).
+    ``variant``: the kernel variant, "v1", "v2", "v3" or "auto" (see ``AUTO_VARIANTS``).
     """
 
     name = "custom"
@@ -206,21 +209,25 @@ class CustomAttention:
             msg = self.lib.dcmla_error_string(code).decode()
             raise RuntimeError(f"custom attention: {what} failed: {msg} (cudaError {code})")
 
-    def variant_id(self, mtiles: int) -> int:
-        return VARIANTS[AUTO_VARIANT[mtiles] if self.variant == "auto" else self.variant]
-
-    def ctas_per_wave(self, device: torch.device, mtiles: int) -> int:
-        key = (device.index if device.index is not None else torch.cuda.current_device(), mtiles)
+    def ctas_per_wave(self, device: torch.device, mtiles: int, variant: str) -> int:
+        """Resident CTAs of ``variant`` on the whole device (SMs x CTAs per SM)."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, mtiles, variant)
         if key not in self._wave:
             per_sm = ctypes.c_int(0)
-            with torch.cuda.device(key[0]):
-                code = self.lib.dcmla_ctas_per_sm(
-                    self.variant_id(mtiles), mtiles, ctypes.byref(per_sm)
-                )
+            with torch.cuda.device(index):
+                code = self.lib.dcmla_ctas_per_sm(VARIANTS[variant], mtiles, ctypes.byref(per_sm))
                 self._raise(code, "occupancy")
-            sms = torch.cuda.get_device_properties(key[0]).multi_processor_count
+            sms = torch.cuda.get_device_properties(index).multi_processor_count
             self._wave[key] = sms * max(1, per_sm.value)
         return self._wave[key]
+
+    def _plan_for(self, variant: str, device: torch.device, args: tuple) -> LaunchPlan:
+        heads, max_q, max_kv, batch_size = args
+        mtiles = 1 if max_q * heads <= 16 else 2
+        wave = self.ctas_per_wave(device, mtiles, variant)
+        plan = plan_launch(heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits)
+        return replace(plan, variant=VARIANTS[variant])
 
     def plan(self, batch: AttnBatch | AttnMeta) -> LaunchPlan:
         """The launch plan of a batch; from an AttnMeta, also the step that run() launches."""
@@ -229,11 +236,14 @@ class CustomAttention:
         if batch.max_q_len is None and batch.tree_mask is not None:
             max_q = min(max_q, batch.tree_mask.shape[1])  # a tree mask bounds every q_len
         max_kv = batch.max_kv_len or batch.page_table.shape[1] * batch.page_size
-        mtiles = 1 if max_q * heads <= 16 else 2
-        wave = self.ctas_per_wave(batch.device, mtiles)
-        plan = plan_launch(
-            heads, max_q, max_kv, batch.batch_size, wave, self.max_splits, self.num_splits
-        )
+        args = (heads, max_q, max_kv, batch.batch_size)
+        if self.variant != "auto":
+            plan = self._plan_for(self.variant, batch.device, args)
+        else:
+            plan = self._plan_for(AUTO_VARIANTS[0], batch.device, args)
+            sms = torch.cuda.get_device_properties(batch.device).multi_processor_count
+            if plan.row_tiles * batch.batch_size * plan.num_splits <= sms:
+                plan = self._plan_for(AUTO_VARIANTS[1], batch.device, args)
         if isinstance(batch, AttnMeta):
             validate_meta(batch)
             self.reserve(batch.num_tokens * heads, plan.num_splits, batch.device)
@@ -265,7 +275,7 @@ class CustomAttention:
             ws_o, ws_o + rows * plan.num_splits * D_V * 4,
             meta.batch_size, meta.num_heads, meta.num_tokens, plan.max_q_len, meta.page_size,
             meta.page_table.stride(0), 0 if tm is None else tm.shape[1], plan.num_splits,
-            plan.mtiles, self.variant_id(plan.mtiles), float(meta.sm_scale),
+            plan.mtiles, plan.variant, float(meta.sm_scale),
             torch.cuda.current_stream(q.device).cuda_stream,
         )  # fmt: skip
         self._raise(code, "launch")
@@ -318,7 +328,7 @@ class CustomAttention:
             0 if tm is None else tm.shape[1],
             plan.num_splits,
             plan.mtiles,
-            self.variant_id(plan.mtiles),
+            plan.variant,
             float(batch.sm_scale),
         )
         device = batch.q.device
