@@ -257,6 +257,8 @@ def test_tree_speculation_matches_plain_and_reports_verify_stats(srv):
     assert meta["spec_verify_ct"] > 0 and meta["verify_step_ms"] > 0
     assert 1 <= meta["spec_accept_length"] <= 16
     assert info["speculative_algorithm"] == "tree" and info["speculative_num_draft_tokens"] == 16
+    avg = info["internal_states"][0]["avg_spec_accept_length"]  # what bench_serving reads
+    assert avg == pytest.approx(meta["spec_accept_length"])
 
 
 def test_mha_prefill_serves_the_same_tokens_and_reports_it(srv):

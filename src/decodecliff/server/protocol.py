@@ -340,7 +340,15 @@ OPENAI_NEUTRAL = {
 }
 COMPLETION_KEYS = OPENAI_KEYS | {"prompt", "logprobs", "echo", "best_of"}
 COMPLETION_NEUTRAL = {**OPENAI_NEUTRAL, "suffix": ()}
-CHAT_KEYS = OPENAI_KEYS | {"messages", "logprobs", "top_logprobs", "add_generation_prompt"}
+CHAT_KEYS = OPENAI_KEYS | {
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "add_generation_prompt",
+    "response_format",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 CHAT_NEUTRAL = {
     **OPENAI_NEUTRAL,
     "tools": (),
