@@ -205,6 +205,9 @@ figure_root = Path(results) / "figures"
 pngs = [figure_root / f"{k}.png" for k in captions]
 pngs += sorted(p for p in figure_root.glob("*/published_*.png"))
 pngs += sorted(figure_root.glob("sweep/*/*.png"))
+pngs += sorted(figure_root.glob("engine/*.png"))  # the step anatomy, when the study has one
+captions["engine/anatomy"] = "Time per verify step vs context (attention, GEMMs, rest) per "
+captions["engine/anatomy"] += "configuration, with the floor: weights + KV at the copy rate."
 for png in pngs:
     if not png.is_file():
         display(Markdown(f"*missing figure: `{png}`*"))

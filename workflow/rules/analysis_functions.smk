@@ -53,4 +53,6 @@ def analysis_figures(wildcards) -> list[str]:
     paths = layout.figure_paths("results", "kernels") + layout.figure_paths("results", "compare")
     for name in servers():
         paths += layout.figure_paths("results", "sweep", name)
+    if "engine" in config:  # the step anatomy (engine.smk)
+        paths += layout.figure_paths("results", "engine")
     return paths

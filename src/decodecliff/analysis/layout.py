@@ -8,11 +8,13 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "kernels": ("time_per_layer", "bandwidth", "roofline", "speedup"),
     "sweep": ("metrics",),
     "compare": ("relative", "absolute", "speedup"),
+    "engine": ("anatomy",),
 }
 TABLES: dict[str, tuple[str, ...]] = {
     "kernels": ("speedup", "not_ok"),
     "sweep": ("points",),
     "compare": ("speedup",),
+    "engine": ("anatomy",),
     "report": ("headline", "kernels_at_key_contexts", "targets", "sweep"),
 }
 
