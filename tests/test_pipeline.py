@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 
 
 def small_config() -> dict:
-    """Two torch servers on the tiny model; one point beyond its server's KV pool (skipped)."""
+    """Two torch servers on the tiny model, two requests per point; one point fills its server's
+    KV pool (a point beyond it is a config error, see test_bad_config_stops_before_any_work)."""
     default = yaml.safe_load((ROOT / "config.yaml").read_text())
     chunk = {"timeout_s": 180, "point_timeout_s": 120}
     return {
@@ -46,6 +47,7 @@ def small_config() -> dict:
         },
         "sweep": {
             "gen_tokens": 4,
+            "requests_per_point": 2,
             "start_timeout_s": 120,
             "preset": "tiny",
             "device": "cpu",
@@ -65,7 +67,7 @@ def small_config() -> dict:
                     "page_size": 16,
                     "spec": {"mode": "none"},
                     "args": "--max-total-tokens 512",
-                    "chunks": [{"contexts": [64], **chunk}, {"contexts": [1024], **chunk}],
+                    "chunks": [{"contexts": [64], **chunk}, {"contexts": [448], **chunk}],
                 },
             ],
         },
@@ -78,7 +80,7 @@ POINTS = [
     "results/sweep/torch-a/ctx64.json",
     "results/sweep/torch-a/ctx96.json",
     "results/sweep/torch-b/ctx64.json",
-    "results/sweep/torch-b/ctx1024.json",
+    "results/sweep/torch-b/ctx448.json",
 ]
 
 
@@ -148,7 +150,7 @@ def test_end_to_end_writes_every_stage(study: Path) -> None:
         assert (study / path).stat().st_size > 0, path
     for log in ["build/build_kernel", "kernels/bench_kernels", "sweep/torch-a/ctx64"]:
         assert (study / f"results/logs/{log}.log").is_file(), log
-    for bench in ["build/build_kernel", "kernels/bench_kernels", "sweep/torch-b/ctx1024"]:
+    for bench in ["build/build_kernel", "kernels/bench_kernels", "sweep/torch-b/ctx448"]:
         assert (study / f"results/benchmarks/{bench}.tsv").is_file(), bench
 
 
@@ -158,9 +160,11 @@ def test_points_record_their_status(study: Path) -> None:
         "results/sweep/torch-a/ctx64.json": "ok",
         "results/sweep/torch-a/ctx96.json": "ok",
         "results/sweep/torch-b/ctx64.json": "ok",
-        # beyond the server's 512-token KV pool: recorded, not sent, and the study went on
-        "results/sweep/torch-b/ctx1024.json": "skipped",
+        "results/sweep/torch-b/ctx448.json": "ok",  # 448 + 4 tokens of its 512-token pool
     }
+    for path in POINTS:
+        point = json.loads((study / path).read_text())
+        assert len(point["requests"]) == 2 and point["metrics"]["requests"] == 2
 
 
 def test_custom_kernel_is_skipped_on_cpu_with_its_reason(study: Path) -> None:
@@ -231,10 +235,45 @@ def test_snakemake_report_has_the_captions(study: Path) -> None:
             "config.sweep.servers[0].chunks[1].contexts",
         ),
         (lambda c: c["build"].pop("archs"), "config.build.archs"),
+        (
+            lambda c: c["sweep"].update(command=c["sweep"]["command"].replace("{port}", "8000")),
+            "config.sweep.command",
+        ),
+        (
+            lambda c: c["sweep"]["servers"][0].update(command="serve --port {port} {prot}"),
+            "config.sweep.servers[0].command",
+        ),
+        (
+            lambda c: c["sweep"]["servers"][1]["chunks"][1].update(contexts=[1024]),
+            "config.sweep.servers[1].chunks[1].contexts",
+        ),
+        (
+            lambda c: c["sweep"]["servers"][1].update(concurrency=2),
+            "config.sweep.servers[1].concurrency",
+        ),
+        (
+            lambda c: c["sweep"]["servers"][0]["chunks"][0].update(point_timeout_s=600),
+            "config.sweep.servers[0].chunks[0].point_timeout_s",
+        ),
+        (lambda c: c["sweep"].update(requests_per_point=0), "config.sweep.requests_per_point"),
     ],
-    ids=["minimum", "unknown-key", "enum", "duplicate-server", "duplicate-point", "missing"],
+    ids=[
+        "minimum",
+        "unknown-key",
+        "enum",
+        "duplicate-server",
+        "duplicate-point",
+        "missing",
+        "no-port",
+        "unknown-placeholder",
+        "beyond-pool",
+        "streams-beyond-pool",
+        "point-timeout-over-chunk",
+        "no-requests",
+    ],  # fmt: skip
 )
 def test_bad_config_stops_before_any_work(tmp_path: Path, change, key: str) -> None:
+    """`snakemake` (and `-n`) fails at once, naming the key, with nothing run."""
     config = small_config()
     change(config)
     workdir = copy_workflow(tmp_path, config)
