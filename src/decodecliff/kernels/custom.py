@@ -97,6 +97,15 @@ def plan_launch(
     return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len)
 
 
+def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
+    """The "auto" choice given v3's plan: v3 only where its grid puts two CTAs on some SM."""
+    return (
+        AUTO_VARIANTS[0]
+        if plan.row_tiles * batch_size * plan.num_splits > sms
+        else AUTO_VARIANTS[1]
+    )
+
+
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ValueError(f"custom attention: {message}")
@@ -242,8 +251,8 @@ class CustomAttention:
         else:
             plan = self._plan_for(AUTO_VARIANTS[0], batch.device, args)
             sms = torch.cuda.get_device_properties(batch.device).multi_processor_count
-            if plan.row_tiles * batch.batch_size * plan.num_splits <= sms:
-                plan = self._plan_for(AUTO_VARIANTS[1], batch.device, args)
+            if (choice := auto_variant(plan, batch.batch_size, sms)) != AUTO_VARIANTS[0]:
+                plan = self._plan_for(choice, batch.device, args)
         if isinstance(batch, AttnMeta):
             validate_meta(batch)
             self.reserve(batch.num_tokens * heads, plan.num_splits, batch.device)
