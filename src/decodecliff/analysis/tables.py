@@ -176,7 +176,7 @@ def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     k = _concurrency(sweep)
     table = df.pivot_table(
         index="requested_ctx", columns="server", values="value", aggfunc="first", sort=True
-    )[servers]
+    )[servers].fillna("not in the sweep")
     names = {s: s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in servers}
     table.columns = [f"{names[s]} {PRIMARY_LABEL}" for s in servers]
     speed = sweep_speedup(sweep, baseline)
