@@ -241,13 +241,16 @@ class SGLangAttention(PlannedBackend):
         """Why this kernel cannot serve ``meta`` (None when it can)."""
         if meta.device.type != "cuda" and not self.interpreted:
             return "SGLang's Triton kernels need a CUDA GPU"
-        q_lens, _ = _split_points(meta)
+        q_lens, kv_lens = _split_points(meta)
         if self.kernel == "decode" and any(q != 1 for q in q_lens):
             return "decode_attention_fwd serves q_len = 1 only"
         if self.kernel == "verify" and meta.tree_mask is not None:
             return "verify_shared_kv_fwd is causal only (SGLang uses it at topk = 1)"
         if self.kernel == "verify" and len(set(q_lens)) != 1:
             return "verify_shared_kv_fwd needs one q_len for every request"
+        if self.kernel == "verify" and any(n == q for q, n in zip(q_lens, kv_lens, strict=True)):
+            # measured: such a request's rows come out NaN (tests/test_kernels_cpu.py)
+            return "verify_shared_kv_fwd needs a prefix in every request (kv_len > q_len)"
         return None
 
     def plan(self, meta: AttnMeta) -> dict:
