@@ -52,6 +52,7 @@ def study_config() -> dict:
         }
         for name, (backend, chunks) in SERVERS.items()
     ]
+    cfg.pop("engine", None)  # the step anatomy is measured (bench_engine): not in recorded data
     cfg["published"] = str(PUBLISHED)
     cfg["reference"] = str(REFERENCE)
     return cfg
