@@ -487,3 +487,32 @@ def compare_speedup(
     fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig
+
+
+def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
+    """ms per layer vs context: the candidate and every peer series, with the roofline floor."""
+    from .tables import PEERS
+
+    fig, panels = _kernel_grid(kernels)
+    shown = ok(kernels)
+    shown = shown[shown["backend"].isin((candidate, *PEERS)) & (shown["page_size"] == 1)]
+    names = list(dict.fromkeys(shown["series"])) if len(shown) else []
+    colours = dict(zip(names, sns.color_palette("tab10", max(len(names), 1)), strict=False))
+    for ax, panel in panels:
+        keys = panel[["mode", "heads"]].drop_duplicates().values.tolist()
+        good = shown[shown[["mode", "heads"]].apply(list, axis=1).isin(keys)] if keys else shown[:0]
+        context_axis(ax, panel["ctx"])
+        if good.empty:
+            _empty(ax, f"no {candidate} or peer point ran")
+            continue
+        sns.lineplot(
+            good, x="ctx", y="ms", hue="series", palette=colours, marker="o", ax=ax,
+            hue_order=[n for n in names if n in set(good["series"])],
+        )  # fmt: skip
+        floor = good.groupby("ctx")["floor_ms"].first()
+        ax.plot(floor.index, floor.values, "k_--", ms=14, lw=1.2, label="roofline floor")
+        ax.set_yscale("log")
+        ax.set_ylabel("time per layer (ms), page size 1")
+    fig.tight_layout()
+    figure_legend(fig, fig.axes)
+    return fig

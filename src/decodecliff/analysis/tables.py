@@ -250,3 +250,28 @@ def sweep_long(sweep: pd.DataFrame, tau: float) -> pd.DataFrame:
             col = df[key] if key in df else pd.Series(None, index=df.index)
             out[label] = ["–" if pd.isna(v) else str(int(v)) for v in col]
     return out.reset_index(drop=True)
+
+
+PEERS = ("sglang", "flashinfer", "cublas")  # what a user could pick instead of the custom kernel
+
+
+def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> pd.DataFrame:
+    """Per shape and context: ``candidate`` beside the fastest peer series, each against the floor.
+
+    ``*_of_floor`` is floor ms / ms (1 = at the roofline floor); ``peer_over_custom`` > 1 means
+    the candidate is faster. Points where no peer or no candidate ran are left out.
+    """
+    good = ok(kernels)
+    cols = KERNEL_KEYS + ["floor_ms", "custom_ms", "custom_of_floor", "best_peer", "peer_ms"]
+    cols += ["peer_of_floor", "peer_over_custom"]
+    cand = good[good["backend"] == candidate]
+    peers = good[good["backend"].isin(PEERS)].reset_index(drop=True)  # idxmin needs unique labels
+    if cand.empty or peers.empty:
+        return pd.DataFrame(columns=cols)
+    best = peers.loc[peers.groupby(KERNEL_KEYS)["ms"].idxmin(), KERNEL_KEYS + ["series", "ms"]]
+    merged = cand[KERNEL_KEYS + ["floor_ms", "ms"]].merge(best, on=KERNEL_KEYS, suffixes=("", "_p"))
+    merged = merged.rename(columns={"ms": "custom_ms", "series": "best_peer", "ms_p": "peer_ms"})
+    merged["custom_of_floor"] = merged["floor_ms"] / merged["custom_ms"]
+    merged["peer_of_floor"] = merged["floor_ms"] / merged["peer_ms"]
+    merged["peer_over_custom"] = merged["peer_ms"] / merged["custom_ms"]
+    return merged[cols].sort_values(KERNEL_KEYS).reset_index(drop=True)
