@@ -32,6 +32,7 @@ from decodecliff.analysis import figures, layout, style, summarize, tables
 kernels_csv = "results/summary/kernels.csv"  # from the summarize rule
 results = "results"  # figures and tables go under {results}/figures|tables/kernels/
 published = ""  # a published study folder with the same layout, shown beside this one if present
+study_name = "this-study"  # the config's study.name: figure titles name the run
 
 # %%
 style.apply()
@@ -51,6 +52,9 @@ print(
 def draw(study: str, name: str, fig) -> None:
     """Save the figure of this run under its layout name, the published study's with a prefix."""
     prefix = "" if study == "this run" else "published_"
+    device = studies[study]["device"].dropna()
+    title = study_name if study == "this run" else f"published {Path(published).name}"
+    fig.suptitle(f"{title} ({device.iloc[0] if len(device) else 'CPU'})", fontweight="bold", y=1.02)
     figures.save(fig, fig_dir / f"{prefix}{name}.png")
     plt.show()
 

@@ -46,13 +46,15 @@ rule notebook_kernels:
         tables=layout.table_paths("results", "kernels"),
     params:
         published=published_param,
+        study=config["study"]["name"],
     log:
         "results/logs/analysis/notebook_kernels.log",
     conda:
         "../../envs/analysis.yaml"
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
-        " -p kernels_csv {input.kernels} -p results results -y {params.published:q}"
+        " -p kernels_csv {input.kernels} -p results results -p study_name {params.study}"
+        " -y {params.published:q}"
         " > {log} 2>&1"
 
 
