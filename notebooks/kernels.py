@@ -20,6 +20,7 @@
 # per backend, against the ceilings measured on the same device in the same run.
 
 # %%
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -33,6 +34,7 @@ kernels_csv = "results/summary/kernels.csv"  # from the summarize rule
 results = "results"  # figures and tables go under {results}/figures|tables/kernels/
 published = ""  # a published study folder with the same layout, shown beside this one if present
 study_name = "this-study"  # the config's study.name: figure titles name the run
+flashinfer_sm120 = ""  # the JSON of `python -m decodecliff.bench.flashinfer_sm120`, if it ran
 
 # %%
 style.apply()
@@ -91,6 +93,39 @@ for study, df in studies.items():
         speedup.to_csv(table_dir / "speedup.csv", index=False)
     draw(study, "speedup", figures.kernel_speedup(speedup, df))
     display(speedup.round(3))
+
+# %% [markdown]
+# ## The custom kernel beside the peers a user could pick instead
+# SGLang's own Triton kernels (extend, its split-KV verify, decode at SGLang's split count and at 8
+# and 64), FlashInfer's MLA wrapper (fa2 = mma.sync, fa3 = Hopper wgmma) and gather + cuBLAS, timed
+# in the same run on the same inputs. Per point: the custom kernel, the fastest peer, each as a
+# fraction of the roofline floor (1 = at the floor), and peer ms over custom ms (> 1: custom wins).
+
+# %%
+for study, df in studies.items():
+    peers = tables.kernel_vs_peers(df)
+    if study == "this run":
+        peers.to_csv(table_dir / "peers.csv", index=False)
+    draw(study, "peers", figures.kernel_vs_peers(df))
+    display(peers.round(3) if len(peers) else f"{study}: no point where custom and a peer both ran")
+
+# %% [markdown]
+# ## Does FlashInfer's MLA kernel build for sm_120 within 99 KB of shared memory?
+# Compiled on the CPU with nvcc for sm_120 in the tile configuration FlashInfer's dispatcher picks
+# for sm_120's 100 KB per SM (read from its source); the shared memory per block is measured from
+# the same headers, beside the configuration an H200 (228 KB per SM) gets.
+
+# %%
+fi_doc = json.loads(Path(flashinfer_sm120).read_text()) if flashinfer_sm120 else {}
+fi_keys = ["status", "reason", "flashinfer", "builds", "sm120_config", "smem_per_block"]
+fi_keys += ["smem_limit_per_block", "fits", "registers", "spill_bytes", "h200_config"]
+fi_keys += ["h200_smem_per_block", "seconds"]
+fi = pd.DataFrame([{k: json.dumps(fi_doc[k]) if isinstance(fi_doc.get(k), dict) else fi_doc.get(k)
+                    for k in fi_keys}])  # fmt: skip
+if not fi_doc:
+    fi["status"], fi["reason"] = "skipped", "no flashinfer_sm120 JSON given"
+fi.to_csv(table_dir / "flashinfer_sm120.csv", index=False)
+display(fi.T)
 
 # %% [markdown]
 # ## Points that did not run, and why

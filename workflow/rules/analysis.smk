@@ -39,6 +39,7 @@ rule notebook_kernels:
     input:
         notebook="notebooks/kernels.ipynb",
         kernels=rules.summarize.output.kernels,
+        flashinfer=FLASHINFER_SM120,
         published=published_inputs,
     output:
         notebook=f"{NOTEBOOK_DIR}/kernels.ipynb",
@@ -54,7 +55,7 @@ rule notebook_kernels:
     shell:
         "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
         " -p kernels_csv {input.kernels} -p results results -p study_name {params.study}"
-        " -y {params.published:q}"
+        " -y {params.published:q} -p flashinfer_sm120 {input.flashinfer}"
         " > {log} 2>&1"
 
 

@@ -15,6 +15,7 @@ SCHEMA = "../schemas/config.schema.yaml"
 KERNEL_LIB = "results/build/libdecodecliff_mla.so"
 BUILD_INFO = "results/build/build.json"
 KERNEL_BENCH = "results/kernels/bench.json"
+FLASHINFER_SM120 = "results/kernels/flashinfer_sm120.json"  # does FlashInfer MLA build for sm_120
 REPORT = "results/report.html"
 NOTES = "results/NOTES.md"
 

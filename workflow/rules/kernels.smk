@@ -34,3 +34,16 @@ rule bench_kernels:
         " --contexts {params.contexts} --modes {params.modes} --page-sizes {params.page_sizes}"
         " --heads {params.heads} --max-seconds-per-point {params.max_seconds} {params.extra}"
         " --out {output} > {log} 2>&1"
+
+
+rule flashinfer_sm120:
+    # Compiles FlashInfer's MLA kernel for sm_120 (~15 s of CPU) to read its shared memory per
+    # block; without the flashinfer-python package files the JSON records the step as skipped.
+    output:
+        FLASHINFER_SM120,
+    log:
+        "results/logs/kernels/flashinfer_sm120.log",
+    conda:
+        "../../envs/kernels.yaml"
+    shell:
+        "python -m decodecliff.bench.flashinfer_sm120 --out {output} > {log} 2>&1"

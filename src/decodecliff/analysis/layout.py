@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 FIGURES: dict[str, tuple[str, ...]] = {
-    "kernels": ("time_per_layer", "bandwidth", "roofline", "speedup"),
+    "kernels": ("time_per_layer", "bandwidth", "roofline", "speedup", "peers"),
     "sweep": ("metrics",),
     "compare": ("relative", "absolute", "speedup"),
     "engine": ("anatomy",),
 }
 TABLES: dict[str, tuple[str, ...]] = {
-    "kernels": ("speedup", "not_ok"),
+    "kernels": ("speedup", "not_ok", "peers", "flashinfer_sm120"),
     "sweep": ("points",),
     "compare": ("speedup",),
     "engine": ("anatomy",),
