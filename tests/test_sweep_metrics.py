@@ -91,3 +91,31 @@ def test_id_range_prefers_the_server_then_the_option_then_a_default():
     assert prompts.id_range(None, None) == prompts.IdRange(*prompts.DEFAULT_ID_RANGE, "default")
     with pytest.raises(ValueError, match="at least 2"):
         prompts.id_range(None, 1)
+
+
+def test_step_rates_from_the_client_clock_and_the_server_step_times():
+    m = {"decode_wall_s": 2.0}
+    rates = metrics.step_rates(m, {"spec_verify_ct": 10, "verify_step_ms": 125.0})
+    assert rates == {
+        "verify_steps": 10,
+        "verify_steps_s_client": 5.0,
+        "verify_step_ms_server": 125.0,
+        "verify_steps_s_server": 8.0,
+    }
+    # without speculation SGLang says spec_verify_ct 0: the decode steps count
+    plain = metrics.step_rates(m, {"spec_verify_ct": 0, "decode_steps": 4, "decode_step_ms": 50})
+    assert plain["verify_steps"] == 4 and plain["verify_steps_s_client"] == 2.0
+    assert plain["verify_steps_s_server"] == 20.0
+    # a server that reports neither (a plain OpenAI server): nothing is made up
+    assert set(metrics.step_rates(m, {}).values()) == {None}
+
+
+def test_point_summary_is_the_median_over_requests_with_their_counts():
+    reqs = [
+        {"metrics": {"decode_tok_s": v, "verify_steps": 5, "completion_tokens": 6}}
+        for v in (3.0, 1.0, 2.0, 100.0)
+    ]
+    s = metrics.point_summary(reqs)
+    assert s["decode_tok_s"] == 2.5  # one slow or fast request does not set the number
+    assert s["requests"] == 4 and s["verify_steps"] == 20
+    assert s["ttft_s"] is None  # not recorded: no number invented
