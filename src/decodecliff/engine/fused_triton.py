@@ -61,16 +61,17 @@ def _qkv_a_post_kernel(
     row = tl.program_id(0)
     base = qkv_ptr + row * qkv_stride
     if tl.program_id(1) == 0:  # the q part: RMSNorm -> cq
-        cols = tl.arange(0, BLOCK_R)
-        x = tl.load(base + cols, mask=cols < R, other=0.0).to(tl.float32)
-        y = _norm_row(x, qn_ptr, cols, R, eps)
-        tl.store(cq_ptr + row * cq_stride + cols, y.to(cq_ptr.dtype.element_ty), mask=cols < R)
+        q_cols = tl.arange(0, BLOCK_R)
+        q_x = tl.load(base + q_cols, mask=q_cols < R, other=0.0).to(tl.float32)
+        q_y = _norm_row(q_x, qn_ptr, q_cols, R, eps)
+        q_dst = cq_ptr + row * cq_stride + q_cols
+        tl.store(q_dst, q_y.to(cq_ptr.dtype.element_ty), mask=q_cols < R)
     else:  # the kv part: RMSNorm(latent) | rope(k_rope) -> the token's cache row
         dst = cache_ptr + tl.load(slots_ptr + row) * cache_stride
-        cols = tl.arange(0, BLOCK_C)
-        x = tl.load(base + R + cols, mask=cols < C, other=0.0).to(tl.float32)
-        y = _norm_row(x, kvn_ptr, cols, C, eps)
-        tl.store(dst + cols, y.to(cache_ptr.dtype.element_ty), mask=cols < C)
+        c_cols = tl.arange(0, BLOCK_C)
+        c_x = tl.load(base + R + c_cols, mask=c_cols < C, other=0.0).to(tl.float32)
+        c_y = _norm_row(c_x, kvn_ptr, c_cols, C, eps)
+        tl.store(dst + c_cols, c_y.to(cache_ptr.dtype.element_ty), mask=c_cols < C)
         o1, o2 = _rope_pair(base + R + C, cs_ptr + row * 2 * HALF, HALF)
         i = tl.arange(0, HALF)
         tl.store(dst + C + i, o1.to(cache_ptr.dtype.element_ty))
