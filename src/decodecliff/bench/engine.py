@@ -135,7 +135,7 @@ def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> d
     if cuda:
         gemm_us = sum(e.device_time_total for e in averages if e.key in GEMM_OPS)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy_us = sum(e.device_time for e in kernels)
+        busy_us = sum(e.device_time_total for e in kernels)
         count = len(kernels)
     else:
         gemm_us = sum(e.cpu_time_total for e in averages if e.key in GEMM_OPS)
@@ -236,7 +236,11 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             real = functools.partial(engine.model.forward, step, cache, engine.backend)
             rest = eager_noop
         if gemm is None:  # the GEMMs do not depend on the context, the backend or the path
-            gemm = profile_step(dev, eager_noop)
+            try:
+                gemm = profile_step(dev, eager_noop)
+            except Exception as exc:  # keep the timings even if the profiler fails here
+                gemm = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None}
+                gemm["method"] = f"profile failed: {exc!r}"
         step_all = time_step(dev, real, args.warmup, args.repeats)
         rest_all = time_step(dev, rest, args.warmup, args.repeats)
         step_ms, noattn_ms = statistics.median(step_all), statistics.median(rest_all)
