@@ -227,7 +227,6 @@ def kernel_lines(kernels: pd.DataFrame, y: str, ylabel: str, ceiling: str | None
                 ax=ax,
                 legend="auto",
             )
-            ax.set_yscale("log")
         if ceiling and panel[ceiling].notna().any():
             level = float(panel[ceiling].dropna().iloc[0])
             ax.axhline(level, color="black", lw=1.2, ls="--")
@@ -238,6 +237,8 @@ def kernel_lines(kernels: pd.DataFrame, y: str, ylabel: str, ceiling: str | None
                 va="bottom",
                 fontsize=8,
             )
+        if not good.empty:  # after the ceiling: the labels fit the whole range
+            set_scale(ax, "time" if y == "ms" else "rate")
         ax.set_ylabel(ylabel)
         extra += mark_not_ok(ax, panel, "backend")
     fig.tight_layout()
