@@ -220,6 +220,7 @@ LONG_COLUMNS = {
     "verify_steps_s_client": "verify steps/s (client)",
     "verify_steps_s_server": "verify steps/s (server step time)",
     "decode_tok_s": "tok/s",
+    "round_tok_s": "end-to-end tok/s, all streams",
     "tok_s_at_tau": "tok/s at tau",
     "ttft_s": "TTFT (s)",
     "requests": "requests",
@@ -246,6 +247,9 @@ def sweep_long(sweep: pd.DataFrame, tau: float) -> pd.DataFrame:
             ]
         elif key == "requested_ctx":
             out[label] = df[key].map(ctx_label)
+        elif key == "round_tok_s":  # a round's tokens over its wall time, prefill included
+            col = df[key] if key in df else pd.Series(None, index=df.index, dtype=float)
+            out[label] = ["–" if pd.isna(v) else format(v, ".3g") for v in col]
         else:
             col = df[key] if key in df else pd.Series(None, index=df.index)
             out[label] = ["–" if pd.isna(v) else str(int(v)) for v in col]
