@@ -126,7 +126,7 @@ def test_arch_configs_follow_sglang_for_lq_576() -> None:
 
 def test_backend_errors() -> None:
     with pytest.raises(ValueError, match="unknown attention backend"):
-        get_backend("flashinfer")
+        get_backend("cudnn")
     tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
     with pytest.raises(ValueError, match="decode must be"):
         tb.TritonAttention(decode="split")
@@ -147,3 +147,169 @@ def test_backend_errors() -> None:
 def test_relative_error_flags_nan() -> None:
     ref = torch.ones(2, 3)
     assert math.isinf(relative_error(torch.full((2, 3), float("nan")), ref))
+
+
+# Planted problems (kernels/planted.py): every mask decision shows in a row's output.
+PLANTED = [
+    dict(kv_lens=[1], q_len=1),
+    dict(kv_lens=[64, 65, 2], q_len=1, page_size=64),
+    dict(kv_lens=[300, 17, 64], q_len=16, page_size=64),
+    dict(kv_lens=[200, 70], q_len=16, tree=True),
+    dict(kv_lens=[129, 40], q_len=33, tree=True, page_size=64, heads=3),
+]
+
+
+def exact(batch):
+    """The float64 reference of a batch (its own rounded inputs, upcast)."""
+    return TorchAttention(torch.float64)(
+        batch.meta.batch(batch.q.double(), batch.kv_cache.double())
+    )
+
+
+@pytest.mark.parametrize("case", range(len(PLANTED)))
+def test_planted_reference_returns_the_visible_tokens(case: int) -> None:
+    from decodecliff.kernels.planted import expected_output, planted_batch, row_errors
+
+    plant = planted_batch(**PLANTED[case], seed=case)
+    ref = exact(plant.batch)
+    assert float(row_errors(ref, expected_output(plant)).max()) < 1e-6
+    kinds = {k for row in plant.visible_kind + plant.hidden_kind for k in row}
+    assert {"self", "past-end"} <= kinds
+    assert relative_error(naive_attention(plant.batch), ref) < 1e-12
+
+
+def test_planted_dominates_a_185k_prefix() -> None:
+    from decodecliff.kernels.planted import expected_output, planted_batch, row_errors
+
+    plant = planted_batch([185_000], 1, heads=2, seed=1)
+    assert float(row_errors(exact(plant.batch), expected_output(plant)).max()) < 1e-6
+
+
+def broken_masks(monkeypatch, kind: str) -> None:
+    """Patch the reference's mask: off-by-one causal, tree read as a chain, or one token too far."""
+    from decodecliff.kernels import reference
+
+    good = reference.visible_mask
+
+    def causal_off_by_one(q_len, kv_len, tree, device):
+        mask = good(q_len, kv_len, tree, device)
+        mask[:, kv_len - q_len :] = torch.ones(q_len, q_len, dtype=torch.bool).tril(1)
+        return mask
+
+    def tree_as_chain(q_len, kv_len, tree, device):
+        return good(q_len, kv_len, None, device)
+
+    def past_end(q_len, kv_len, tree, device):
+        return torch.cat([good(q_len, kv_len, tree, device), torch.ones(q_len, 1).bool()], 1)
+
+    patch = {"causal": causal_off_by_one, "tree": tree_as_chain, "past-end": past_end}[kind]
+    monkeypatch.setattr(reference, "visible_mask", patch)
+    if kind == "past-end":  # read kv_len + 1 rows
+        real = reference.token_rows
+        monkeypatch.setattr(reference, "token_rows", lambda p, n, ps: real(p, n + 1, ps))
+
+
+@pytest.mark.parametrize(
+    "kind, case",
+    [("causal", dict(kv_lens=[4096, 100], q_len=16, page_size=64)),
+     ("tree", dict(kv_lens=[300, 90], q_len=16, tree=True)),
+     ("past-end", dict(kv_lens=[4096, 37], q_len=1, page_size=64))],
+)  # fmt: skip
+def test_planted_check_catches_a_broken_mask(monkeypatch, kind: str, case: dict) -> None:
+    from decodecliff.kernels.planted import PLANTED_TOL, planted_batch, worst_row
+
+    plant = planted_batch(**case, seed=2)
+    long_only = {**case, "kv_lens": case["kv_lens"][:1]}  # 4096: where random data hides it
+    random = random_batch(**long_only, dtype=torch.float32, seed=2, spare_pages=2)
+    ref, ref_random = exact(plant.batch), exact(random)
+    broken_masks(monkeypatch, kind)
+    worst = worst_row(plant, TorchAttention(torch.float64)(plant.batch), ref)
+    assert worst["max_err"] > 20 * PLANTED_TOL, worst
+    if kind == "causal":  # what the planted inputs are for: random data hides this error
+        assert relative_error(TorchAttention(torch.float64)(random), ref_random) < BF16_TOL
+
+
+@pytest.mark.parametrize("case", range(len(PLANTED)))
+def test_triton_interpreter_passes_the_planted_check(case: int) -> None:
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    from decodecliff.kernels.planted import PLANTED_TOL, planted_batch, worst_row
+
+    plant = planted_batch(**PLANTED[case], seed=case)
+    out = plant.batch.new_output().fill_(float("nan"))
+    options = dict(decode="grouped", num_kv_splits="sglang") if PLANTED[case]["q_len"] == 1 else {}
+    tb.TritonAttention(**options)(plant.batch, out)
+    worst = worst_row(plant, out, exact(plant.batch))
+    assert worst["max_err"] < PLANTED_TOL, worst
+
+
+def test_cublas_peer_passes_the_planted_check() -> None:
+    from decodecliff.kernels.planted import PLANTED_TOL, planted_batch, worst_row
+
+    for case in PLANTED:
+        plant = planted_batch(**case, seed=3)
+        out = plant.batch.new_output().fill_(float("nan"))
+        get_backend("cublas")(plant.batch, out)
+        assert worst_row(plant, out, exact(plant.batch))["max_err"] < PLANTED_TOL, case
+
+
+def sglang_peer(kernel: str, **options):
+    pytest.importorskip("decodecliff.kernels.triton_baseline")  # chooses the interpreter first
+    peers = pytest.importorskip("decodecliff.kernels.peers")
+    try:
+        return peers.SGLangAttention(kernel, interpreted=True, **options)
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"sglang not installed: {exc}")
+
+
+SGLANG_CASES = [
+    ("extend", dict(kv_lens=[70, 33], q_len=4, page_size=16)),
+    ("extend", dict(kv_lens=[70, 33], q_len=5, tree=True, heads=4)),
+    ("verify", dict(kv_lens=[90, 40], q_len=4, page_size=16)),
+    ("decode", dict(kv_lens=[100, 7, 1], q_len=1, page_size=16)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SGLANG_CASES)))
+def test_sglang_kernels_in_the_interpreter_pass_the_planted_check(case: int) -> None:
+    """SGLang's own kernel files, loaded with the shims, wired to this repository's layout (fp32:
+    the interpreter's bf16 dot is wrong)."""
+    from decodecliff.kernels.planted import PLANTED_TOL, planted_batch, worst_row
+
+    kernel, kwargs = SGLANG_CASES[case]
+    backend = sglang_peer(kernel, num_kv_splits=4)
+    plant = planted_batch(**kwargs, dtype=torch.float32, seed=case)
+    out = plant.batch.new_output().fill_(float("nan"))
+    backend(plant.batch, out)
+    assert worst_row(plant, out, exact(plant.batch))["max_err"] < PLANTED_TOL
+    rand = random_batch(**kwargs, dtype=torch.float32, seed=case)
+    assert relative_error(backend(rand), reference_attention(rand)) < BF16_TOL
+
+
+def test_sglang_verify_without_a_prefix_is_declined() -> None:
+    """Measured: SGLang's verify_shared_kv_fwd writes NaN for a request with kv_len == q_len."""
+    from decodecliff.kernels.planted import planted_batch, row_errors
+
+    backend = sglang_peer("verify")
+    plant = planted_batch([16, 300], 16, dtype=torch.float32, seed=5)
+    assert "needs a prefix" in backend.unsupported(plant.batch.meta)
+    backend.unsupported = lambda meta: None  # run it anyway: the first request's rows are NaN
+    err = row_errors(backend(plant.batch), exact(plant.batch))
+    assert math.isinf(float(err[:16].max())) and float(err[16:].max()) < 1e-2
+
+
+def test_sglang_split_count_follows_its_triton_backend() -> None:
+    backend = sglang_peer("decode")
+    from decodecliff.kernels import peers
+
+    assert peers.sglang_max_kv_splits(132) == 256 and peers.sglang_max_kv_splits(188) == 256
+    assert peers.sglang_max_kv_splits(0) == 8
+    for lens, heads, sms in [([185_000], 8, 132), ([185_000], 64, 132), ([1024], 8, 132),
+                             ([40], 8, 132), ([5000, 300, 4000], 16, 188)]:  # fmt: skip
+        cap = peers.sglang_max_kv_splits(sms)
+        got = torch.zeros(len(lens), dtype=torch.int32)
+        backend.ops.get_num_kv_splits_triton[(1,)](
+            got, torch.tensor(lens, dtype=torch.int32), len(lens), 1, heads, 1, cap, sms,
+            MAX_NUM_SEQ=256,
+        )  # fmt: skip
+        assert got.tolist() == peers.sglang_num_kv_splits(lens, heads, sms, cap), (lens, heads)
+    assert peers.sglang_num_kv_splits([185_000], 8, 132, 256) == [256]
