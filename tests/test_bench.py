@@ -116,3 +116,87 @@ def test_modes_and_roofline_definitions() -> None:
     assert roofline.attention_flops(185_000, 16, 8) / 1e9 == pytest.approx(51.5, rel=1e-3)
     assert roofline.floor_ms(4.3e9, 1e9, copy_gbs=4300, matmul_tflops=1000) == pytest.approx(1.0)
     assert roofline.floor_ms(1e6, 1e12, copy_gbs=4300, matmul_tflops=1000) == pytest.approx(1.0)
+
+
+def test_bench_peers_on_cpu_skip_with_reasons_and_check_planted(tmp_path: Path) -> None:
+    done, out = bench(
+        tmp_path, "--contexts", "33", "--modes", "decode", "chain4", "--heads", "2",
+        "--page-sizes", "16", "--backends", "triton", "sglang", "flashinfer", "cublas",
+        "--repeats", "1", "--decode-splits", "sglang", "8", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert set(doc["peers"]) == {"sglang", "flashinfer-python", "apache-tvm-ffi"}
+    by = {(p["backend"], p["triton_config"], p["mode"]): p for p in doc["points"]}
+    decode = [("triton", "grouped-sglang"), ("triton", "grouped-s8"), ("sglang", "decode-sglang")]
+    decode += [("sglang", "decode-s8"), ("flashinfer", "fa2"), ("flashinfer", "fa3")]
+    chain = [("triton", "sm90"), ("sglang", "extend"), ("sglang", "verify"), ("flashinfer", "fa2")]
+    chain += [("flashinfer", "fa3")]
+    expect = {(*v, "decode") for v in decode} | {(*v, "chain4") for v in chain}
+    assert set(by) == expect | {("cublas", None, "decode"), ("cublas", None, "chain4")}
+    for p in doc["points"]:
+        if p["backend"] in ("sglang", "flashinfer"):
+            assert p["status"] == "skipped" and "needs a CUDA GPU" in p["reason"]
+        else:
+            assert p["status"] == "ok" and p["planted_err"] < 3e-2 and p["planted_row"], p
+    # without a GPU SGLang's rule sees no SM count and takes its base of 8 splits
+    assert by[("triton", "grouped-sglang", "decode")]["detail"] == {"num_kv_splits": 8}
+    assert "[13/13" in done.stderr  # progress: points done / total, elapsed, estimate
+
+
+def test_the_planted_check_fails_a_backend_with_an_off_by_one_mask(tmp_path, monkeypatch) -> None:
+    """A backend that is right on random data (rel err ~1e-3 at 4096) but sees one draft token
+    too many: the planted pre-timing check fails its point."""
+    import torch
+
+    from decodecliff.kernels import reference
+
+    good_mask = reference.visible_mask
+
+    def off_by_one(q_len, kv_len, tree, device):
+        mask = good_mask(q_len, kv_len, tree, device)
+        mask[:, kv_len - q_len :] = torch.ones(q_len, q_len, dtype=torch.bool).tril(1)
+        return mask
+
+    class OffByOne(reference.TorchAttention):
+        def plan(self, meta):
+            monkeypatch.setattr(reference, "visible_mask", off_by_one)
+            try:
+                return super().plan(meta)
+            finally:
+                monkeypatch.setattr(reference, "visible_mask", good_mask)
+
+    real = kernels.get_backend
+    monkeypatch.setitem(kernels.BACKENDS, "offbyone", ("unused", "unused"))
+    monkeypatch.setattr(
+        kernels, "get_backend", lambda n, **kw: OffByOne() if n == "offbyone" else real(n, **kw)
+    )
+    out = tmp_path / "b.json"
+    argv = ["--device", "cpu", "--contexts", "4096", "--modes", "chain16", "--heads", "2"]
+    argv += ["--page-sizes", "64", "--backends", "offbyone", "--repeats", "1", "--quiet"]
+    assert kernels.cli([*argv, "--out", str(out)]) == 1  # every point failed
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["rel_err"] < 2e-2  # the random-data check alone would have passed it
+    assert point["status"] == "failed" and "planted mask check" in point["reason"]
+    assert "next" in point["reason"] or "next" in (point["planted_row"] or "")
+
+
+def test_flashinfer_sm120_build_check(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+    import shutil
+
+    from decodecliff.bench import flashinfer_sm120 as check
+
+    out = tmp_path / "fi.json"
+    if importlib.util.find_spec("flashinfer") is None or shutil.which("nvcc") is None:
+        doc = check.run(out)
+        assert doc["status"] == "skipped" and doc["reason"]
+        return
+    doc = check.run(out)
+    assert json.loads(out.read_text()) == doc
+    assert doc["status"] == "ok" and doc["builds"] and doc["registers"] > 0
+    assert doc["sm120_config"]["min_smem_per_sm"] <= check.SM120_SMEM_PER_SM
+    assert doc["fits"] == (doc["smem_per_block"] <= check.SM120_SMEM_PER_BLOCK)
+    assert doc["h200_smem_per_block"] > doc["smem_per_block"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert check.run(out)["status"] == "skipped"
