@@ -500,8 +500,7 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
     names = list(dict.fromkeys(shown["series"])) if len(shown) else []
     colours = dict(zip(names, sns.color_palette("tab10", max(len(names), 1)), strict=False))
     for ax, panel in panels:
-        keys = panel[["mode", "heads"]].drop_duplicates().values.tolist()
-        good = shown[shown[["mode", "heads"]].apply(list, axis=1).isin(keys)] if keys else shown[:0]
+        good = shown.merge(panel[["mode", "heads"]].drop_duplicates(), on=["mode", "heads"])
         context_axis(ax, panel["ctx"])
         if good.empty:
             _empty(ax, f"no {candidate} or peer point ran")
