@@ -1,0 +1,65 @@
+"""`decodecliff bench-engine` on the CPU: the step split, the floors, the targets, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decodecliff.bench import engine as bench
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "engine.json"
+    argv = ["--device", "cpu", "--threads", "1", "--contexts", "64", "200", "--repeats", "2"]
+    argv += ["--modes", "chain", "tree", "--tree-nodes", "16", "--draft-len", "6"]
+    argv += ["--parts", "anatomy", "loop", "drafter", "host", "--loop-steps", "3", "--gen", "4"]
+    argv += ["--drafter-steps", "3", "--out", str(out)]
+    assert bench.cli(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_point_is_split_into_attention_gemms_and_the_rest(doc):
+    assert [(r["mode"], r["context"], r["q_len"]) for r in doc["rows"]] == [
+        ("chain", 64, 6),
+        ("chain", 200, 6),
+        ("tree", 64, 16),
+        ("tree", 200, 16),
+    ]
+    for r in doc["rows"]:
+        assert r["step_ms"] > 0 and r["gemm_ms"] > 0 and len(r["step_ms_all"]) == 2
+        parts = r["attention_ms"] + r["gemm_ms"] + r["rest_ms"]
+        assert parts == pytest.approx(r["step_ms"])
+        assert 0 < r["weights_floor_ms"] <= r["gemm_floor_ms"] < r["step_floor_ms"]
+        assert r["non_attention_over_floor"] == pytest.approx(
+            r["non_attention_ms"] / r["weights_floor_ms"]
+        )
+    # the KV floor grows with the context, the weights floor does not
+    chain = [r for r in doc["rows"] if r["mode"] == "chain"]
+    assert chain[1]["kv_bytes"] > chain[0]["kv_bytes"]
+    assert chain[1]["weight_bytes"] == chain[0]["weight_bytes"]
+    assert doc["env"]["torch"] and doc["ceilings"]["copy_gbs"] > 0 and not doc["errors"]
+
+
+def test_loop_drafter_and_host_parts_and_the_targets(doc):
+    (loop,) = doc["loop"]
+    assert loop["steps"] == 3 and loop["verify_steps_per_s"] > 0 and loop["context"] == 200
+    assert {(r["mode"], r["context"]) for r in doc["drafter"]} == {
+        (m, c) for m in ("chain", "tree") for c in (64, 200)
+    }
+    assert all(r["tokens"] == 4 for r in doc["host"])
+    (target,) = doc["targets"]  # eager only on a CPU: the loop target alone applies
+    assert target["target"] == "loop_verify_steps_per_s_min"
+    assert (
+        target["met"] == (target["value"] >= 40) and (target["missed_by"] is None) == target["met"]
+    )
+
+
+def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.cli(["--device", "cpu", "--paths", "graphs", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "CUDA" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.cli(["--device", "cpu", "--contexts", "0", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
