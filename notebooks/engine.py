@@ -36,6 +36,7 @@ from decodecliff.analysis import layout, style
 # %% tags=["parameters"]
 bench_json = "results/engine/bench.json"  # from the bench_engine rule
 results = "results"  # the figure and table go under {results}/figures|tables/engine/
+published = ""  # a published study folder: its gpu-logs/engine/engine.json is drawn beside this run
 
 # %%
 style.apply()
@@ -63,29 +64,50 @@ display(table.round(3))
 for err in doc.get("errors", []):
     display(Markdown(f"*not measured: {err['what']}: `{err['error']}`*"))
 
+
 # %%
-configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
-fig, axes = plt.subplots(
-    1, max(len(configs), 1), figsize=(4.2 * max(len(configs), 1), 4), sharey=True, squeeze=False
-)
-parts = [("attention_ms", "attention", "#0072B2"), ("gemm_ms", "GEMMs", "#E69F00")]
-parts.append(("rest_ms", "rest", "#999999"))
-for ax, ((mode, backend, path), df) in zip(axes[0], configs, strict=False):
-    df = df.sort_values("context")
-    x = range(len(df))
-    bottom = pd.Series(0.0, index=df.index)
-    for col, label, color in parts:
-        height = df[col].clip(lower=0)
-        ax.bar(x, height, bottom=bottom, color=color, label=label, width=0.7)
-        bottom += height
-    ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + KV)")
-    ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
-    ax.set_xticks(list(x), [f"{c // 1000}k" if c >= 1000 else str(c) for c in df["context"]])
-    ax.set_title(f"{backend}, {path} ({mode})")
-    ax.set_xlabel("context (tokens)")
-axes[0][0].set_ylabel("time per step (ms)")
-axes[0][0].legend(fontsize=8, loc="upper left")
-fig.suptitle(f"Step anatomy on {device}")
-fig.tight_layout()
-fig.savefig(fig_dir / "anatomy.png", dpi=120)
-plt.show()
+def draw(table: pd.DataFrame, title: str, path: Path) -> None:
+    """Stacked attention / GEMMs / rest per context, one panel per configuration, floor drawn."""
+    configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
+    n = max(len(configs), 1)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4), squeeze=False)
+    parts = [("attention_ms", "attention", "#0072B2"), ("gemm_ms", "GEMMs", "#E69F00")]
+    parts.append(("rest_ms", "rest", "#999999"))
+    for ax, ((mode, backend, path_), df) in zip(axes[0], configs, strict=False):
+        df = df.sort_values("context")
+        x = list(range(len(df)))
+        bottom = pd.Series(0.0, index=df.index)
+        for col, label, color in parts:
+            height = df[col].clip(lower=0)
+            ax.bar(x, height, bottom=bottom, color=color, label=label, width=0.7)
+            bottom += height
+        ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + KV)")
+        ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
+        ax.set_xticks(x, [f"{c // 1000}k" if c >= 1000 else str(c) for c in df["context"]])
+        ax.set_title(f"{backend}, {path_} ({mode})")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylim(0, bottom.max() * 1.15)  # each panel its own scale: Triton's 185k is ~2 s
+    axes[0][0].set_ylabel("time per step (ms)")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.show()
+
+
+draw(table, f"Step anatomy on {device}", fig_dir / "anatomy.png")
+
+# %% [markdown]
+# The published study's step anatomy (its raw bench output), when the configuration names one.
+
+# %%
+published_json = Path(published or "-") / "gpu-logs" / "engine" / "engine.json"
+if published and published_json.is_file():
+    pub = json.loads(published_json.read_text())
+    pub_table = pd.DataFrame(pub["rows"])[columns]
+    display(pub_table.round(3))
+    pub_device = pub["env"].get("gpu") or "CPU"
+    title = (
+        f"Published study: step anatomy on {pub_device} (commit {str(pub['env'].get('git'))[:7]})"
+    )
+    draw(pub_table, title, fig_dir / "published_anatomy.png")

@@ -11,6 +11,13 @@ def engine_bench_input(wildcards) -> dict[str, str]:
     return {"lib": KERNEL_LIB} if "custom" in config["engine"]["backends"] else {}
 
 
+def published_engine_input(wildcards) -> list[str]:
+    """The published study's raw step anatomy, drawn beside this run's when it exists."""
+    root = published_dir()
+    path = f"{root}/gpu-logs/engine/engine.json"
+    return [path] if root and os.path.isfile(path) else []
+
+
 def engine_bench_flags() -> str:
     eng = config["engine"]
     flags = [
@@ -61,14 +68,17 @@ if "engine" in config:
         input:
             notebook="notebooks/engine.ipynb",
             bench=ENGINE_BENCH,
+            published=published_engine_input,
         output:
             notebook=f"{NOTEBOOK_DIR}/engine.ipynb",
             **figure_outputs("engine", "8. Step anatomy"),
             tables=layout.table_paths("results", "engine"),
+        params:
+            published=published_param,
         log:
             "results/logs/analysis/notebook_engine.log",
         conda:
             "../../envs/analysis.yaml"
         shell:
             "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
-            " -p bench_json {input.bench} -p results results > {log} 2>&1"
+            " -p bench_json {input.bench} -p results results -y {params.published:q} > {log} 2>&1"
