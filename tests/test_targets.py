@@ -235,3 +235,12 @@ def test_cli_prints_the_table_and_rejects_a_config_without_targets(tmp_path: Pat
     empty.write_text("study: {name: x}\n")
     done = subprocess.run([*cmd, "--config", str(empty)], capture_output=True, text=True)
     assert done.returncode == 1 and "no `targets` list" in done.stderr
+
+
+def test_published_notes_are_rendered_from_the_published_files():
+    """results/published/h200/NOTES.md is the template filled from that folder: never typed."""
+    from decodecliff.analysis import notes
+
+    study = REPO / "results/published/h200"
+    cfg = yaml.safe_load((REPO / "config/h200.yaml").read_text())
+    assert (study / "NOTES.md").read_text() == notes.render(study, cfg, "h200")
