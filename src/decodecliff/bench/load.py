@@ -1,0 +1,286 @@
+"""`decodecliff bench-load`: the server under concurrent streaming load, with clients walking away.
+
+Starts `decodecliff serve` (tiny preset on CPU unless told otherwise), serves every request alone
+first (greedy: the reference tokens), then sends them all at once as streams of mixed prompt and
+output lengths, half through /generate and half through /v1/completions, with a quarter of the
+clients closing their stream after a few chunks, while /health is polled. Checks: every completed
+request has its requested token count and exactly its reference tokens, no 5xx, /health answered
+200 throughout, and the KV pool is empty afterwards. Records requests/s and latency percentiles
+with the hardware, versions and git revision into a JSON file; exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from decodecliff import envinfo
+from decodecliff.server.tokenizer import ByteTokenizer
+
+READY = "decodecliff server ready at "
+PROMPT_LENS = (16, 64, 200, 500)
+OUTPUT_LENS = (8, 32, 64, 128)
+TOKENIZER = ByteTokenizer(512)  # set to the preset's vocabulary in cli()
+
+
+@dataclass
+class Job:
+    index: int
+    api: str  # "generate" or "completions"
+    prompt: list[int]
+    max_tokens: int
+    disconnect_after: int | None  # chunks read before closing the stream; None: read to the end
+    reference: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    status: int | None = None
+    error: str | None = None
+    latency_s: float | None = None
+    ttft_s: float | None = None
+
+
+def make_jobs(n: int, disconnect_fraction: float, seed: int, vocab: int) -> list[Job]:
+    rng = random.Random(seed)
+    jobs = []
+    leaving = set(rng.sample(range(n), round(n * disconnect_fraction)))
+    for i in range(n):
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.choice(PROMPT_LENS))]
+        out = rng.choice(OUTPUT_LENS)
+        drop = rng.randrange(1, max(2, out // 2)) if i in leaving else None
+        jobs.append(Job(i, ("generate", "completions")[i % 2], prompt, out, drop))
+    return jobs
+
+
+def body(job: Job, stream: bool) -> tuple[str, dict]:
+    if job.api == "generate":
+        sp = {"max_new_tokens": job.max_tokens, "ignore_eos": True, "temperature": 0.0}
+        return "/generate", {"input_ids": job.prompt, "sampling_params": sp, "stream": stream}
+    req = {"prompt": job.prompt, "max_tokens": job.max_tokens, "ignore_eos": True}
+    return "/v1/completions", {**req, "temperature": 0.0, "stream": stream}
+
+
+async def reference(client: httpx.AsyncClient, job: Job) -> None:
+    """The request served alone, not streamed: the tokens every concurrent run must reproduce."""
+    path, payload = body(job, stream=False)
+    resp = await client.post(path, json=payload)
+    resp.raise_for_status()
+    data = resp.json()
+    if job.api == "generate":
+        job.reference = data["output_ids"]
+    else:  # the byte tokenizer is reversible: text back to ids
+        job.reference = TOKENIZER.encode(data["choices"][0]["text"])
+
+
+def _chunk_tokens(job: Job, data: dict) -> None:
+    if job.api == "generate":
+        job.tokens = data.get("output_ids", job.tokens)
+    else:
+        for choice in data.get("choices") or []:
+            job.tokens += TOKENIZER.encode(choice.get("text") or "")
+
+
+async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
+    path, payload = body(job, stream=True)
+    start = time.perf_counter()
+    chunks = 0
+    try:
+        async with client.stream("POST", path, json=payload) as resp:
+            job.status = resp.status_code
+            if resp.status_code != 200:
+                job.error = (await resp.aread()).decode()[:300]
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[len("data: ") :])
+                if "error" in data:
+                    job.error = data["error"]["message"]
+                    job.status = data["error"]["code"]
+                    return
+                if job.ttft_s is None:
+                    job.ttft_s = time.perf_counter() - start
+                _chunk_tokens(job, data)
+                chunks += 1
+                if job.disconnect_after is not None and chunks >= job.disconnect_after:
+                    return  # leaving the block closes the connection mid-stream
+        job.latency_s = time.perf_counter() - start
+    except httpx.HTTPError as exc:
+        job.error = repr(exc)
+
+
+async def poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list) -> None:
+    while not stop.is_set():
+        start = time.perf_counter()
+        try:
+            status = (await client.get("/health", timeout=10)).status_code
+        except httpx.HTTPError as exc:
+            status = repr(exc)
+        out.append((status, time.perf_counter() - start))
+        await asyncio.sleep(0.05)
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = (await client.get("/get_server_info")).json()
+        idle = info["running_requests"] == 0 and info["waiting_requests"] == 0
+        if idle or time.monotonic() > deadline:
+            return info
+        await asyncio.sleep(0.1)
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]  # nearest rank
+
+
+async def load(url: str, jobs: list[Job]) -> dict:
+    limits = httpx.Limits(max_connections=len(jobs) + 8, max_keepalive_connections=len(jobs) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        for job in jobs:
+            await reference(client, job)
+        health: list = []
+        stop = asyncio.Event()
+        poller = asyncio.create_task(poll_health(client, stop, health))
+        start = time.perf_counter()
+        await asyncio.gather(*(run_stream(client, job) for job in jobs))
+        wall = time.perf_counter() - start
+        info = await wait_idle(client)
+        stop.set()
+        await poller
+        metrics = (await client.get("/metrics")).text
+    return {"wall_s": wall, "health": health, "info": info, "metrics_bytes": len(metrics)}
+
+
+def summarize(jobs: list[Job], run: dict) -> dict:
+    done = [j for j in jobs if j.disconnect_after is None]
+    left = [j for j in jobs if j.disconnect_after is not None]
+    latencies = [j.latency_s for j in done if j.latency_s is not None]
+    ttfts = [j.ttft_s for j in done if j.ttft_s is not None]
+    frag = run["info"]["fragmentation"]
+    health_codes = [s for s, _ in run["health"]]
+    checks = {
+        "completed_have_requested_length": all(len(j.tokens) == j.max_tokens for j in done),
+        "completed_match_served_alone": all(j.tokens == j.reference for j in done),
+        "leavers_match_a_prefix": all(j.tokens == j.reference[: len(j.tokens)] for j in left),
+        "no_5xx": all(not (isinstance(j.status, int) and j.status >= 500) for j in jobs),
+        "no_errors_on_completed": all(j.error is None for j in done),
+        "health_always_200": bool(health_codes) and all(s == 200 for s in health_codes),
+        "kv_pool_empty_after": frag["free_pages"] == frag["num_pages"],
+        "no_request_left_running": run["info"]["running_requests"] == 0,
+    }
+    return {
+        "requests": len(jobs),
+        "completed": len(done),
+        "disconnected": len(left),
+        "wall_s": run["wall_s"],
+        "requests_per_s": len(done) / run["wall_s"],
+        "output_tokens_per_s": sum(len(j.tokens) for j in jobs) / run["wall_s"],
+        "latency_s": {
+            "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99),
+            "max": max(latencies, default=None),
+            "mean": statistics.fmean(latencies) if latencies else None,
+        },
+        "ttft_s": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
+        "health": {
+            "polls": len(health_codes),
+            "max_s": max((t for _, t in run["health"]), default=None),
+            "p99_s": percentile([t for _, t in run["health"]], 99),
+        },
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen, list[str]]:
+    cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--preset", args.preset]
+    cmd += ["--device", args.device, "--port", str(port), "--threads", str(args.threads)]
+    cmd += ["--max-total-tokens", str(args.max_total_tokens)]
+    cmd += ["--max-running-requests", str(args.max_running_requests), *args.server_arg]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith(READY):
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, cmd
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="decodecliff bench-load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--disconnect-fraction", type=float, default=0.25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--max-running-requests", type=int, default=16)
+    p.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument")
+    p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"))
+    return p.parse_args(argv)
+
+
+def cli(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from decodecliff.engine.config import PRESETS
+
+    global TOKENIZER
+    vocab = PRESETS[args.preset].vocab_size
+    TOKENIZER = ByteTokenizer(vocab)
+    jobs = make_jobs(args.requests, args.disconnect_fraction, args.seed, vocab)
+    port = free_port()
+    proc, cmd = start_server(args, port)
+    try:
+        run = asyncio.run(load(f"http://127.0.0.1:{port}", jobs))
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    summary = summarize(jobs, run)
+    summary["server_exit_code"] = code
+    record = {
+        "bench": "load",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "server_command": cmd[1:],
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "summary": summary,
+        "env": envinfo.collect(),
+        "requests": [
+            {k: v for k, v in asdict(j).items() if k not in ("prompt", "reference", "tokens")}
+            | {"prompt_tokens": len(j.prompt), "output_tokens": len(j.tokens)}
+            for j in jobs
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    s = summary
+    print(
+        f"{s['completed']} completed, {s['disconnected']} disconnected in {s['wall_s']:.2f} s: "
+        f"{s['requests_per_s']:.2f} req/s, p99 latency {s['latency_s']['p99']:.3f} s, "
+        f"/health max {s['health']['max_s']:.3f} s; checks "
+        + ("passed" if s["ok"] else f"FAILED: {[k for k, v in s['checks'].items() if not v]}")
+        + f" -> {args.out}"
+    )
+    return 0 if s["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))
