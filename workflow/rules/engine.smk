@@ -3,39 +3,6 @@
 # it (stacked time per step vs context, per configuration, floor drawn) for the report.
 # Defined only when the config has an `engine` section.
 
-ENGINE_BENCH = "results/engine/bench.json"
-
-
-def engine_bench_input(wildcards) -> dict[str, str]:
-    """The custom backend needs the built kernel library."""
-    return {"lib": KERNEL_LIB} if "custom" in config["engine"]["backends"] else {}
-
-
-def published_engine_input(wildcards) -> list[str]:
-    """The published study's raw step anatomy, drawn beside this run's when it exists."""
-    root = published_dir()
-    path = f"{root}/gpu-logs/engine/engine.json"
-    return [path] if root and os.path.isfile(path) else []
-
-
-def engine_bench_flags() -> str:
-    eng = config["engine"]
-    flags = [
-        f"--preset {eng['preset']} --device {eng['device']}",
-        "--backends " + " ".join(eng["backends"]),
-        "--paths " + " ".join(eng["paths"]),
-        "--contexts " + " ".join(str(c) for c in eng["contexts"]),
-        "--modes " + " ".join(eng.get("modes", ["chain"])),
-        f"--draft-len {eng.get('draft_len', 16)} --repeats {eng.get('repeats', 5)}",
-    ]
-    if eng.get("loop_contexts"):
-        flags.append("--parts anatomy loop --loop-contexts")
-        flags.append(" ".join(str(c) for c in eng["loop_contexts"]))
-    if eng["device"] == "cpu":
-        flags.append("--threads 1")  # tiny GEMMs on a shared CPU: no intra-op spinning
-    return " ".join(flags)
-
-
 if "engine" in config:
 
     rule bench_engine:
