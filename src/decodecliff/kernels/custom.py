@@ -275,18 +275,8 @@ class CustomAttention:
         rows = meta.num_tokens * meta.num_heads
         if rows == 0 or meta.batch_size == 0:
             return out
-        ws_o = self.reserve(rows, plan.num_splits, q.device).data_ptr()
-        tm = meta.tree_mask
-        code = self.lib.dcmla_mla_attention(
-            q.data_ptr(), kv_cache.data_ptr(), meta.page_table.data_ptr(),
-            meta.kv_lens.data_ptr(), meta.q_indptr.data_ptr(),
-            None if tm is None else tm.data_ptr(), out.data_ptr(),
-            ws_o, ws_o + rows * plan.num_splits * D_V * 4,
-            meta.batch_size, meta.num_heads, meta.num_tokens, plan.max_q_len, meta.page_size,
-            meta.page_table.stride(0), 0 if tm is None else tm.shape[1], plan.num_splits,
-            plan.mtiles, plan.variant, float(meta.sm_scale),
-            torch.cuda.current_stream(q.device).cuda_stream,
-        )  # fmt: skip
+        args = self._launch_args(meta, plan, q, kv_cache, out)
+        code = self.lib.dcmla_mla_attention(*args, torch.cuda.current_stream(q.device).cuda_stream)
         self._raise(code, "launch")
         return out
 
@@ -306,40 +296,30 @@ class CustomAttention:
             self.workspace = ws = torch.empty(need, dtype=torch.float32, device=device)
         return ws
 
+    def _launch_args(
+        self, meta: AttnMeta, plan: LaunchPlan, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor
+    ) -> tuple:
+        """The library call's arguments but the stream, in mla_verify.cu's order (one place)."""
+        rows = meta.num_tokens * meta.num_heads
+        ws_o = self.reserve(rows, plan.num_splits, q.device).data_ptr()
+        tm = meta.tree_mask
+        return (
+            q.data_ptr(), kv.data_ptr(), meta.page_table.data_ptr(),
+            meta.kv_lens.data_ptr(), meta.q_indptr.data_ptr(),
+            None if tm is None else tm.data_ptr(), out.data_ptr(),
+            ws_o, ws_o + rows * plan.num_splits * D_V * 4,
+            meta.batch_size, meta.num_heads, meta.num_tokens, plan.max_q_len, meta.page_size,
+            meta.page_table.stride(0), 0 if tm is None else tm.shape[1], plan.num_splits,
+            plan.mtiles, plan.variant, float(meta.sm_scale),
+        )  # fmt: skip
+
     def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
         """Validate, plan and size the workspace; return the launch-only step (timing, graphs)."""
         validate(batch, out)
-        total_q, heads = batch.q.shape[0], batch.num_heads
-        if total_q == 0 or batch.batch_size == 0:
+        if batch.q.shape[0] == 0 or batch.batch_size == 0:
             return lambda: None
         plan = self.plan(batch)
-        rows = total_q * heads
-        ws = self.reserve(rows, plan.num_splits, batch.q.device)
-        ws_o = ws.data_ptr()
-        ws_lse = ws_o + rows * plan.num_splits * D_V * 4
-        tm = batch.tree_mask
-        args = (
-            batch.q.data_ptr(),
-            batch.kv_cache.data_ptr(),
-            batch.page_table.data_ptr(),
-            batch.kv_lens.data_ptr(),
-            batch.q_indptr.data_ptr(),
-            None if tm is None else tm.data_ptr(),
-            out.data_ptr(),
-            ws_o,
-            ws_lse,
-            batch.batch_size,
-            heads,
-            total_q,
-            plan.max_q_len,
-            batch.page_size,
-            batch.page_table.stride(0),
-            0 if tm is None else tm.shape[1],
-            plan.num_splits,
-            plan.mtiles,
-            plan.variant,
-            float(batch.sm_scale),
-        )
+        args = self._launch_args(batch.meta, plan, batch.q, batch.kv_cache, out)
         device = batch.q.device
 
         def step() -> None:
