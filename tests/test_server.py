@@ -272,11 +272,16 @@ def test_mha_prefill_serves_the_same_tokens_and_reports_it(srv):
 
 
 def test_sigterm_ends_requests_in_flight_with_a_reason_and_exits_in_seconds():
-    srv = Server("--max-total-tokens", "4096")
+    # room for both requests at once, so admission control queues neither
+    srv = Server("--max-total-tokens", "8192")
     body = {"input_ids": PROMPT_A, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     plain: dict[str, httpx.Response] = {}
     waiter = threading.Thread(target=lambda: plain.update(r=gen(srv, PROMPT_B, 3000)))
     waiter.start()
+    deadline = time.monotonic() + 30
+    while srv.get("/get_server_info").json()["running_requests"] < 1:
+        assert time.monotonic() < deadline, "the plain request never started"
+        time.sleep(0.05)
     with httpx.stream(
         "POST", srv.url + "/generate", json={**body, "stream": True}, timeout=30
     ) as r:

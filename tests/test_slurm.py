@@ -241,6 +241,8 @@ def report_headings(path: Path) -> list[str]:
 def test_profile_names_only_rules_of_the_workflow(tmp_path: Path) -> None:
     # Needs no cluster: keeps profiles/slurm in step with the rule files.
     ws = make_workspace(tmp_path / "study")
+    # the default study defines every optional rule (the engine bench among them)
+    shutil.copy2(REPO / "config.yaml", ws / "config.yaml")
     proc = snakemake(ws, ["--list-rules"], dict(os.environ), timeout=120)
     assert proc.returncode == 0, explain(proc)
     rules = set(proc.stdout.split())
@@ -249,7 +251,7 @@ def test_profile_names_only_rules_of_the_workflow(tmp_path: Path) -> None:
     assert named <= rules, f"profiles/slurm names rules the workflow lacks: {named - rules}"
     # every rule that runs as a job has its threads set (`all` only collects, on the host)
     assert rules - {"all"} <= set(profile["set-threads"]), rules - set(profile["set-threads"])
-    for rule in ("bench_kernels", "sweep_point"):
+    for rule in ("bench_kernels", "bench_engine", "sweep_point"):
         assert (
             profile["set-resources"][rule]["slurm_partition"]
             != (profile["default-resources"]["slurm_partition"])
@@ -285,11 +287,13 @@ def test_every_job_ran_on_the_cluster_where_the_profile_says(slurm_run: SlurmRun
     profile = yaml.safe_load(PROFILE.read_text())
     default = profile["default-resources"]["slurm_partition"]
     ran = sorted(rule_of(job) for job in slurm_run.jobs)
-    # every job but `all` (it only collects, on the host): the build, the microbenchmark, three
-    # points, the summaries, four notebooks and the rendered report
+    # every job but `all` (it only collects, on the host): the build, the microbenchmark, the
+    # FlashInfer sm_120 build check, three points, the summaries, four notebooks, the rendered
+    # report and its notes
     assert ran == sorted(
-        ["build_kernel", "bench_kernels", *["sweep_point"] * 3, "summarize", "notebook_kernels"]
-        + ["notebook_compare", *["notebook_sweep"] * 2, "notebook_report", "render_report"]
+        ["build_kernel", "bench_kernels", "flashinfer_sm120", *["sweep_point"] * 3, "summarize"]
+        + ["notebook_kernels", "notebook_compare", *["notebook_sweep"] * 2, "notebook_report"]
+        + ["render_report", "notes"]
     )
     for job in slurm_run.jobs:
         assert job["state"] == "COMPLETED", job
