@@ -17,6 +17,6 @@ timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_custom_gpu.py 2>&
 el sweep
 timeout 200 decodecliff sweep --server-cmd 'decodecliff serve --preset kimi-k2-tp8-rank --backend custom --device cuda --page-size 1 --chunk-size 4096 --spec chain --draft-len 16 --tree-nodes 64 --cuda-graph --prefill-attention mha --scatter-seed 0 --host {host} --port {port}' \
   --name custom-graph-p1 --contexts 185000 --gen-tokens 24 --requests-per-point 3 --concurrency 1 \
-  --point-timeout 150 --chunk-timeout 190 --start-timeout 60 --no-progress --heartbeat 30 \
+  --point-timeout 150 --chunk-timeout 190 --start-timeout 90 --no-progress --heartbeat 30 \
   --out $OUT/sweep --server-log $OUT/server.log 2>&1 | tee $OUT/sweep.log
 el done
