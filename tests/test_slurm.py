@@ -156,13 +156,33 @@ def explain(proc: subprocess.CompletedProcess[str], cluster: SlurmCluster | None
     return text + ("\n" + cluster.log_tail(15) if cluster else "")
 
 
+class LocalRun(NamedTuple):
+    ws: Path
+    proc: subprocess.Popen[str]
+
+
 @pytest.fixture(scope="module")
-def local_run(cluster: SlurmCluster, tmp_path_factory) -> Path:
-    # Asks for the cluster only so that a machine without one skips before running anything.
+def local_started(cluster: SlurmCluster, tmp_path_factory) -> LocalRun:
+    """The same study run locally, started in the background: it runs while the SLURM run's
+    jobs wait on the scheduler. Asks for the cluster so that a machine without one skips."""
     ws = make_workspace(tmp_path_factory.mktemp("local") / "study")
-    proc = snakemake(ws, ["--cores", str(cluster.cpus)], dict(os.environ))
-    assert proc.returncode == 0, explain(proc)
-    return ws
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cluster.cpus)]
+    log = (ws.parent / "snakemake.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=ws, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    yield LocalRun(ws, proc)
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def local_run(local_started: LocalRun, slurm_run: SlurmRun) -> Path:
+    # after the SLURM run (which was started second), so both studies ran at once
+    code = local_started.proc.wait(timeout=600)
+    assert code == 0, (local_started.ws.parent / "snakemake.log").read_text()[-6000:]
+    return local_started.ws
 
 
 class SlurmRun(NamedTuple):
@@ -171,7 +191,7 @@ class SlurmRun(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def slurm_run(cluster: SlurmCluster, tmp_path_factory) -> SlurmRun:
+def slurm_run(cluster: SlurmCluster, local_started: LocalRun, tmp_path_factory) -> SlurmRun:
     ws = make_workspace(tmp_path_factory.mktemp("slurm") / "study")
     seen = {job["id"] for job in slurm_jobs(cluster)}
     proc = snakemake(ws, slurm_args(cluster), cluster.env)
@@ -311,14 +331,14 @@ def test_failed_point_is_reported_as_locally(local_run: Path, slurm_run: SlurmRu
 
 
 def test_point_timeout_is_a_failed_point_on_slurm(cluster: SlurmCluster, tmp_path_factory) -> None:
-    # A server that never becomes healthy uses up its chunk's whole timeout, a minute: the
-    # job's SLURM time limit must leave room for the job around it, or SLURM kills the job
+    # A server that never becomes healthy uses up its chunk's whole timeout: the job's SLURM
+    # time limit (whole minutes) must leave room for the job around it, or SLURM kills the job
     # (TIMEOUT) before the runner records the failed point, as it does on a workstation.
     ws = make_workspace(tmp_path_factory.mktemp("timeout") / "study")
     study = yaml.safe_load((ws / "config.yaml").read_text())
     hang = {**study["sweep"]["servers"][1], "name": "hang"}
     hang["command"] = "python -c 'import time; time.sleep(600)' {host} {port}"
-    hang["chunks"] = [{"contexts": [256], "timeout_s": 60, "point_timeout_s": 30}]
+    hang["chunks"] = [{"contexts": [256], "timeout_s": 20, "point_timeout_s": 10}]
     study["sweep"]["servers"].append(hang)
     (ws / "config.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
     seen = {job["id"] for job in slurm_jobs(cluster)}

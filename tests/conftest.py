@@ -1,0 +1,19 @@
+"""Test-session setup shared by every module."""
+
+from __future__ import annotations
+
+import pytest
+
+# The modules that run a whole study (a SLURM cluster, the pipeline, the notebooks) take most of
+# the suite's time. Collected first, pytest-xdist hands them out first (one module per worker,
+# --dist loadfile), so the short modules fill the other workers meanwhile.
+SLOW_FIRST = ("test_slurm.py", "test_pipeline.py", "test_notebooks.py", "test_report_browser.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: the order within each module stays
