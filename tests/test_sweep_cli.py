@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -81,7 +82,7 @@ def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path):
     out = tmp_path / "out"
     argv = ["--url", _dead_url(), "--name", "gone", "--contexts", "16", "32"]
     rc = cli.cli([*argv, "--start-timeout", "0.5", "--out", str(out), "--no-progress"])
-    assert rc == 0
+    assert rc == cli.NO_SUCCESS  # no point succeeded, yet each has its file
     schema = json.loads(SCHEMA_PATH.read_text())
     for ctx in (16, 32):
         point = json.loads((out / f"ctx{ctx}.json").read_text())
@@ -90,6 +91,19 @@ def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path):
         assert "server not reachable" in point["reason"]
         assert point["warmup"] is None  # no server came up, so nothing was warmed
     assert not list(out.glob(".*tmp"))
+
+
+@pytest.mark.parametrize("ok", [False, True])
+def test_no_point_succeeded_exits_3_unless_failed_points_are_ok(tmp_path, capsys, ok):
+    server = f"{sys.executable} -c 'raise SystemExit(1)' --port {{port}}"
+    argv = ["--server-cmd", server, "--name", "dies", "--contexts", "16", "32", "--no-progress"]
+    argv += ["--start-timeout", "30", "--out", str(tmp_path)]
+    rc = cli.cli(argv + ["--failed-points-ok"] * ok)
+    assert rc == (0 if ok else 3)
+    assert ("no point succeeded" in capsys.readouterr().err) is not ok
+    for ctx in (16, 32):
+        point = json.loads((tmp_path / f"ctx{ctx}.json").read_text())
+        assert point["status"] == "failed" and "exited with code 1" in point["reason"]
 
 
 def test_unwritable_output_exits_1(tmp_path):

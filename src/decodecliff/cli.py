@@ -20,7 +20,7 @@ COMMANDS = {
     ),
     "bench-engine": ("decodecliff.bench.engine", "a verify step's anatomy beside its floor"),
     "bench-load": ("decodecliff.bench.load", "the server under concurrent streams and disconnects"),
-    "serve": ("decodecliff.server.app", "serve the synthetic MLA model over SGLang's HTTP API"),
+    "serve": ("decodecliff.server.cli", "serve the synthetic MLA model over SGLang's HTTP API"),
     "sweep": ("decodecliff.sweep.cli", "run a chunked context sweep against a server"),
 }
 

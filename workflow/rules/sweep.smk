@@ -39,11 +39,12 @@ rule sweep_point:
         "../../envs/serve.yaml"
     shell:
         # exec: the sweep runner replaces the shell, so a stop signal reaches it and its server.
-        # A failed or skipped point is written as such and the runner exits 0.
+        # A failed or skipped point is written as such, and --failed-points-ok keeps the job (and
+        # so the file) successful: a failed point is a result of the study.
         "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
         "exec decodecliff sweep {params.target} --name {wildcards.server}"
         " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
         " --requests-per-point {params.requests} --concurrency {params.concurrency}"
         " --point-timeout {params.point_timeout} --chunk-timeout {params.job_timeout}"
-        " --start-timeout {params.start_timeout} --no-progress"
+        " --start-timeout {params.start_timeout} --no-progress --failed-points-ok"
         " --out {params.outdir} > {log} 2>&1"

@@ -9,9 +9,15 @@ that it runs on a laptop CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-import torch
+from decodecliff.kernels.registry import BACKENDS
+
+if TYPE_CHECKING:  # torch loads only when an engine is built, so `serve --help` answers at once
+    import torch
 
 
 @dataclass(frozen=True)
@@ -68,38 +74,95 @@ PRESETS: dict[str, ModelConfig] = {
     ),
 }
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = ("bfloat16", "float32", "float64")  # torch dtype names
 SPEC_MODES = ("none", "chain", "tree")
 # How prefill chunks attend: through the attention backend (absorbed, as decode does) or, as SGLang
 # serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
 PREFILL_ATTENTION = ("backend", "mha")
+DEVICES = ("cpu", "cuda")
+
+
+def option(default: Any, help: str, **checks: Any) -> Any:
+    """An EngineConfig field that is also a `decodecliff serve` option: ``help`` is its help text;
+    ``choices``, ``min`` and ``max`` are checked by validate() (and offered by the parser);
+    ``exclusive`` names a group of options of which at most one may be given."""
+    return field(default=default, metadata={"help": help, **checks})
 
 
 @dataclass
 class EngineConfig:
-    preset: str = "tiny"
-    backend: str = "torch"
-    device: str = "cpu"  # resolved: "cpu" or "cuda"
-    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on CPU
-    page_size: int = 1
-    chunk_size: int = 512
-    prefill_attention: str = "backend"  # one of PREFILL_ATTENTION; decode/verify always absorbed
-    max_total_tokens: int | None = None  # None: from mem_fraction (CUDA) or CPU_DEFAULT_TOKENS
-    mem_fraction: float = 0.85  # of the free device memory after the weights
-    max_running_requests: int = 8
-    spec: str = "none"
-    draft_len: int = 16
-    tree_nodes: int = 64
-    cuda_graph: bool = False
-    defrag: bool = False
-    defrag_threshold: float = 0.25  # fraction of page breaks that triggers a compaction
-    defrag_interval: int = 32  # engine steps between fragmentation checks
-    scatter_seed: int | None = None  # shuffle the initial free list (page_size=1: scattered slots)
-    seed: int = 0
-    threads: int | None = None  # torch.set_num_threads; None: torch's default
-    backend_options: dict = field(default_factory=dict)
+    """The engine's settings: the one place their defaults, limits and help are defined.
 
-    CPU_DEFAULT_TOKENS = 65536
+    Every field made with option() is the `decodecliff serve` option of the same name (dashes for
+    underscores) with the same default (add_options builds the parser, from_args reads it back);
+    the study's config schema (workflow/schemas/config.schema.yaml) repeats the settings it
+    exposes, and tests/test_config_sources.py holds the two together.
+    """
+
+    CPU_DEFAULT_TOKENS = 65536  # KV pool without max_total_tokens on a CPU
+
+    preset: str = option("tiny", "model preset", choices=tuple(sorted(PRESETS)))
+    backend: str = option("torch", "attention backend", choices=tuple(sorted(BACKENDS)))
+    # resolved before the engine is built (serve's --device also takes "auto")
+    device: str = field(default="cpu", metadata={"choices": DEVICES})
+    dtype: str | None = option(
+        None,
+        "dtype of the weights and the KV cache (default: bfloat16 on CUDA, float32 on a CPU)",
+        choices=DTYPES,
+    )
+    page_size: int = option(1, "KV cache page size in tokens", min=1)
+    # The study's config schema gives the same default for a server without chunk_size; the
+    # study's configs set it for every server, so the pipeline always passes it explicitly.
+    chunk_size: int = option(512, "chunked prefill size in tokens", min=1)
+    prefill_attention: str = option(
+        "backend",
+        "how prefill chunks attend: through the attention backend (absorbed) or, as SGLang does, "
+        "multi-head attention over K/V decompressed from the latent; decode and verify steps "
+        "always use the backend",
+        choices=PREFILL_ATTENTION,
+    )
+    max_total_tokens: int | None = option(
+        None,
+        f"KV pool size in tokens (default: from --mem-fraction on CUDA, {CPU_DEFAULT_TOKENS} "
+        "on a CPU)",
+        min=1,
+        exclusive="pool size",
+    )
+    mem_fraction: float = option(
+        0.85,
+        "share of the free GPU memory after the weights that the KV pool takes, in (0, 1]",
+        exclusive="pool size",
+    )
+    max_running_requests: int = option(8, "requests in the running batch at most", min=1)
+    spec: str = option(
+        "none",
+        "speculative decoding: none, a draft chain or a draft tree verified per step",
+        choices=SPEC_MODES,
+    )
+    draft_len: int = option(
+        16, "chain verify length in tokens (the last token included)", min=2, max=64
+    )
+    tree_nodes: int = option(64, "tree verify size in nodes (the root included)", min=16, max=256)
+    cuda_graph: bool = option(False, "capture decode and verify steps in CUDA graphs (CUDA only)")
+    defrag: bool = option(False, "compact the running requests' scattered KV pages")
+    defrag_threshold: float = option(
+        0.25, "fraction of page breaks that triggers a compaction", min=0.0, max=1.0
+    )
+    defrag_interval: int = option(32, "engine steps between fragmentation checks", min=1)
+    scatter_seed: int | None = option(
+        None,
+        "shuffle the initial free list with this seed (page size 1: scattered slots; "
+        "default: in order)",
+    )
+    seed: int = option(
+        0,
+        "seed of the synthetic weights, and of sampling for requests that give none (plus "
+        "the request's number)",
+    )
+    threads: int | None = option(
+        None, "CPU threads for torch (default: torch's own choice, all cores)", min=1
+    )
+    backend_options: dict = field(default_factory=dict)
 
     @property
     def model(self) -> ModelConfig:
@@ -107,9 +170,11 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype is None:
             return torch.bfloat16 if self.device == "cuda" else torch.float32
-        return DTYPES[self.dtype]
+        return getattr(torch, self.dtype)
 
     @property
     def spec_tokens(self) -> int:
@@ -118,30 +183,56 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise ValueError with a clear message for an impossible configuration."""
-        checks = [
-            (
-                self.preset in PRESETS,
-                f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}",
-            ),
-            (self.device in ("cpu", "cuda"), f"device must be cpu or cuda, not {self.device!r}"),
-            (self.dtype is None or self.dtype in DTYPES, f"dtype must be one of {sorted(DTYPES)}"),
-            (self.page_size >= 1, "page size must be >= 1"),
-            (self.chunk_size >= 1, "chunk size must be >= 1"),
-            (
-                self.prefill_attention in PREFILL_ATTENTION,
-                f"prefill attention must be one of {PREFILL_ATTENTION}",
-            ),
-            (self.max_total_tokens is None or self.max_total_tokens >= 1, "max total tokens >= 1"),
-            (0.0 < self.mem_fraction <= 1.0, "mem fraction must be in (0, 1]"),
-            (self.max_running_requests >= 1, "max running requests must be >= 1"),
-            (self.spec in SPEC_MODES, f"spec must be one of {SPEC_MODES}"),
-            (2 <= self.draft_len <= 64, "draft length must be in 2..64"),
-            (16 <= self.tree_nodes <= 256, "tree nodes must be in 16..256"),
-            (0.0 <= self.defrag_threshold <= 1.0, "defrag threshold must be in [0, 1]"),
-            (self.defrag_interval >= 1, "defrag interval must be >= 1"),
-            (self.threads is None or self.threads >= 1, "threads must be >= 1"),
-            (not (self.cuda_graph and self.device != "cuda"), "--cuda-graph needs a CUDA device"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        for f in fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if value is None or not meta:
+                continue
+            name = f.name.replace("_", " ")
+            if "choices" in meta and value not in meta["choices"]:
+                raise ValueError(f"{name} must be one of {list(meta['choices'])}, not {value!r}")
+            low, high = meta.get("min"), meta.get("max")
+            if (low is not None and value < low) or (high is not None and value > high):
+                bounds = f">= {low}" if high is None else f"in {low}..{high}"
+                raise ValueError(f"{name} must be {bounds}, not {value!r}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError("mem fraction must be in (0, 1]")
+        if self.cuda_graph and self.device != "cuda":
+            raise ValueError("--cuda-graph needs a CUDA device")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **given: Any) -> EngineConfig:
+        """The config of options parsed by a parser add_options built; ``given`` sets the fields
+        that are not options (the resolved device, backend options)."""
+        return cls(**{f.name: getattr(args, f.name) for f in options()}, **given)
+
+
+def options() -> list[Field]:
+    """The EngineConfig fields that are command-line options."""
+    return [f for f in fields(EngineConfig) if "help" in f.metadata]
+
+
+def _scalar(hint: Any) -> type:
+    """The type of an option's values: ``int`` of ``int | None``."""
+    return next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add the `decodecliff serve` option of every EngineConfig option field."""
+    hints = typing.get_type_hints(EngineConfig)
+    groups: dict[str, Any] = {}
+    for f in options():
+        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+        where = parser
+        if "exclusive" in meta:
+            if meta["exclusive"] not in groups:
+                groups[meta["exclusive"]] = parser.add_mutually_exclusive_group()
+            where = groups[meta["exclusive"]]
+        kind = _scalar(hints[f.name])
+        assert f.default is not MISSING, f"option {f.name} needs a default"
+        if kind is bool:
+            assert f.default is False, f"switch {f.name} must default to off"
+            where.add_argument(flag, action="store_true", help=meta["help"])
+        else:
+            where.add_argument(
+                flag, type=kind, default=f.default, choices=meta.get("choices"), help=meta["help"]
+            )

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -60,6 +61,24 @@ def token_logprobs(rows: torch.Tensor, chosen: torch.Tensor, top: int) -> list[T
             pairs = list(zip(alts.indices[r].tolist(), alts.values[r].tolist(), strict=True))
         out.append((value, pairs))
     return out
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine for the server's self-description and metrics."""
+
+    running: int  # requests in the running batch
+    queued: int  # submitted and not yet admitted
+    used_tokens: int  # KV slots held by admitted requests (whole pages)
+    max_total_tokens: int  # KV slots in the pool
+    cuda_graphs_captured: list[list[int]]  # [batch size, query tokens] of each captured step
+    fragmentation: dict  # Engine.fragmentation()
+    kv_cache_bytes: int
+    weight_bytes: int
+
+    @property
+    def token_usage(self) -> float:
+        return self.used_tokens / self.max_total_tokens
 
 
 class Engine:
@@ -116,6 +135,20 @@ class Engine:
     @property
     def max_total_num_tokens(self) -> int:
         return self.pool.max_total_tokens
+
+    def stats(self) -> EngineStats:
+        """What the engine holds right now (read-only: it changes nothing)."""
+        pool = self.pool
+        return EngineStats(
+            running=len(self.running),
+            queued=len(self.waiting) + self.inbox.qsize(),
+            used_tokens=(pool.num_pages - pool.allocator.num_free) * pool.page_size,
+            max_total_tokens=pool.max_total_tokens,
+            cuda_graphs_captured=self.graphs.captured_shapes() if self.graphs else [],
+            fragmentation=self.fragmentation(),
+            kv_cache_bytes=pool.cache.numel() * pool.cache.element_size(),
+            weight_bytes=self.model.weight_bytes(),
+        )
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
         """Raise ValueError when a request can never be served by this engine."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from .api import AttentionBackend
+if TYPE_CHECKING:  # api.py loads torch; the names below must not
+    from .api import AttentionBackend
 
 BACKENDS = {
     "torch": ("decodecliff.kernels.reference", "TorchAttention"),

@@ -16,7 +16,6 @@ requests. Unlike SGLang, temperature defaults to 0 (greedy) so runs are determin
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import codecs
 import json
@@ -29,16 +28,9 @@ import torch
 from aiohttp import web
 
 from decodecliff import envinfo
-from decodecliff.engine.config import (
-    DTYPES,
-    PREFILL_ATTENTION,
-    PRESETS,
-    SPEC_MODES,
-    EngineConfig,
-)
+from decodecliff.engine.config import EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import SamplingParams
-from decodecliff.kernels.registry import BACKENDS
 
 from .jobs import Batch, Choice, error_body, error_response, respond
 from .metrics import Metrics
@@ -206,23 +198,21 @@ async def health_generate(request: web.Request) -> web.Response:
 
 
 async def server_info(request: web.Request) -> web.Response:
-    engine, metrics = request.app[ENGINE], request.app[METRICS]
+    metrics = request.app[METRICS]
+    stats = request.app[ENGINE].stats()
     info = dict(request.app[INFO])
-    pool = engine.pool
-    used = (pool.num_pages - pool.allocator.num_free) * pool.page_size
-    running, queued = len(engine.running), len(engine.waiting) + engine.inbox.qsize()
     info.update(
-        running_requests=running,
-        waiting_requests=queued,
-        fragmentation=engine.fragmentation(),
-        cuda_graphs_captured=engine.graphs.captured_shapes() if engine.graphs else [],
+        running_requests=stats.running,
+        waiting_requests=stats.queued,
+        fragmentation=stats.fragmentation,
+        cuda_graphs_captured=stats.cuda_graphs_captured,
         internal_states=[
             {
                 "avg_spec_accept_length": metrics.avg_accept_length,
-                "num_running_reqs": running,
-                "num_queue_reqs": queued,
-                "num_used_tokens": used,
-                "token_usage": used / pool.max_total_tokens,
+                "num_running_reqs": stats.running,
+                "num_queue_reqs": stats.queued,
+                "num_used_tokens": stats.used_tokens,
+                "token_usage": stats.token_usage,
             }
         ],
     )
@@ -280,7 +270,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def static_info(engine: Engine) -> dict:
-    cfg = engine.cfg
+    cfg, stats = engine.cfg, engine.stats()
     return {
         "preset": cfg.preset,
         "model_path": cfg.preset,
@@ -305,8 +295,8 @@ def static_info(engine: Engine) -> dict:
         "scatter_seed": cfg.scatter_seed,
         "seed": cfg.seed,
         "threads": torch.get_num_threads(),
-        "weight_bytes": engine.model.weight_bytes(),
-        "kv_cache_bytes": engine.pool.cache.numel() * engine.pool.cache.element_size(),
+        "weight_bytes": stats.weight_bytes,
+        "kv_cache_bytes": stats.kv_cache_bytes,
         "env": envinfo.collect(),
     }
 
@@ -343,79 +333,6 @@ def make_app(engine: Engine) -> web.Application:
     return app
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="decodecliff serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--backend", choices=sorted(BACKENDS), default="torch")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU"
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--chunk-size", type=int, default=512, help="chunked prefill size (tokens)")
-    p.add_argument(
-        "--prefill-attention",
-        choices=PREFILL_ATTENTION,
-        default="backend",
-        help="prefill chunks through the attention backend (absorbed) or, as SGLang does, "
-        "multi-head attention over K/V decompressed from the latent; decode/verify use the backend",
-    )
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
-    size.add_argument(
-        "--mem-fraction", type=float, default=0.85, help="of free GPU memory after weights"
-    )
-    p.add_argument("--max-running-requests", type=int, default=8)
-    p.add_argument("--spec", choices=SPEC_MODES, default="none")
-    p.add_argument(
-        "--draft-len", type=int, default=16, help="chain verify length (incl. last token)"
-    )
-    p.add_argument("--tree-nodes", type=int, default=64, help="tree verify size (incl. the root)")
-    p.add_argument(
-        "--cuda-graph", action="store_true", help="capture decode/verify steps (CUDA only)"
-    )
-    p.add_argument("--defrag", action="store_true", help="compact scattered KV pages")
-    p.add_argument("--defrag-threshold", type=float, default=0.25)
-    p.add_argument("--defrag-interval", type=int, default=32, help="steps between checks")
-    p.add_argument("--scatter-seed", type=int, default=None, help="start from a shuffled free list")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all)")
-    p.add_argument("--log-level", default="warning")
-    return p.parse_args(argv)
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda but no CUDA device is available")
-    return EngineConfig(
-        preset=args.preset,
-        backend=args.backend,
-        device=device,
-        dtype=args.dtype,
-        page_size=args.page_size,
-        chunk_size=args.chunk_size,
-        prefill_attention=args.prefill_attention,
-        max_total_tokens=args.max_total_tokens,
-        mem_fraction=args.mem_fraction,
-        max_running_requests=args.max_running_requests,
-        spec=args.spec,
-        draft_len=args.draft_len,
-        tree_nodes=args.tree_nodes,
-        cuda_graph=args.cuda_graph,
-        defrag=args.defrag,
-        defrag_threshold=args.defrag_threshold,
-        defrag_interval=args.defrag_interval,
-        scatter_seed=args.scatter_seed,
-        seed=args.seed,
-        threads=args.threads,
-    )
-
-
 async def serve(engine: Engine, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT; then in-flight requests end with "server shutting down"."""
     # handler_cancellation: a client that disconnects cancels its handler and so its requests
@@ -436,18 +353,16 @@ async def serve(engine: Engine, host: str, port: int) -> None:
     await runner.cleanup()  # lets those handlers answer (at most shutdown_timeout), then closes
 
 
-def cli(argv: list[str]) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+def run(cfg: EngineConfig, host: str, port: int) -> int:
+    """Build the engine and serve it (see serve); the exit code of `decodecliff serve`."""
     try:
-        cfg = engine_config(args)
         engine = Engine(cfg)
     except ValueError as exc:
         print(f"decodecliff serve: error: {exc}", file=sys.stderr)
         return 2
     engine.start()
     try:
-        asyncio.run(serve(engine, args.host, args.port))
+        asyncio.run(serve(engine, host, port))
     except OSError as exc:  # port in use, bad host
         print(f"decodecliff serve: error: {exc}", file=sys.stderr)
         return 1

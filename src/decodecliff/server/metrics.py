@@ -62,12 +62,10 @@ class Metrics:
         return self.verify_tokens / self.verify_steps if self.verify_steps else None
 
     def render(self) -> bytes:
-        eng = self.engine
-        pool = eng.pool
-        used = (pool.num_pages - pool.allocator.num_free) * pool.page_size
-        self.running.set(len(eng.running))
-        self.queued.set(len(eng.waiting) + eng.inbox.qsize())
-        self.used_tokens.set(used)
-        self.token_usage.set(used / pool.max_total_tokens)
+        stats = self.engine.stats()
+        self.running.set(stats.running)
+        self.queued.set(stats.queued)
+        self.used_tokens.set(stats.used_tokens)
+        self.token_usage.set(stats.token_usage)
         self.accept_length.set(self.avg_accept_length or 0.0)
         return generate_latest(self.registry)

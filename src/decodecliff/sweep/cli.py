@@ -1,7 +1,8 @@
 """`decodecliff sweep`: a chunked context sweep against a launched server or a URL.
 
-Exit code 0 when every point got its file (failed and skipped points are results too), 2 for
-usage errors, 1 when a result file could not be written.
+Every point gets its file, failed and skipped points included. Exit code 0 when some point
+succeeded (or with --failed-points-ok), 3 when none did, 2 for usage errors, 1 when a result file
+could not be written (or a point record did not match its schema, a bug).
 """
 
 from __future__ import annotations
@@ -10,16 +11,28 @@ import argparse
 import json
 import signal
 import sys
+from dataclasses import fields
 from pathlib import Path
 
-from decodecliff.sweep import client
+from decodecliff.helpformat import DefaultsHelpFormatter
+from decodecliff.sweep import client, prompts
+from decodecliff.sweep.point import PointError
 from decodecliff.sweep.runner import Chunk, Runner, SweepConfig
+
+NO_SUCCESS = 3  # exit code when no point succeeded
+
+
+def _default(name: str) -> object:
+    """SweepConfig's default of a setting: the options repeat it, never restate it."""
+    return next(f.default for f in fields(SweepConfig) if f.name == name)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="decodecliff sweep",
         description="Stream requests at each context point and write <out>/ctx<N>.json each.",
+        epilog=__doc__.split("\n\n")[1],  # the exit codes
+        formatter_class=DefaultsHelpFormatter,
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
@@ -29,60 +42,119 @@ def _parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--url", help="an already running server (not launched or stopped)")
     p.add_argument("--name", required=True, help="name of the server configuration")
-    p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="prompt lengths")
+    p.add_argument(
+        "--contexts",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="prompt lengths of the points (default: every point of --chunks-json)",
+    )
     p.add_argument(
         "--chunks-json",
         type=Path,
         metavar="FILE",
         help='chunks: [{"contexts": [...], "timeout_s": S, "point_timeout_s": S}, ...] '
-        "(timeouts default to the options); with --contexts only those points run",
+        "(timeouts default to the options); with --contexts only those points run (default: "
+        "one chunk of --contexts)",
     )
-    p.add_argument("--gen-tokens", type=int, default=24, help="tokens generated per point")
+    p.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=_default("gen_tokens"),
+        metavar="N",
+        help="tokens generated per request",
+    )
     p.add_argument(
         "--warmup-tokens",
         type=int,
-        default=64,
+        default=_default("warmup_tokens"),
         metavar="N",
         help="prompt tokens of the unrecorded warm-up request sent after every server launch "
         "(0: no warm-up)",
     )
     p.add_argument(
-        "--warmup-gen-tokens", type=int, default=4, metavar="N", help="tokens the warm-up generates"
+        "--warmup-gen-tokens",
+        type=int,
+        default=_default("warmup_gen_tokens"),
+        metavar="N",
+        help="tokens the warm-up generates",
     )
     p.add_argument(
         "--requests-per-point",
         type=int,
-        default=1,
+        default=_default("requests_per_point"),
         metavar="N",
         help="recorded rounds per point after the warm-up (the summary is their median)",
     )
     p.add_argument(
-        "--concurrency", type=int, default=1, metavar="K", help="streams sent at once per round"
+        "--concurrency",
+        type=int,
+        default=_default("concurrency"),
+        metavar="K",
+        help="streams sent at once per round",
     )
     p.add_argument(
-        "--point-timeout", type=float, default=1800.0, help="seconds per request (round)"
+        "--point-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="seconds per request (round)",
     )
-    p.add_argument("--chunk-timeout", type=float, default=7200.0, help="seconds per chunk")
-    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds to get healthy")
-    p.add_argument("--stop-grace", type=float, default=10.0, help="SIGTERM -> SIGKILL seconds")
+    p.add_argument(
+        "--chunk-timeout", type=float, default=7200.0, metavar="S", help="seconds per chunk"
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=_default("start_timeout_s"),
+        metavar="S",
+        help="seconds a server may take to get healthy",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=_default("stop_grace_s"),
+        metavar="S",
+        help="seconds from SIGTERM to SIGKILL when a launched server is stopped",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder of the point files")
-    p.add_argument("--api", choices=client.APIS, default="generate")
-    p.add_argument("--model", default="default", help="model name sent with --api openai")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids")
     p.add_argument(
-        "--vocab-size", type=int, help="token id range when the server info has no vocab_size"
+        "--api",
+        choices=client.APIS,
+        default=_default("api"),
+        help="SGLang's native /generate or OpenAI's /v1/completions",
     )
-    p.add_argument("--host", default="127.0.0.1", help="host the launched server binds")
+    p.add_argument("--model", default=_default("model"), help="model name sent with --api openai")
+    p.add_argument(
+        "--seed", type=int, default=_default("seed"), help="seed of the prompt token ids"
+    )
+    low, high = prompts.DEFAULT_ID_RANGE
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        help="token id range when the server info has no vocab_size (default: ids from "
+        f"{low} to {high - 1})",
+    )
+    p.add_argument("--host", default=_default("host"), help="host the launched server binds")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar on stderr")
     p.add_argument(
         "--heartbeat",
         type=float,
-        default=60.0,
+        default=_default("heartbeat_s"),
         metavar="S",
         help="without a terminal, a still-running line every S seconds (0: none)",
     )
     p.add_argument(
-        "--server-log", type=Path, help="server stdout/stderr (default <out>/server-<name>.log)"
+        "--server-log",
+        type=Path,
+        metavar="FILE",
+        help="server stdout/stderr (default: <out>/server-<name>.log)",
+    )
+    p.add_argument(
+        "--failed-points-ok",
+        action="store_true",
+        help="exit 0 even when no point succeeded: failed points are results (the study's "
+        "one-point jobs keep theirs)",
     )
     return p
 
@@ -182,10 +254,16 @@ def cli(argv: list[str]) -> int:
     except OSError as exc:
         print(f"decodecliff sweep: cannot write results: {exc}", file=sys.stderr)
         return 1
+    except PointError as exc:
+        print(f"decodecliff sweep: {exc}", file=sys.stderr)
+        return 1
     counts = {s: sum(r["status"] == s for r in results) for s in ("ok", "failed", "skipped")}
     print(
         f"decodecliff sweep {cfg.name}: {len(results)} points in {cfg.out} "
         f"({counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped)",
         file=sys.stderr,
     )
+    if counts["ok"] == 0 and not args.failed_points_ok:
+        print(f"decodecliff sweep {cfg.name}: no point succeeded", file=sys.stderr)
+        return NO_SUCCESS
     return 0

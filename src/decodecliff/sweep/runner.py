@@ -13,8 +13,9 @@ self-description is read again after the point (defragmentation, graphs captured
 
 A failed point is data, not a crash: a timeout, a dead or hung server is written down as a failed
 point (with its reason and the timings so far), the server is restarted for the next point, and
-files already written are never touched again. Each file is written atomically, inside the
-point's guard: a value JSON cannot hold (a server's NaN) fails that point, not the sweep.
+files already written are never touched again. Each file is checked against point.schema.json
+(a record that breaks it is a bug and ends the sweep) and written atomically, inside the point's
+guard: a value JSON cannot hold (a server's NaN) fails that point, not the sweep.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from rich.progress import (
 )
 
 from decodecliff import envinfo
-from decodecliff.sweep import client, launcher, metrics, prompts
+from decodecliff.sweep import client, launcher, metrics, point, prompts
+from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point files are defined)
 
-SCHEMA = "decodecliff.sweep-point/2"
-SCHEMA_PATH = Path(__file__).with_name("point.schema.json")
+SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sweep-point/2
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
 
@@ -80,7 +81,9 @@ class SweepConfig:
     server_cmd: str | None = None
     url: str | None = None
     gen_tokens: int = 24
-    start_timeout_s: float = 600.0
+    # Loading a large preset and capturing CUDA graphs takes minutes on a GPU; the study's
+    # configs give 900 s too (config.schema.yaml's default for sweep.start_timeout_s).
+    start_timeout_s: float = 900.0
     api: str = "generate"
     seed: int = 0
     vocab_size: int | None = None
@@ -581,6 +584,8 @@ class Runner:
     # -- output ---------------------------------------------------------------------------------
 
     def _write(self, res: dict) -> None:
+        # A record that breaks the schema is a bug: PointError ends the sweep, the file unwritten.
+        point.check(res)
         path = point_path(self.cfg.out, res["requested_ctx"])
         write_json_atomic(path, res)
         self.written.append(path)

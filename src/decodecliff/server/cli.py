@@ -1,0 +1,66 @@
+"""`decodecliff serve` options: the engine's settings (engine.config.EngineConfig, one option per
+field) and where to listen. Parsing needs neither torch nor the server, so --help answers at once;
+both load when the server starts (server/app.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from decodecliff.engine.config import EngineConfig, add_options
+from decodecliff.helpformat import DefaultsHelpFormatter
+
+DESCRIPTION = (
+    "Serve the synthetic MLA model over SGLang's native HTTP API and OpenAI's, so the same "
+    "streaming sweep (and SGLang's, vLLM's and GuideLLM's benchmark clients) run against this "
+    "server or a real SGLang one."
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="decodecliff serve", description=DESCRIPTION, formatter_class=DefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the engine runs (auto: CUDA when a GPU is visible)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on")
+    p.add_argument(
+        "--log-level", default="warning", help="logging level: debug, info, warning or error"
+    )
+    add_options(p)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's settings from the parsed options, with --device resolved to cpu or cuda."""
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no CUDA device is available")
+    return EngineConfig.from_args(args, device=device)
+
+
+def cli(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        cfg = engine_config(args)
+    except ValueError as exc:
+        print(f"decodecliff serve: error: {exc}", file=sys.stderr)
+        return 2
+    from decodecliff.server import app  # torch, the engine, aiohttp
+
+    return app.run(cfg, args.host, args.port)
