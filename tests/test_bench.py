@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,11 @@ def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
     labels = {p["triton_config"] for p in points if p["backend"] == "triton"}
     assert labels == {"grouped-s8", "sm90-extend", "sm90"}
     assert "roofline" in done.stdout  # the printed table
+    # progress, one line per point: done / total, elapsed, an estimate of the time left
+    progress = re.findall(r"^\[(\d+)/(\d+) (\d+)s, ~(\d+)s left\] (\w+)", done.stderr, re.M)
+    assert [(int(i), int(n)) for i, n, *_ in progress] == [(i, 40) for i in range(1, 41)]
+    assert [int(e) for _, _, e, _, _ in progress] == sorted(int(e) for _, _, e, _, _ in progress)
+    assert progress[-1][3] == "0" and {b for *_, b in progress} == {"torch", "triton", "custom"}
 
 
 def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
@@ -79,6 +85,16 @@ def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: s
     done, out = bench(tmp_path, *args)
     assert done.returncode == 2 and message in done.stderr
     assert not out.exists()
+
+
+def test_every_option_says_its_default_in_plain_text() -> None:
+    p = kernels.parser()
+    assert "``" not in p.description
+    for action in p._actions:
+        if action.dest != "help":
+            assert "(default: " in action.help and "``" not in action.help, action.dest
+    helps = {action.dest: action.help for action in p._actions}
+    assert helps["contexts"].endswith("(default: 1024 4096 16384 32768 65536 131072 185000)")
 
 
 def test_a_failing_backend_is_recorded_and_the_bench_goes_on(tmp_path, monkeypatch) -> None:

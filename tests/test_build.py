@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from decodecliff.kernels import build
-from decodecliff.kernels.custom import auto_variant, library_path, plan_launch
+from decodecliff.kernels import abi, build
+from decodecliff.kernels.custom import auto_variant, load_library, plan_launch
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None and not build.Path("/usr/local/cuda/bin/nvcc").is_file(),
@@ -85,6 +85,15 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path, capsys):
     assert "nvcc not found" in capsys.readouterr().err
 
 
+def test_every_option_says_its_default_in_plain_text():
+    p = build.parser()
+    assert "``" not in p.description
+    for action in p._actions:
+        if action.dest != "help":
+            assert "(default: " in action.help and "``" not in action.help, action.dest
+    assert p.parse_args([]).out == build.DEFAULT_OUT
+
+
 def test_parse_ptxas():
     name = "_ZN5dcmla15mla_attn_kernelILi2ELi1EEEvNS_6ParamsE"
     log = (
@@ -108,11 +117,35 @@ def test_unknown_variant_is_a_clear_error():
         CustomAttention(variant="v9")
 
 
-def test_loader_says_how_to_build(tmp_path, monkeypatch):
-    monkeypatch.delenv("DECODECLIFF_KERNEL_LIB", raising=False)
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="decodecliff build-kernel"):
-        library_path()
+CUDA_ERROR_INVALID_VALUE = 1
+
+
+@needs_nvcc
+def test_library_answers_through_its_bound_interface(built):
+    """Host-side calls only (no GPU): the queries, and launches the library refuses before any
+    CUDA call, each with one argument out of range, passed by name (kernels/abi.py)."""
+    out, _ = built
+    lib = load_library(out / build.LIB_NAME)
+    assert lib.dcmla_max_splits() >= 1024
+    assert lib.dcmla_smem_bytes(2, 1) == expected_smem("v2", 1)
+    assert lib.dcmla_smem_bytes(9, 1) == -1
+    assert lib.dcmla_error_string(CUDA_ERROR_INVALID_VALUE) == b"invalid argument"
+    pointers = [name for name, ctype in abi.MLA_ATTENTION[:-1] if ctype is abi.PTR]
+    valid = dict.fromkeys(pointers) | dict(
+        batch=1, heads=8, total_q=16, max_q_len=16, page_size=64, pt_stride=4, tree_stride=16,
+        num_splits=4, mtiles=2, variant=1, sm_scale=0.07,
+    )  # fmt: skip
+
+    def launch(**change) -> int:
+        return lib.dcmla_mla_attention(*abi.mla_attention_args(valid | change), None)
+
+    assert launch(batch=0) == 0  # nothing to do: returns before touching the device
+    assert launch(total_q=0) == 0
+    for name in ("heads", "max_q_len", "page_size", "pt_stride", "num_splits", "mtiles"):
+        assert launch(**{name: 0}) == CUDA_ERROR_INVALID_VALUE, name
+    assert launch(variant=4) == CUDA_ERROR_INVALID_VALUE
+    assert launch(num_splits=lib.dcmla_max_splits() + 1) == CUDA_ERROR_INVALID_VALUE
+    assert launch(tree_mask=1, tree_stride=15) == CUDA_ERROR_INVALID_VALUE
 
 
 def test_plan_fills_one_wave_and_respects_short_contexts():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from decodecliff.kernels import D_QK, D_V, get_backend
+from decodecliff.kernels.api import token_slot, token_slots
 from decodecliff.kernels.reference import TorchAttention, reference_attention
 from decodecliff.kernels.synthetic import random_batch, relative_error
 
@@ -58,6 +59,31 @@ def test_torch_reference_matches_float64_loop(case: int) -> None:
 def test_torch_reference_bf16_within_tolerance() -> None:
     batch = random_batch([200, 80], 16, heads=8, page_size=16, tree=True, seed=3)
     assert relative_error(TorchAttention()(batch), reference_attention(batch)) < BF16_TOL
+
+
+def test_token_slots_follow_the_page_table() -> None:
+    """api.token_slots (tensors) and token_slot (one token) against the formula, written out."""
+    ps, g = 4, torch.Generator().manual_seed(0)
+    table = torch.randperm(40, generator=g).to(torch.int32).view(2, 20)[:, :5]  # 5 pages a row
+    tokens = torch.arange(20)
+    expect = [[int(table[b, t // ps]) * ps + t % ps for t in range(20)] for b in range(2)]
+    assert token_slots(table, tokens, ps).tolist() == expect
+    assert token_slots(table[1], tokens[3:9], ps).tolist() == expect[1][3:9]
+    assert token_slots(table, tokens, ps).dtype == torch.int64
+    assert [token_slot(table[0].tolist(), t, ps) for t in range(20)] == expect[0]
+    past = token_slots(table[0], torch.tensor([20, 23, 41]), ps).tolist()
+    assert past == [int(table[0, 4]) * ps + off for off in (0, 3, 1)]  # the table's last page
+    out = torch.empty(2, 20, dtype=torch.int64)
+    assert token_slots(table, tokens, ps, out=out) is out and out.tolist() == expect
+
+
+def test_triton_token_slots_pad_past_the_table() -> None:
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    batch = random_batch([30, 9], 1, heads=2, page_size=8, seed=4)  # 4 pages a row
+    batch.max_kv_len = 50  # a bound past the table: CUDA graphs pin it to the pool's size
+    slots = tb.TritonAttention().token_slots(batch)
+    table = batch.page_table.tolist()
+    assert slots.tolist() == [[row[min(t // 8, 3)] * 8 + t % 8 for t in range(50)] for row in table]
 
 
 def test_triton_runs_in_the_interpreter_without_cuda() -> None:
@@ -253,7 +279,7 @@ def test_cublas_peer_passes_the_planted_check() -> None:
 
 
 def sglang_peer(kernel: str, **options):
-    pytest.importorskip("decodecliff.kernels.triton_baseline")  # chooses the interpreter first
+    pytest.importorskip("decodecliff.kernels.triton_baseline")  # SGLang's kernels need triton
     peers = pytest.importorskip("decodecliff.kernels.peers")
     try:
         return peers.SGLangAttention(kernel, interpreted=True, **options)

@@ -17,7 +17,6 @@ measured; a progress bar on stderr shows points done / total, elapsed time and a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -340,41 +339,129 @@ def splits_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer or 'sglang'") from None
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def _words(values) -> str:
+    return " ".join(map(str, values))
+
+
+DEFAULT_BACKENDS = ["torch", "triton", "custom"]
+DEFAULT_MODES = ["decode", "chain16", "tree64"]
+DEFAULT_PAGE_SIZES = [1, 64]
+DEFAULT_HEADS = [8, 64]
+DEFAULT_OUT = Path("results/kernels/bench.json")
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="decodecliff bench-kernels", description=__doc__.split("\n")[0]
+        prog="decodecliff bench-kernels",
+        description="Time each attention backend against the device's measured roofline, after "
+        "checking its output against the torch reference and a planted mask problem.",
     )
-    p.add_argument("--backends", nargs="+", default=["torch", "triton", "custom"])
-    p.add_argument("--contexts", nargs="+", type=int, default=DEFAULT_CONTEXTS)
-    p.add_argument("--modes", nargs="+", default=["decode", "chain16", "tree64"])
-    p.add_argument("--page-sizes", nargs="+", type=int, default=[1, 64])
-    p.add_argument("--heads", nargs="+", type=int, default=[8, 64])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=None, help="timed calls (default 20 GPU, 3 CPU)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls after the first")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cpu")
-    p.add_argument("--triton-config", nargs="+", default=["auto"], help="auto sm80 sm90 sm120 ...")
     p.add_argument(
-        "--decode-splits", nargs="+", type=splits_arg, default=DECODE_SPLITS,
+        "--backends",
+        nargs="+",
+        default=DEFAULT_BACKENDS,
+        help=f"backends to time, of {_words(BACKENDS)} (default: {_words(DEFAULT_BACKENDS)})",
+    )
+    p.add_argument(
+        "--contexts",
+        nargs="+",
+        type=int,
+        default=DEFAULT_CONTEXTS,
+        help=f"KV lengths per request (default: {_words(DEFAULT_CONTEXTS)})",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=DEFAULT_MODES,
+        help=f"decode, chainN or treeN: N draft tokens verified per request "
+        f"(default: {_words(DEFAULT_MODES)})",
+    )
+    p.add_argument(
+        "--page-sizes",
+        nargs="+",
+        type=int,
+        default=DEFAULT_PAGE_SIZES,
+        help=f"KV cache page sizes (default: {_words(DEFAULT_PAGE_SIZES)})",
+    )
+    p.add_argument(
+        "--heads",
+        nargs="+",
+        type=int,
+        default=DEFAULT_HEADS,
+        help=f"query heads (default: {_words(DEFAULT_HEADS)})",
+    )
+    p.add_argument("--batch", type=int, default=1, help="requests per step (default: 1)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed calls (default: 20 on a GPU, 3 on a CPU)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed calls after the first (default: 2 on a GPU, 0 on a CPU)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda if available), cuda, cuda:N or cpu (default: auto)",
+    )
+    p.add_argument(
+        "--triton-config",
+        nargs="+",
+        default=["auto"],
+        help="the triton extend kernel's block sizes: auto (this GPU's), sm80, sm90, sm120, ... "
+        "(default: auto)",
+    )
+    p.add_argument(
+        "--decode-splits",
+        nargs="+",
+        type=splits_arg,
+        default=DECODE_SPLITS,
         help="KV splits of the triton grouped decode and sglang's decode_attention_fwd at decode "
         "points: N, 'sglang' (the count SGLang's Triton backend picks for MLA), 0 (triton only: "
-        "decode via the extend kernel)",
-    )  # fmt: skip
+        f"decode via the extend kernel) (default: {_words(DECODE_SPLITS)})",
+    )
     p.add_argument(
-        "--flashinfer-backends", nargs="+", choices=FLASHINFER_BACKENDS,
-        default=FLASHINFER_BACKENDS, help="FlashInfer MLA paths to time (fa3 needs sm_90)",
-    )  # fmt: skip
-    p.add_argument("--max-seconds-per-point", type=float, default=30.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("results/kernels/bench.json"))
-    p.add_argument("--quiet", action="store_true", help="no table")
+        "--flashinfer-backends",
+        nargs="+",
+        choices=FLASHINFER_BACKENDS,
+        default=FLASHINFER_BACKENDS,
+        help=f"FlashInfer MLA paths to time, fa3 needs sm_90 "
+        f"(default: {_words(FLASHINFER_BACKENDS)})",
+    )
+    p.add_argument(
+        "--max-seconds-per-point",
+        type=float,
+        default=30.0,
+        help="skip a point whose timed calls would take longer, as estimated from the previous "
+        "context or the first call (default: 30)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random and planted problems (default: 0)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"the JSON written after every point (default: {DEFAULT_OUT})",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no table at the end and no live progress bar (default: both shown; the per-point "
+        "progress lines are always printed)",
+    )
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     validate(p, args)
     return args
 
 
 def validate_triton_configs(p: argparse.ArgumentParser, names: list[str]) -> None:
-    preload_triton()
     try:
         from ..kernels.triton_baseline import ARCH_CONFIGS
     except Exception:  # triton unusable here: its points are skipped with the reason
@@ -408,12 +495,6 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--device cuda asked for, but torch sees no CUDA device")
 
 
-def preload_triton() -> None:
-    """Import the triton backend first: without CUDA it sets TRITON_INTERPRET before triton."""
-    with contextlib.suppress(Exception):  # reported as a skipped point when the backend is built
-        import decodecliff.kernels.triton_baseline  # noqa: F401
-
-
 def run(args: argparse.Namespace) -> dict:
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -421,8 +502,6 @@ def run(args: argparse.Namespace) -> dict:
     gpu = device.type == "cuda"
     args.repeats = args.repeats or (20 if gpu else 3)
     args.warmup = (2 if gpu else 0) if args.warmup is None else args.warmup
-    if "triton" in args.backends:
-        preload_triton()
     ceilings = roofline.measure_ceilings(device)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     doc = {

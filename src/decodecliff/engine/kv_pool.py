@@ -1,10 +1,10 @@
 """The paged latent-KV pool, its page allocator, per-request page tables and defragmentation.
 
 One tensor [layers, num_pages, page_size, 576] holds every layer's cache. A request owns a list of
-pages; token t of the request lives in row ``pages[t // page_size] * page_size + t % page_size``.
-The device-side page table ``req_to_page`` [max_requests, max_pages] mirrors those lists (one row
-per running request, as SGLang's req_to_token pool), so a step gathers its page table on the
-device without rebuilding long lists on the host.
+pages; token t of the request lives in row ``pages[t // page_size] * page_size + t % page_size``
+(``token_slot`` of kernels/api.py). The device-side page table ``req_to_page`` [max_requests,
+max_pages] mirrors those lists (one row per running request, as SGLang's req_to_token pool), so a
+step gathers its page table on the device without rebuilding long lists on the host.
 
 The free list is a stack: freed pages are pushed back in the order the request held them and popped
 from the end, so after requests come and go a new request's pages run backwards and interleave with
@@ -17,6 +17,8 @@ import math
 import random
 
 import torch
+
+from decodecliff.kernels.api import token_slot
 
 
 class PoolExhausted(RuntimeError):
@@ -134,7 +136,7 @@ class KVPool:
     def slots(self, row: int, start: int, end: int) -> list[int]:
         """Cache rows of the request's tokens start..end-1."""
         pages, ps = self.owners[row], self.page_size
-        return [pages[t // ps] * ps + t % ps for t in range(start, end)]
+        return [token_slot(pages, t, ps) for t in range(start, end)]
 
     def move_rows(self, src: list[int], dst: list[int]) -> None:
         """Copy cache rows src -> dst in every layer (draft-tree compaction)."""

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta
+from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token_slots
 
 from . import fused
 from .config import ModelConfig
@@ -83,7 +83,7 @@ def mha_spans(step: StepInput, page_size: int) -> list[MhaSpan]:
     spans = []
     for b, kv_len in enumerate(kv_lens):
         t = torch.arange(kv_len, device=step.page_table.device)
-        slots = step.page_table[b, t // page_size].long() * page_size + t % page_size
+        slots = token_slots(step.page_table[b], t, page_size)
         spans.append(MhaSpan(indptr[b], indptr[b + 1], slots))
     return spans
 

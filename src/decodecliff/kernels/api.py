@@ -11,8 +11,9 @@ tokens, query i sees draft j when ``j <= i`` (chain) or when ``tree_mask[b, i, j
 ancestors and self).
 
 Token t of request b lives in cache row
-``page_table[b, t // page_size] * page_size + t % page_size`` of ``kv_cache.view(-1, 576)``.
-With page_size = 1 the page table is a list of scattered slots.
+``page_table[b, t // page_size] * page_size + t % page_size`` of ``kv_cache.view(-1, 576)``
+(``token_slots``; ``token_slot`` for one token of a host-side page list). With page_size = 1 the
+page table is a list of scattered slots.
 
 All metadata tensors have fixed shapes chosen by the caller (max batch, max pages), so a step can be
 captured in a CUDA graph and replayed at any context length. A step plans once (``plan(meta)``)
@@ -21,6 +22,7 @@ and runs every layer (``run(q, kv_cache, out)``): see ``AttentionBackend``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +30,25 @@ import torch
 
 D_QK = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
 D_V = 512  # V is the latent part of the same row
+
+
+def token_slots(
+    pages: torch.Tensor, tokens: torch.Tensor, page_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """int64 cache rows of ``tokens``: ``pages[..., t // page_size] * page_size + t % page_size``.
+
+    ``pages`` is one request's page-table row [max_pages] (result shaped as ``tokens``) or a table
+    [B, max_pages] (result [B, len(tokens)]). A token past the table's last page maps into that
+    page: a fixed-width slot list padded past every kv_len needs no bounds check, and no kernel
+    reads those slots.
+    """
+    cols = (tokens // page_size).clamp_(max=pages.shape[-1] - 1)
+    return torch.add(pages[..., cols].long() * page_size, tokens % page_size, out=out)
+
+
+def token_slot(pages: Sequence[int] | torch.Tensor, token: int, page_size: int) -> int:
+    """The cache row of one token (``token_slots`` for a host-side page list, without tensors)."""
+    return int(pages[token // page_size]) * page_size + token % page_size
 
 
 @dataclass

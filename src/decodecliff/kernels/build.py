@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import abi
+
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "mla_verify.cu"
 LIB_NAME = "libdecodecliff_mla.so"
@@ -155,7 +157,7 @@ def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
     kernels = parse_ptxas(log)
-    handle = ctypes.CDLL(str(lib.resolve()))  # host-only query: needs no GPU
+    handle = abi.bind(ctypes.CDLL(str(lib.resolve())))  # host-only queries: need no GPU
     for k in kernels:
         params = attn_params(k["kernel"])
         if params is not None:
@@ -215,26 +217,39 @@ def summary(info: dict) -> str:
     return "\n".join(lines)
 
 
-def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="decodecliff build-kernel", description=__doc__)
-    parser.add_argument(
+def _words(values) -> str:
+    return " ".join(map(str, values))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="decodecliff build-kernel",
+        description="Compile the custom MLA kernel into one fat shared library and check it: the "
+        "SASS targets in the binary, and per kernel the registers, spills and shared memory "
+        "(recorded in build.json beside the library).",
+    )
+    p.add_argument(
         "--arch",
         type=int,
         nargs="+",
         default=list(DEFAULT_ARCHS),
-        help="SM architectures to build SASS for (default: 120 90 80)",
+        help=f"SM architectures to build SASS for (default: {_words(DEFAULT_ARCHS)})",
     )
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: build/kernels)"
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})"
     )
-    parser.add_argument(
+    p.add_argument(
         "--require",
         type=int,
         nargs="*",
         default=list(REQUIRED_ARCHS),
-        help="SASS that must be present (default: 120 90)",
+        help=f"SASS that must be present (default: {_words(REQUIRED_ARCHS)})",
     )
-    args = parser.parse_args(argv)
+    return p
+
+
+def cli(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     try:
         info = build(args.arch, args.out, args.require)
     except BuildError as exc:

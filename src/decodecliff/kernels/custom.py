@@ -1,9 +1,11 @@
 """The `custom` backend: the CUDA MLA verify/decode kernel (csrc/mla_verify.cu) through ctypes.
 
-The library is found at $DECODECLIFF_KERNEL_LIB, else ./build/kernels/libdecodecliff_mla.so; build
-it with `decodecliff build-kernel`. A call launches the split-KV attention kernel and its combine
-kernel on the current stream: no host sync and no allocation once the workspace is large enough, so
-a step can be captured in a CUDA graph (fix ``num_splits`` at construction, reserve the workspace).
+The library is the one named by the caller or $DECODECLIFF_KERNEL_LIB, else the first build found
+under the working directory, its parents or this package's checkout (``library_candidates``): the
+pipeline's results/build/, then build/kernels/ of `decodecliff build-kernel`. A call launches the
+split-KV attention kernel and its combine kernel on the current stream: no host sync and no
+allocation once the workspace is large enough, so a step can be captured in a CUDA graph (fix
+``num_splits`` at construction, reserve the workspace).
 
 Two kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
 ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
@@ -23,10 +25,15 @@ from pathlib import Path
 
 import torch
 
+from . import abi
 from .api import D_QK, D_V, AttnBatch, AttnMeta
+from .build import DEFAULT_OUT, LIB_NAME
 
 LIB_ENV = "DECODECLIFF_KERNEL_LIB"
-DEFAULT_LIB = Path("build/kernels/libdecodecliff_mla.so")
+# Where a build leaves the library, under a project root: the pipeline's build_kernel rule
+# (KERNEL_LIB in workflow/rules/common.smk), then `decodecliff build-kernel`'s default --out.
+BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
+CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3}  # name -> the kernel's template parameter
 # "auto": v3 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
@@ -37,29 +44,33 @@ DEFAULT_VARIANT = "auto"
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
+def library_candidates(path: str | os.PathLike | None = None) -> list[Path]:
+    """Where to look, in order: the argument, else $DECODECLIFF_KERNEL_LIB, else each BUILD_DIRS
+    entry under the working directory, each of its parents, then this package's checkout."""
+    explicit = path or os.environ.get(LIB_ENV)
+    if explicit:
+        return [Path(explicit)]
+    cwd = Path.cwd()
+    roots = dict.fromkeys([cwd, *cwd.parents, CHECKOUT])
+    return [root / folder / LIB_NAME for root in roots for folder in BUILD_DIRS]
+
+
 def library_path(path: str | os.PathLike | None = None) -> Path:
-    """The library to load: the argument, $DECODECLIFF_KERNEL_LIB, or the default build dir."""
-    chosen = Path(path or os.environ.get(LIB_ENV) or DEFAULT_LIB)
-    if not chosen.is_file():
-        raise FileNotFoundError(
-            f"custom kernel library not found at {chosen}: build it with "
-            f"`decodecliff build-kernel` (writes {DEFAULT_LIB}) or set ${LIB_ENV}"
-        )
-    return chosen.resolve()
+    """The library to load: the first of ``library_candidates`` that exists."""
+    candidates = library_candidates(path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(
+        f"custom kernel library not found at {', '.join(map(str, candidates))}: build it with "
+        f"`decodecliff build-kernel` (writes {DEFAULT_OUT / LIB_NAME}) or set ${LIB_ENV}"
+    )
 
 
 def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
     resolved = str(library_path(path))
     if resolved not in _LIBS:
-        lib = ctypes.CDLL(resolved)
-        ptr, i32 = ctypes.c_void_p, ctypes.c_int
-        lib.dcmla_mla_attention.argtypes = [ptr] * 9 + [i32] * 10 + [ctypes.c_float, ptr]
-        lib.dcmla_mla_attention.restype = i32
-        lib.dcmla_ctas_per_sm.argtypes = [i32, i32, ctypes.POINTER(i32)]
-        lib.dcmla_ctas_per_sm.restype = i32
-        lib.dcmla_error_string.argtypes = [i32]
-        lib.dcmla_error_string.restype = ctypes.c_char_p
-        _LIBS[resolved] = lib
+        _LIBS[resolved] = abi.bind(ctypes.CDLL(resolved))
     return _LIBS[resolved]
 
 
@@ -299,19 +310,21 @@ class CustomAttention:
     def _launch_args(
         self, meta: AttnMeta, plan: LaunchPlan, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor
     ) -> tuple:
-        """The library call's arguments but the stream, in mla_verify.cu's order (one place)."""
+        """The library call's arguments but the stream, by name (abi.MLA_ATTENTION orders them)."""
         rows = meta.num_tokens * meta.num_heads
         ws_o = self.reserve(rows, plan.num_splits, q.device).data_ptr()
         tm = meta.tree_mask
-        return (
-            q.data_ptr(), kv.data_ptr(), meta.page_table.data_ptr(),
-            meta.kv_lens.data_ptr(), meta.q_indptr.data_ptr(),
-            None if tm is None else tm.data_ptr(), out.data_ptr(),
-            ws_o, ws_o + rows * plan.num_splits * D_V * 4,
-            meta.batch_size, meta.num_heads, meta.num_tokens, plan.max_q_len, meta.page_size,
-            meta.page_table.stride(0), 0 if tm is None else tm.shape[1], plan.num_splits,
-            plan.mtiles, plan.variant, float(meta.sm_scale),
-        )  # fmt: skip
+        return abi.mla_attention_args(dict(
+            q=q.data_ptr(), kv=kv.data_ptr(), page_table=meta.page_table.data_ptr(),
+            kv_lens=meta.kv_lens.data_ptr(), q_indptr=meta.q_indptr.data_ptr(),
+            tree_mask=None if tm is None else tm.data_ptr(), out=out.data_ptr(),
+            ws_o=ws_o, ws_lse=ws_o + rows * plan.num_splits * D_V * 4,
+            batch=meta.batch_size, heads=meta.num_heads, total_q=meta.num_tokens,
+            max_q_len=plan.max_q_len, page_size=meta.page_size,
+            pt_stride=meta.page_table.stride(0), tree_stride=0 if tm is None else tm.shape[1],
+            num_splits=plan.num_splits, mtiles=plan.mtiles, variant=plan.variant,
+            sm_scale=float(meta.sm_scale),
+        ))  # fmt: skip
 
     def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
         """Validate, plan and size the workspace; return the launch-only step (timing, graphs)."""

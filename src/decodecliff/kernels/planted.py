@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import D_QK, D_V, AttnBatch
+from .api import D_QK, D_V, AttnBatch, token_slot, token_slots
 from .synthetic import random_tree_mask, to_device
 
 PLANTED_TOL = 3e-2  # per-row max error over the row's max |value|: bf16 inputs, output and partials
@@ -94,7 +94,7 @@ class _Keys:
         if token not in self.directions:
             d = self.basis[:, self.perm[len(self.directions)]]
             self.directions[token] = d
-            row = int(self.pages[token // self.ps]) * self.ps + token % self.ps
+            row = token_slot(self.pages, token, self.ps)
             self.cache[row] = KEY_NORM * d
         return self.directions[token]
 
@@ -178,7 +178,7 @@ def expected_output(planted: Planted) -> torch.Tensor:
     for b in range(batch.batch_size):
         for t in range(q_indptr[b], q_indptr[b + 1]):
             tok = planted.visible[t]
-            rows = table[b].long()[tok // ps] * ps + tok % ps
+            rows = token_slots(table[b], tok, ps)
             out[t] = flat[rows, :D_V]
     return out
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import D_QK, D_V, AttnBatch, AttnMeta, PlannedBackend
+from .api import D_QK, D_V, AttnBatch, AttnMeta, PlannedBackend, token_slots
 
 
 def visible_mask(q_len: int, kv_len: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor:
@@ -33,8 +33,7 @@ def gather_kv(batch: AttnBatch, b: int, kv_len: int) -> torch.Tensor:
 
 def token_rows(pages: torch.Tensor, kv_len: int, page_size: int) -> torch.Tensor:
     """[kv_len] int64 cache rows of a request's tokens, from its page-table row."""
-    tokens = torch.arange(kv_len, device=pages.device)
-    return pages.to(torch.long)[tokens // page_size] * page_size + tokens % page_size
+    return token_slots(pages, torch.arange(kv_len, device=pages.device), page_size)
 
 
 @dataclass

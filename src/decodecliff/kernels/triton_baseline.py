@@ -30,33 +30,29 @@ Differences from SGLang, none of which changes the work done per token:
   "sglang"`` computes SGLang's own count from the ``max_kv_len`` hint (peers.sglang_num_kv_splits
   under the MLA cap of peers.sglang_max_kv_splits: 256 on an H200), one count for the batch.
 
-Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set before Triton
-is imported). Triton 3.9's interpreter computes bf16 ``tl.dot`` wrongly, so under the interpreter
-the dot operands are upcast to fp32 after the same bf16 rounding; compiled kernels keep bf16
-tensor-core dots.
+Without an NVIDIA GPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by
+triton_interpret.py before Triton is imported). Triton 3.9's interpreter computes bf16 ``tl.dot``
+wrongly, so under the interpreter the dot operands are upcast to fp32 after the same bf16 rounding;
+compiled kernels keep bf16 tensor-core dots.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from ..triton_interpret import triton_interpreted
+from .api import D_QK, D_V, AttnBatch, AttnMeta, token_slots
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from .api import D_QK, D_V, AttnBatch, AttnMeta  # noqa: E402
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = triton_interpreted()  # decided when the package was imported, before triton
 if INTERPRETED and type(tl.zeros).__name__ != "InterpretedFunction":
     raise RuntimeError(
         "triton was imported before TRITON_INTERPRET=1 was set, so its builtins cannot run in the "
-        "interpreter; set TRITON_INTERPRET=1 in the environment or import this module first"
+        "interpreter; set TRITON_INTERPRET=1 in the environment or import decodecliff first"
     )
 D_NOPE, D_ROPE = 512, 64  # BLOCK_DMODEL, BLOCK_DPE for Lq = 576
 DECODE_BLOCK_N = 32  # SGLang's grouped decode: BLOCK = 32, BLOCK_H = 16, MIN_BLOCK_KV = 32
@@ -443,10 +439,7 @@ class TritonAttention:
         max_kv = batch.max_kv_len or int(batch.kv_lens.max())
         slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, dev)
         tok = torch.arange(slots.shape[1], device=dev)
-        page_col = (tok // ps).clamp_(max=batch.page_table.shape[1] - 1)
-        pages = batch.page_table[:b].index_select(1, page_col).to(torch.int64)
-        torch.add(pages * ps, tok % ps, out=slots)
-        return slots
+        return token_slots(batch.page_table[:b], tok, ps, out=slots)
 
     def plan(self, meta: AttnMeta) -> Callable[..., None]:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""

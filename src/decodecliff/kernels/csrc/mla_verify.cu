@@ -585,20 +585,9 @@ inline bool valid_variant(int variant, int mtiles) {
 
 extern "C" {
 
-// Rows per CTA row tile for a row-tile size: 16 * mtiles.
-int dcmla_rows_per_tile(int mtiles) { return 16 * mtiles; }
+// Python binds these through kernels/abi.py; tests/test_kernel_abi.py checks that the two agree.
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
-
-// KV tokens per tile of a kernel (variant 1..3, mtiles 1 or 2); -1 if unknown.
-int dcmla_block_n(int variant, int mtiles) {
-  int n = -1;
-  dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
-    n = dcmla::block_n_of<decltype(mt)::value, decltype(v)::value>();
-    return cudaSuccess;
-  });
-  return n;
-}
 
 // Dynamic shared memory of an attention kernel (static shared memory is in ptxas -v); -1 if unknown.
 int dcmla_smem_bytes(int variant, int mtiles) {
@@ -608,11 +597,6 @@ int dcmla_smem_bytes(int variant, int mtiles) {
     return cudaSuccess;
   });
   return n;
-}
-
-// Threads per CTA of an attention kernel; -1 if unknown.
-int dcmla_threads(int variant, int mtiles) {
-  return dcmla::valid_variant(variant, mtiles) ? dcmla::kThreads : -1;
 }
 
 const char* dcmla_error_string(int code) {
