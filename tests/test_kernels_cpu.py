@@ -71,8 +71,11 @@ def test_token_slots_follow_the_page_table() -> None:
     assert token_slots(table[1], tokens[3:9], ps).tolist() == expect[1][3:9]
     assert token_slots(table, tokens, ps).dtype == torch.int64
     assert [token_slot(table[0].tolist(), t, ps) for t in range(20)] == expect[0]
-    past = token_slots(table[0], torch.tensor([20, 23, 41]), ps).tolist()
-    assert past == [int(table[0, 4]) * ps + off for off in (0, 3, 1)]  # the table's last page
+    past = torch.tensor([20, 23, 41])
+    with pytest.raises(IndexError):  # past the table: an error, unless asked to clamp
+        token_slots(table[0], past, ps)
+    clamped = token_slots(table[0], past, ps, clamp=True).tolist()
+    assert clamped == [int(table[0, 4]) * ps + off for off in (0, 3, 1)]  # the table's last page
     out = torch.empty(2, 20, dtype=torch.int64)
     assert token_slots(table, tokens, ps, out=out) is out and out.tolist() == expect
 

@@ -33,16 +33,22 @@ D_V = 512  # V is the latent part of the same row
 
 
 def token_slots(
-    pages: torch.Tensor, tokens: torch.Tensor, page_size: int, out: torch.Tensor | None = None
+    pages: torch.Tensor,
+    tokens: torch.Tensor,
+    page_size: int,
+    out: torch.Tensor | None = None,
+    clamp: bool = False,
 ) -> torch.Tensor:
     """int64 cache rows of ``tokens``: ``pages[..., t // page_size] * page_size + t % page_size``.
 
     ``pages`` is one request's page-table row [max_pages] (result shaped as ``tokens``) or a table
-    [B, max_pages] (result [B, len(tokens)]). A token past the table's last page maps into that
-    page: a fixed-width slot list padded past every kv_len needs no bounds check, and no kernel
-    reads those slots.
+    [B, max_pages] (result [B, len(tokens)]). A token past the table's last page is an IndexError,
+    unless ``clamp`` maps it into that page: a fixed-width slot list padded past every kv_len then
+    needs no bounds check, and no kernel reads those slots.
     """
-    cols = (tokens // page_size).clamp_(max=pages.shape[-1] - 1)
+    cols = tokens // page_size
+    if clamp:
+        cols = cols.clamp_(max=pages.shape[-1] - 1)
     return torch.add(pages[..., cols].long() * page_size, tokens % page_size, out=out)
 
 

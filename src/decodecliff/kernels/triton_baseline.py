@@ -439,7 +439,7 @@ class TritonAttention:
         max_kv = batch.max_kv_len or int(batch.kv_lens.max())
         slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, dev)
         tok = torch.arange(slots.shape[1], device=dev)
-        return token_slots(batch.page_table[:b], tok, ps, out=slots)
+        return token_slots(batch.page_table[:b], tok, ps, out=slots, clamp=True)
 
     def plan(self, meta: AttnMeta) -> Callable[..., None]:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
