@@ -17,3 +17,14 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: the order within each module stays
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a shared 2-core runner are fastest without intra-op threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

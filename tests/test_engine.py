@@ -18,13 +18,7 @@ from decodecliff.kernels.reference import TorchAttention
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core runner are fastest without intra-op threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompt(n: int, seed: int, repeat: bool = True) -> list[int]:

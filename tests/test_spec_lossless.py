@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
@@ -19,12 +18,7 @@ from decodecliff.engine.spec import DraftTree
 VOCAB = PRESETS["tiny"].vocab_size
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompts() -> list[list[int]]:
