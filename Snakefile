@@ -29,6 +29,7 @@ include: "workflow/rules/kernels.smk"
 include: "workflow/rules/sweep.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/engine.smk"
+include: "workflow/rules/notebooks.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -52,8 +52,7 @@ for sweep in sweeps.values():
     style.register_servers(sweep)
 reference, source = summarize.reference_table(reference_csv)
 bases = {k: tables.baseline_server(s, baseline or None) for k, s in sweeps.items()}
-table_dir = layout.table_dir(results, "compare")
-table_dir.mkdir(parents=True, exist_ok=True)
+layout.table_dir(results, "compare").mkdir(parents=True, exist_ok=True)
 display(Markdown(f"**Reference:** {source}"))
 display(Markdown(", ".join(f"baseline of {titles[k]}: `{v}`" for k, v in bases.items())))
 
@@ -62,7 +61,7 @@ display(Markdown(", ".join(f"baseline of {titles[k]}: `{v}`" for k, v in bases.i
 
 # %%
 fig = figures.compare_relative(sweeps, reference, titles)
-figures.save(fig, layout.figure_dir(results, "compare") / "relative.png")
+figures.save(fig, layout.figure_path(results, "compare", "relative"))
 plt.show()
 
 # %% [markdown]
@@ -70,14 +69,14 @@ plt.show()
 
 # %%
 fig = figures.compare_absolute(sweeps, reference, titles, tau)
-figures.save(fig, layout.figure_dir(results, "compare") / "absolute.png")
+figures.save(fig, layout.figure_path(results, "compare", "absolute"))
 plt.show()
 
 # %%
 speedups = {k: tables.sweep_speedup(s, bases[k]) for k, s in sweeps.items()}
-speedups["this run"].to_csv(table_dir / "speedup.csv", index=False)
+speedups["this run"].to_csv(layout.table_path(results, "compare", "speedup"), index=False)
 fig = figures.compare_speedup(speedups, bases, titles)
-figures.save(fig, layout.figure_dir(results, "compare") / "speedup.png")
+figures.save(fig, layout.figure_path(results, "compare", "speedup"))
 plt.show()
 
 # %% [markdown]

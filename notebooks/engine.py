@@ -51,15 +51,14 @@ display(
         f"{ceil.get('matmul_tflops', float('nan')):.1f} TFLOP/s ({ceil.get('matmul')})."
     )
 )
-fig_dir, table_dir = layout.figure_dir(results, "engine"), layout.table_dir(results, "engine")
-fig_dir.mkdir(parents=True, exist_ok=True)
-table_dir.mkdir(parents=True, exist_ok=True)
+layout.figure_dir(results, "engine").mkdir(parents=True, exist_ok=True)
+layout.table_dir(results, "engine").mkdir(parents=True, exist_ok=True)
 
 # %%
 columns = ["backend", "path", "mode", "context", "step_ms", "attention_ms", "gemm_ms", "rest_ms"]
 columns += ["step_floor_ms", "weights_floor_ms", "attention_floor_ms", "non_attention_over_floor"]
 table = rows[columns] if len(rows) else pd.DataFrame(columns=columns)
-table.to_csv(table_dir / "anatomy.csv", index=False)
+table.to_csv(layout.table_path(results, "engine", "anatomy"), index=False)
 display(table.round(3))
 for err in doc.get("errors", []):
     display(Markdown(f"*not measured: {err['what']}: `{err['error']}`*"))
@@ -95,7 +94,7 @@ def draw(table: pd.DataFrame, title: str, path: Path) -> None:
     plt.show()
 
 
-draw(table, f"Step anatomy on {device}", fig_dir / "anatomy.png")
+draw(table, f"Step anatomy on {device}", layout.figure_path(results, "engine", "anatomy"))
 
 # %% [markdown]
 # The published study's step anatomy (its raw bench output), when the configuration names one.
@@ -110,4 +109,4 @@ if published and published_json.is_file():
     title = (
         f"Published study: step anatomy on {pub_device} (commit {str(pub['env'].get('git'))[:7]})"
     )
-    draw(pub_table, title, fig_dir / "published_anatomy.png")
+    draw(pub_table, title, layout.figure_path(results, "engine", "anatomy", published=True))

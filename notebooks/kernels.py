@@ -41,8 +41,7 @@ style.apply()
 studies = {"this run": pd.read_csv(kernels_csv)}
 if published and Path(published).is_dir():
     studies["published"] = summarize.load_study(published).kernels
-fig_dir, table_dir = layout.figure_dir(results, "kernels"), layout.table_dir(results, "kernels")
-table_dir.mkdir(parents=True, exist_ok=True)
+layout.table_dir(results, "kernels").mkdir(parents=True, exist_ok=True)
 kernels = studies["this run"]
 print(
     f"{len(kernels)} points on {kernels['device'].iloc[0]}:",
@@ -52,12 +51,11 @@ print(
 
 # %%
 def draw(study: str, name: str, fig) -> None:
-    """Save the figure of this run under its layout name, the published study's with a prefix."""
-    prefix = "" if study == "this run" else "published_"
+    """Save the figure of this run under its layout name, the published study's beside it."""
     device = studies[study]["device"].dropna()
     title = study_name if study == "this run" else f"published {Path(published).name}"
     fig.suptitle(f"{title} ({device.iloc[0] if len(device) else 'CPU'})", fontweight="bold", y=1.02)
-    figures.save(fig, fig_dir / f"{prefix}{name}.png")
+    figures.save(fig, layout.figure_path(results, "kernels", name, published=study != "this run"))
     plt.show()
 
 
@@ -90,7 +88,7 @@ for study, df in studies.items():
 for study, df in studies.items():
     speedup = tables.kernel_speedup(df)
     if study == "this run":
-        speedup.to_csv(table_dir / "speedup.csv", index=False)
+        speedup.to_csv(layout.table_path(results, "kernels", "speedup"), index=False)
     draw(study, "speedup", figures.kernel_speedup(speedup, df))
     display(speedup.round(3))
 
@@ -105,7 +103,7 @@ for study, df in studies.items():
 for study, df in studies.items():
     peers = tables.kernel_vs_peers(df)
     if study == "this run":
-        peers.to_csv(table_dir / "peers.csv", index=False)
+        peers.to_csv(layout.table_path(results, "kernels", "peers"), index=False)
     draw(study, "peers", figures.kernel_vs_peers(df))
     display(peers.round(3) if len(peers) else f"{study}: no point where custom and a peer both ran")
 
@@ -124,7 +122,7 @@ fi = pd.DataFrame([{k: json.dumps(fi_doc[k]) if isinstance(fi_doc.get(k), dict) 
                     for k in fi_keys}])  # fmt: skip
 if not fi_doc:
     fi["status"], fi["reason"] = "skipped", "no flashinfer_sm120 JSON given"
-fi.to_csv(table_dir / "flashinfer_sm120.csv", index=False)
+fi.to_csv(layout.table_path(results, "kernels", "flashinfer_sm120"), index=False)
 display(fi.T)
 
 # %% [markdown]
@@ -132,5 +130,5 @@ display(fi.T)
 
 # %%
 not_ok = tables.not_ok(kernels, "kernels")
-not_ok.to_csv(table_dir / "not_ok.csv", index=False)
+not_ok.to_csv(layout.table_path(results, "kernels", "not_ok"), index=False)
 display(not_ok if len(not_ok) else "every point ran")

@@ -51,8 +51,7 @@ studies = {"this run": here}
 if published and Path(published).is_dir():
     studies["published"] = summarize.load_study(published)
 reference, reference_source = summarize.reference_table(reference_csv)
-table_dir = layout.table_dir(results, "report")
-table_dir.mkdir(parents=True, exist_ok=True)
+layout.table_dir(results, "report").mkdir(parents=True, exist_ok=True)
 
 
 def show(df: pd.DataFrame, table_id: str) -> None:
@@ -88,7 +87,7 @@ for name, study in studies.items():
     base = tables.baseline_server(study.sweep, baseline or None)
     headline = tables.sweep_headline(study.sweep, base)
     if name == "this run":
-        headline.to_csv(table_dir / "headline.csv")
+        headline.to_csv(layout.table_path(results, "report", "headline"))
     display(Markdown(f"**{titles[name]}** (baseline `{base}`): {tables.counts(study.sweep)}."))
     show(headline, "headline" if name == "this run" else f"headline-{name}")
 
@@ -104,7 +103,7 @@ for name, study in studies.items():
 for name, study in studies.items():
     long = tables.sweep_long(study.sweep, tau)
     if name == "this run":
-        long.to_csv(table_dir / "sweep.csv", index=False)
+        long.to_csv(layout.table_path(results, "report", "sweep"), index=False)
     display(Markdown(f"**{titles[name]}**"))
     show(long.set_index(["server", "context"]), "sweep" if name == "this run" else f"sweep-{name}")
 
@@ -121,7 +120,7 @@ if not target_list:
 for name, study in studies.items():
     checked = targets.evaluate(study, target_list)
     if name == "this run":
-        checked.to_csv(table_dir / "targets.csv", index=False)
+        checked.to_csv(layout.table_path(results, "report", "targets"), index=False)
     if not target_list:
         continue
     display(Markdown(f"**{name}**"))
@@ -143,7 +142,7 @@ for name, study in studies.items():
     contexts = tables.key_contexts(study.kernels["ctx"], key_contexts)
     table = tables.kernel_headline(study.kernels, contexts)
     if name == "this run":
-        table.to_csv(table_dir / "kernels_at_key_contexts.csv")
+        table.to_csv(layout.table_path(results, "report", "kernels_at_key_contexts"))
     display(Markdown(f"**{name}** ({study.kernels['device'].iloc[0]})"))
     show(table, "headline-kernels" if name == "this run" else f"headline-kernels-{name}")
     speedup = tables.kernel_speedup(study.kernels)
@@ -190,33 +189,11 @@ else:
 # ## Figures
 
 # %%
-captions = {
-    "kernels/time_per_layer": "Attention time per layer vs context, per backend (log-log).",
-    "kernels/bandwidth": "Effective bandwidth (latent read once) vs the measured copy bandwidth.",
-    "kernels/roofline": "Attained TFLOP/s vs arithmetic intensity under the measured ceilings.",
-    "kernels/speedup": "Speedup of the custom kernel over the Triton baseline per context.",
-    "compare/relative": "Verify steps/s over each server's own at its shortest context; dashed: "
-    "the RTX PRO 6000 table's tok/s over its own (like with like).",
-    "compare/absolute": f"Tokens/s at acceptance length tau={tau:g} (verify steps/s x tau) beside "
-    "the RTX PRO 6000 table's measured tok/s.",
-    "compare/speedup": "End-to-end verify steps/s over the Triton baseline server configuration.",
-}
-figure_root = Path(results) / "figures"
-pngs = [figure_root / f"{k}.png" for k in captions]
-pngs += sorted(p for p in figure_root.glob("*/published_*.png"))
-pngs += sorted(figure_root.glob("sweep/*/*.png"))
-pngs += sorted(figure_root.glob("engine/*.png"))  # the step anatomy, when the study has one
-captions["engine/anatomy"] = "Time per verify step vs context (attention, GEMMs, rest) per "
-captions["engine/anatomy"] += "configuration, with the floor: weights + KV at the copy rate."
-for png in pngs:
+for key, title, png in layout.report_figures(results):
     if not png.is_file():
         display(Markdown(f"*missing figure: `{png}`*"))
         continue
-    key = png.relative_to(figure_root).with_suffix("").as_posix()
-    default = "the published study" if "published_" in key else "end-to-end metrics vs context"
-    if key.startswith("sweep/"):
-        default = f"{titles['this run']}: end-to-end metrics of one server configuration"
-    display(Markdown(f"**{key}** — {captions.get(key, default)}"))
+    display(Markdown(f"**{key}** — {title.format(study=titles['this run'], tau=tau)}"))
     display(Image(filename=str(png)))
 
 # %% [markdown]

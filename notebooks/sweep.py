@@ -45,8 +45,7 @@ style.register_servers(sweep)
 points = sweep[sweep["server"] == server].sort_values("requested_ctx")
 if points.empty:
     raise ValueError(f"no sweep points for server {server!r} in {sweep_csv}")
-table_dir = layout.table_dir(results, "sweep", server)
-table_dir.mkdir(parents=True, exist_ok=True)
+layout.table_dir(results, "sweep", server).mkdir(parents=True, exist_ok=True)
 first = points.iloc[0]
 display(
     Markdown(
@@ -60,7 +59,7 @@ print(points["status"].value_counts().to_string())
 # %%
 title = summarize.study_title(study_name, sweep)
 fig = figures.sweep_metrics(points, server, title, tau)
-figures.save(fig, layout.figure_dir(results, "sweep", server) / "metrics.png")
+figures.save(fig, layout.figure_path(results, "sweep", "metrics", server))
 plt.show()
 
 # %% [markdown]
@@ -99,5 +98,5 @@ cols = [
     "reason",
 ]
 table = points[[c for c in cols if c in points]]
-table.to_csv(table_dir / "points.csv", index=False)
+table.to_csv(layout.table_path(results, "sweep", "points", server), index=False)
 display(table.round(3))

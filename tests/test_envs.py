@@ -68,7 +68,8 @@ def test_every_rule_names_an_existing_env() -> None:
     used = set()
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = smk.read_text()
-        rules = len(re.findall(r"^\s*rule \w+:", text, re.M))  # rules under `if` are indented
+        # rules under `if` or `for` are indented; a rule defined in a loop has its name inside
+        rules = len(re.findall(r"^\s*rule(?: \w+)?:", text, re.M))
         envs = re.findall(r'^\s+conda:\n\s+"\.\./\.\./envs/(\w+)\.yaml"', text, re.M)
         assert len(envs) == rules, f"{smk.name}: every rule needs a conda: environment"
         used.update(envs)

@@ -95,6 +95,11 @@ def test_every_declared_figure_and_table_is_written(study: Path) -> None:
         assert (study / table).is_file(), table
     # the published study is drawn beside this run's
     assert (study / "results/figures/kernels/published_speedup.png").is_file()
+    # and nothing else: every file the notebooks wrote is listed in analysis/layout.py
+    written = [p for kind in ("figures", "tables") for p in (study / "results" / kind).rglob("*.*")]
+    for path in written:
+        listed = str(path.relative_to(study)).replace("/published_", "/")
+        assert listed in figures + tables, listed
 
 
 def test_failed_and_skipped_points_are_listed_not_dropped(study: Path) -> None:
@@ -179,6 +184,9 @@ def test_report_page_is_self_contained(study: Path) -> None:
     assert "import pandas" not in html, "code must be hidden"
     for fact in ("PyTorch", "Triton", "NVIDIA driver", "commit", "What ran where"):
         assert fact in html
+    # every figure of layout.py that this study draws, under its key
+    for key, _, _ in layout.report_figures(study / "results"):
+        assert f"<strong>{key}</strong>" in html, key
 
 
 def test_report_checks_the_targets_of_both_studies(study: Path) -> None:

@@ -3,19 +3,32 @@
 Everything the rules compute from the config lives here, so the rule files stay declarative.
 """
 
+import glob
+import json
 import math
+import os
 import re
 import shlex
 import string
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+
+from decodecliff.analysis import layout
 
 SCHEMA = "../schemas/config.schema.yaml"
 KERNEL_LIB = "results/build/libdecodecliff_mla.so"
 BUILD_INFO = "results/build/build.json"
 KERNEL_BENCH = "results/kernels/bench.json"
 FLASHINFER_SM120 = "results/kernels/flashinfer_sm120.json"  # does FlashInfer MLA build for sm_120
+SUMMARY_DIR = "results/summary"
+SUMMARY_KERNELS = f"{SUMMARY_DIR}/kernels.csv"
+SUMMARY_SWEEP = f"{SUMMARY_DIR}/sweep.csv"
+ENGINE_BENCH = "results/engine/bench.json"
+NOTEBOOK_DIR = "results/notebooks"
 REPORT = "results/report.html"
 NOTES = "results/NOTES.md"
 
@@ -322,21 +335,13 @@ def final_outputs() -> list[str]:
     return [BUILD_INFO, KERNEL_BENCH, *sweep_outputs(), REPORT, NOTES]
 
 
-# Engine step anatomy (workflow/rules/engine.smk)
-
-ENGINE_BENCH = "results/engine/bench.json"
+# ---------------------------------------------------------------------------------------------
+# the engine's step anatomy (workflow/rules/engine.smk)
 
 
 def engine_bench_input(wildcards) -> dict[str, str]:
     """The custom backend needs the built kernel library."""
     return {"lib": KERNEL_LIB} if "custom" in config["engine"]["backends"] else {}
-
-
-def published_engine_input(wildcards) -> list[str]:
-    """The published study's raw step anatomy, drawn beside this run's when it exists."""
-    root = published_dir()
-    path = f"{root}/gpu-logs/engine/engine.json"
-    return [path] if root and os.path.isfile(path) else []
 
 
 def engine_bench_flags() -> str:
@@ -355,3 +360,200 @@ def engine_bench_flags() -> str:
     if eng["device"] == "cpu":
         flags.append("--threads 1")  # tiny GEMMs on a shared CPU: no intra-op spinning
     return " ".join(flags)
+
+
+# ---------------------------------------------------------------------------------------------
+# the analysis notebooks (workflow/rules/notebooks.smk): their published-study inputs, the one
+# table of what differs between them, and the input/output/params functions built from it
+
+
+def published_dir() -> str:
+    """The published study folder named by the config, '' when there is none (yet)."""
+    path = config.get("published") or ""
+    return path if path and os.path.isdir(path) else ""
+
+
+def published_inputs(wildcards) -> list[str]:
+    """The published study's tables, so a newly published study re-renders what shows it."""
+    root = published_dir()
+    if not root:
+        return []
+    patterns = ["summary/*.csv", "kernels/bench.json", "build/build.json", "sweep/*/ctx*.json"]
+    patterns.append("NOTES.md")  # the publisher's account of the targets, shown in the report
+    return sorted(p for pattern in patterns for p in glob.glob(f"{root}/{pattern}"))
+
+
+def published_engine_input(wildcards) -> list[str]:
+    """The published study's raw step anatomy, drawn beside this run's when it exists."""
+    root = published_dir()
+    path = f"{root}/gpu-logs/engine/engine.json"
+    return [path] if root and os.path.isfile(path) else []
+
+
+def analysis_figures(wildcards) -> list[str]:
+    """Every figure the report page embeds: those of the other notebooks (per server: sweep)."""
+    paths = []
+    for name in NOTEBOOKS:
+        for server in list(servers()) if name in layout.PER_SERVER else [None]:
+            paths += layout.figure_paths("results", name, server)
+    return paths
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """notebooks/<name>.ipynb, run by papermill; its figures and tables are layout.py's <name>.
+
+    ``parameters(wildcards, input)`` gives papermill's parameters in the notebook's order;
+    ``figures`` / ``tables`` name the category of its figures / tables in Snakemake's report
+    (None: its tables are outputs but not shown there).
+    """
+
+    inputs: dict[str, str | Callable]
+    parameters: Callable[..., dict]
+    figures: str | None = None
+    tables: str | None = None
+    log_dir: str = "analysis"
+
+
+# Passed with -y: the config is a mapping, and a published path may be empty.
+YAML_PARAMETERS = ("published", "config")
+
+
+def _study() -> dict:
+    return {"results": "results", "study_name": config["study"]["name"]}
+
+
+def _tau() -> dict:
+    return {"tau": config["sweep"]["acceptance_length"]}
+
+
+NOTEBOOKS = {
+    "kernels": Notebook(
+        inputs={
+            "kernels": SUMMARY_KERNELS,
+            "flashinfer": FLASHINFER_SM120,
+            "published": published_inputs,
+        },
+        parameters=lambda wildcards, input: {
+            "kernels_csv": input.kernels,
+            **_study(),
+            "published": published_dir(),
+            "flashinfer_sm120": input.flashinfer,
+        },
+        figures="5. Kernel microbenchmark",
+    ),
+    "sweep": Notebook(
+        inputs={"sweep": SUMMARY_SWEEP},
+        parameters=lambda wildcards, input: {
+            "sweep_csv": input.sweep,
+            "server": wildcards.server,
+            **_study(),
+            **_tau(),
+        },
+        figures="6. Context sweep",
+    ),
+    "compare": Notebook(
+        inputs={
+            "sweep": SUMMARY_SWEEP,
+            "reference": config["reference"],
+            "published": published_inputs,
+        },
+        parameters=lambda wildcards, input: {
+            "sweep_csv": input.sweep,
+            "reference_csv": input.reference,
+            **_study(),
+            **_tau(),
+            "published": published_dir(),
+        },
+        figures="7. Baseline vs custom",
+    ),
+    "engine": Notebook(  # the step anatomy, when the config has an engine section
+        inputs={"bench": ENGINE_BENCH, "published": published_engine_input},
+        parameters=lambda wildcards, input: {
+            "bench_json": input.bench,
+            "results": "results",
+            "published": published_dir(),
+        },
+        figures="8. Step anatomy",
+    ),
+    # the report page: the headline tables, the setup and every figure of the notebooks above
+    "report": Notebook(
+        inputs={
+            "kernels": SUMMARY_KERNELS,
+            "sweep": SUMMARY_SWEEP,
+            "bench": KERNEL_BENCH,
+            "build": BUILD_INFO,
+            "reference": config["reference"],
+            "figures": analysis_figures,
+            "published": published_inputs,
+        },
+        parameters=lambda wildcards, input: {
+            "summary_dir": SUMMARY_DIR,
+            "results": "results",
+            "bench_json": input.bench,
+            "build_json": input.build,
+            "reference_csv": input.reference,
+            "published": published_dir(),
+            "config": config,
+        },
+        tables="0. Report",
+        log_dir="report",
+    ),
+}
+if "engine" not in config:
+    del NOTEBOOKS["engine"]
+
+
+def _server(name: str) -> str | None:
+    """The wildcard of a notebook run once per server configuration."""
+    return "{server}" if name in layout.PER_SERVER else None
+
+
+def notebook_output(name: str) -> str:
+    suffix = "-{server}" if _server(name) else ""
+    return f"{NOTEBOOK_DIR}/{name}{suffix}.ipynb"
+
+
+def notebook_log(name: str) -> str:
+    suffix = "_{server}" if _server(name) else ""
+    return f"results/logs/{NOTEBOOKS[name].log_dir}/notebook_{name}{suffix}.log"
+
+
+def figure_outputs(name: str) -> dict:
+    """Named report() outputs, one per figure of the notebook, captioned by its .rst file."""
+    server = _server(name)
+    extra = {"subcategory": server, "labels": {"server": server}} if server else {}
+    return {
+        figure: report(
+            str(layout.figure_path("results", name, figure, server)),
+            caption=f"../report/figures/{name}_{figure}.rst",
+            category=NOTEBOOKS[name].figures,
+            **extra,
+        )
+        for figure in layout.FIGURES.get(name, {})
+    }
+
+
+def table_outputs(name: str) -> list:
+    """The notebook's tables; report() outputs, captioned by their .rst files, where shown."""
+    category, paths = NOTEBOOKS[name].tables, layout.table_paths("results", name, _server(name))
+    if not category:
+        return paths
+    captions = [f"../report/tables/{name}_{table}.rst" for table in layout.TABLES[name]]
+    return [report(p, caption=c, category=category) for p, c in zip(paths, captions, strict=True)]
+
+
+def papermill_parameters(name: str) -> Callable:
+    """The params function of a notebook job: papermill's -y and -p options (papermill reads
+    every -y before any -p, so they come in that order here too)."""
+
+    def options(wildcards, input) -> str:
+        values = NOTEBOOKS[name].parameters(wildcards, input)
+        args = []
+        for key in [k for k in values if k in YAML_PARAMETERS]:
+            args += ["-y", json.dumps({key: values[key]})]
+        for key in [k for k in values if k not in YAML_PARAMETERS]:
+            args += ["-p", key, str(values[key])]
+        return " ".join(shlex.quote(arg) for arg in args)
+
+    return options

@@ -1,6 +1,6 @@
 # The step anatomy: decodecliff bench-engine times one verify step of the served model per
-# context, split into attention, GEMMs and the rest beside each floor; the engine notebook draws
-# it (stacked time per step vs context, per configuration, floor drawn) for the report.
+# context, split into attention, GEMMs and the rest beside each floor; the engine notebook
+# (notebooks.smk) draws it (stacked time per step vs context, per configuration, floor drawn).
 # Defined only when the config has an `engine` section.
 
 if "engine" in config:
@@ -30,22 +30,3 @@ if "engine" in config:
         shell:
             "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
             "exec decodecliff bench-engine {params.flags} --out {output} > {log} 2>&1"
-
-    rule notebook_engine:
-        input:
-            notebook="notebooks/engine.ipynb",
-            bench=ENGINE_BENCH,
-            published=published_engine_input,
-        output:
-            notebook=f"{NOTEBOOK_DIR}/engine.ipynb",
-            **figure_outputs("engine", "8. Step anatomy"),
-            tables=layout.table_paths("results", "engine"),
-        params:
-            published=published_param,
-        log:
-            "results/logs/analysis/notebook_engine.log",
-        conda:
-            "../../envs/analysis.yaml"
-        shell:
-            "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
-            " -p bench_json {input.bench} -p results results -y {params.published:q} > {log} 2>&1"

@@ -1,58 +1,10 @@
-# The report: the report notebook assembles the headline tables, the setup and every figure of
-# the analysis notebooks; nbconvert renders it as one self-contained page (code hidden, figures
-# embedded as data URIs, no script fetched from the network).
-
-rule notebook_report:
-    input:
-        notebook="notebooks/report.ipynb",
-        kernels=rules.summarize.output.kernels,
-        sweep=rules.summarize.output.sweep,
-        bench=KERNEL_BENCH,
-        build=BUILD_INFO,
-        reference=config["reference"],
-        figures=analysis_figures,
-        published=published_inputs,
-    output:
-        notebook=f"{NOTEBOOK_DIR}/report.ipynb",
-        headline=report(
-            layout.table_paths("results", "report")[0],
-            caption="../report/report_headline.rst",
-            category="0. Report",
-        ),
-        kernels=report(
-            layout.table_paths("results", "report")[1],
-            caption="../report/report_kernels.rst",
-            category="0. Report",
-        ),
-        targets=report(
-            layout.table_paths("results", "report")[2],
-            caption="../report/report_targets.rst",
-            category="0. Report",
-        ),
-        sweep=report(
-            layout.table_paths("results", "report")[3],
-            caption="../report/report_sweep.rst",
-            category="0. Report",
-        ),
-    params:
-        summary=lambda wildcards, input: os.path.dirname(input.kernels),
-        published=published_param,
-        # a function: the config's command templates hold braces that are not wildcards
-        config=lambda wildcards: yaml.safe_dump({"config": config}, sort_keys=False),
-    log:
-        "results/logs/report/notebook_report.log",
-    conda:
-        "../../envs/analysis.yaml"
-    shell:
-        "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
-        " -p summary_dir {params.summary} -p results results -p bench_json {input.bench}"
-        " -p build_json {input.build} -p reference_csv {input.reference}"
-        " -y {params.published:q} -y {params.config:q} > {log} 2>&1"
-
+# The report: the report notebook (notebooks.smk) assembles the headline tables, the setup and
+# every figure of the analysis notebooks; nbconvert renders it as one self-contained page (code
+# hidden, figures embedded as data URIs, no script fetched from the network).
 
 rule render_report:
     input:
-        notebook=rules.notebook_report.output.notebook,
+        notebook=notebook_output("report"),
         template="notebooks/report.html.j2",
     output:
         report(REPORT, caption="../report/report_html.rst", category="0. Report"),

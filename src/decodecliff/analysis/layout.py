@@ -1,14 +1,38 @@
-"""Where the analyses write: the figure and table names shared by the notebooks and rules."""
+"""Every figure and table the analysis notebooks write, by name, and where they go.
+
+The one list of them: a notebook saves through ``figure_path`` / ``table_path``, which refuse a
+name not listed here; the workflow declares these files as its notebook rules' outputs; the report
+page shows the figures in this order under their titles. A figure's caption in Snakemake's report
+is workflow/report/figures/<analysis>_<name>.rst (a test keeps the two lists equal).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-FIGURES: dict[str, tuple[str, ...]] = {
-    "kernels": ("time_per_layer", "bandwidth", "roofline", "speedup", "peers"),
-    "sweep": ("metrics",),
-    "compare": ("relative", "absolute", "speedup"),
-    "engine": ("anatomy",),
+# analysis -> figure name -> its title on the report page ({study}: this run's title, {tau:g}: the
+# acceptance length). Analyses in report-page order.
+FIGURES: dict[str, dict[str, str]] = {
+    "kernels": {
+        "time_per_layer": "Attention time per layer vs context, per backend (log-log).",
+        "bandwidth": "Effective bandwidth (latent read once) vs the measured copy bandwidth.",
+        "roofline": "Attained TFLOP/s vs arithmetic intensity under the measured ceilings.",
+        "speedup": "Speedup of the custom kernel over the Triton baseline per context.",
+        "peers": "Attention time per layer of the custom kernel beside the peers a user could "
+        "pick instead, with each point's roofline floor.",
+    },
+    "compare": {
+        "relative": "Verify steps/s over each server's own at its shortest context; dashed: "
+        "the RTX PRO 6000 table's tok/s over its own (like with like).",
+        "absolute": "Tokens/s at acceptance length tau={tau:g} (verify steps/s x tau) beside "
+        "the RTX PRO 6000 table's measured tok/s.",
+        "speedup": "End-to-end verify steps/s over the Triton baseline server configuration.",
+    },
+    "sweep": {"metrics": "{study}: end-to-end metrics of one server configuration"},
+    "engine": {
+        "anatomy": "Time per verify step vs context (attention, GEMMs, rest) per configuration, "
+        "with the floor: weights + KV at the copy rate.",
+    },
 }
 TABLES: dict[str, tuple[str, ...]] = {
     "kernels": ("speedup", "not_ok", "peers", "flashinfer_sm120"),
@@ -17,6 +41,9 @@ TABLES: dict[str, tuple[str, ...]] = {
     "engine": ("anatomy",),
     "report": ("headline", "kernels_at_key_contexts", "targets", "sweep"),
 }
+PER_SERVER = ("sweep",)  # drawn once per server configuration, in a folder of the server's name
+PUBLISHED = "published_"  # file name prefix of a figure drawn from the published study
+PUBLISHED_TITLE = "the published study"
 
 
 def _folder(results: str | Path, kind: str, analysis: str, server: str | None) -> Path:
@@ -32,11 +59,60 @@ def table_dir(results: str | Path, analysis: str, server: str | None = None) -> 
     return _folder(results, "tables", analysis, server)
 
 
+def _listed(kind: str, listed: dict, analysis: str, name: str) -> None:
+    if name not in listed.get(analysis, ()):
+        raise KeyError(
+            f"{kind} {analysis}/{name} is not listed in decodecliff/analysis/layout.py "
+            f"(listed for {analysis}: {', '.join(listed.get(analysis, ())) or 'none'})"
+        )
+
+
+def figure_path(
+    results: str | Path,
+    analysis: str,
+    name: str,
+    server: str | None = None,
+    published: bool = False,
+) -> Path:
+    """The PNG of one listed figure (``published``: that figure drawn from the published study)."""
+    _listed("figure", FIGURES, analysis, name)
+    return figure_dir(results, analysis, server) / f"{PUBLISHED if published else ''}{name}.png"
+
+
+def table_path(results: str | Path, analysis: str, name: str, server: str | None = None) -> Path:
+    """The CSV of one listed table."""
+    _listed("table", TABLES, analysis, name)
+    return table_dir(results, analysis, server) / f"{name}.csv"
+
+
 def figure_paths(results: str | Path, analysis: str, server: str | None = None) -> list[str]:
     """The PNG files an analysis notebook writes (per server for the sweep notebook)."""
-    return [str(figure_dir(results, analysis, server) / f"{n}.png") for n in FIGURES[analysis]]
+    return [str(figure_path(results, analysis, n, server)) for n in FIGURES.get(analysis, ())]
 
 
 def table_paths(results: str | Path, analysis: str, server: str | None = None) -> list[str]:
     """The CSV files an analysis notebook writes."""
-    return [str(table_dir(results, analysis, server) / f"{n}.csv") for n in TABLES[analysis]]
+    return [str(table_path(results, analysis, n, server)) for n in TABLES[analysis]]
+
+
+def report_figures(results: str | Path) -> list[tuple[str, str, Path]]:
+    """(key, title, path) of every figure the report page shows, in FIGURES order: per analysis
+    that ran (its folder exists) this run's figures, expected even if missing, then those drawn
+    from the published study that exist; a per-server analysis once per server folder."""
+    shown = []
+    for analysis, titles in FIGURES.items():
+        if not figure_dir(results, analysis).is_dir():
+            continue  # not part of this study (the engine's step anatomy is optional)
+        servers: list[str | None] = [None]
+        if analysis in PER_SERVER:
+            servers = sorted(p.name for p in figure_dir(results, analysis).iterdir() if p.is_dir())
+        for server in servers:
+            folder = f"{analysis}/{server}" if server else analysis
+            for name, title in titles.items():
+                path = figure_path(results, analysis, name, server)
+                shown.append((f"{folder}/{name}", title, path))
+            for name in titles:
+                path = figure_path(results, analysis, name, server, published=True)
+                if path.is_file():
+                    shown.append((f"{folder}/{PUBLISHED}{name}", PUBLISHED_TITLE, path))
+    return shown

@@ -1,0 +1,30 @@
+# The analysis notebooks, one papermill job each: notebooks/<name>.ipynb runs with its parameters
+# into results/notebooks/ and writes its figures and tables (analysis/layout.py), per server
+# configuration for the sweep notebook. The report notebook assembles the others' figures.
+#
+# One rule statement for every notebook, driven by the NOTEBOOKS table (common.smk). It defines a
+# rule per notebook, notebook_<name>, rather than one rule with the name as a wildcard: a rule's
+# outputs are fixed when the workflow is parsed (Snakemake takes no function there), and each
+# notebook writes its own number of figures and tables, each a report() output with its caption.
+
+for name in NOTEBOOKS:
+
+    rule:
+        name:
+            f"notebook_{name}"
+        input:
+            notebook=f"notebooks/{name}.ipynb",
+            **NOTEBOOKS[name].inputs,
+        output:
+            notebook=notebook_output(name),
+            **figure_outputs(name),
+            tables=table_outputs(name),
+        params:
+            parameters=papermill_parameters(name),
+        log:
+            notebook_log(name),
+        conda:
+            "../../envs/analysis.yaml"
+        shell:
+            "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+            " {params.parameters} > {log} 2>&1"
