@@ -11,10 +11,10 @@ SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerSta
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats --print-details all"
 for spec in "$@"; do
   IFS=: read -r v ctx L H tree <<< "$spec"
-  extra=""; [ "${tree:-}" = tree ] && extra="--tree"
+  shape="$ctx:$L:$H"; [ "${tree:-}" = tree ] && shape="$shape:tree"
   name="${v}_${ctx}_L${L}_H${H}${tree:+_tree}"
   "$NCU" --clock-control none -k regex:mla_attn --launch-skip 1 --launch-count 1 $SECTIONS \
-    python3 scripts/profile_custom_kernel.py --variant "$v" --ctx "$ctx" --q-len "$L" --heads "$H" $extra \
+    python3 -m decodecliff.cli check-kernel --variants "$v" --launch "$shape" --launches 3 \
     > "$OUT/ncu_$name.txt" 2>&1
   echo "== $name rc $?"
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Bank|Shared|No Eligible|L1/TEX Hit|L2 Hit|Executed Ipc A" "$OUT/ncu_$name.txt" | head -25

@@ -18,6 +18,10 @@ COMMANDS = {
         "decodecliff.bench.kernels",
         "time the attention backends against the roofline",
     ),
+    "check-kernel": (
+        "decodecliff.bench.check_kernel",
+        "check the custom kernel on a GPU: correctness, planted masks, sanitizers, timing",
+    ),
     "bench-engine": ("decodecliff.bench.engine", "a verify step's anatomy beside its floor"),
     "bench-load": ("decodecliff.bench.load", "the server under concurrent streams and disconnects"),
     "serve": ("decodecliff.server.cli", "serve the synthetic MLA model over SGLang's HTTP API"),
