@@ -511,7 +511,7 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
         )  # fmt: skip
         floor = good.groupby("ctx")["floor_ms"].first()
         ax.plot(floor.index, floor.values, "k_--", ms=14, lw=1.2, label="roofline floor")
-        ax.set_yscale("log")
+        set_scale(ax, "time")
         ax.set_ylabel("time per layer (ms), page size 1")
     fig.tight_layout()
     figure_legend(fig, fig.axes)
