@@ -303,6 +303,12 @@ def server_target(wildcards) -> str:
 # resources, lists for the command lines
 
 
+def every_core(wildcards) -> int:
+    """A timed job's threads: every core of the run, so no other job (a notebook, a compile)
+    shares the machine with a measurement; 1 where the run sets no core count (--report)."""
+    return workflow._cores or 1
+
+
 def gpus_for(device: str) -> int:
     """A job on a CUDA device holds one GPU."""
     return 1 if device == "cuda" else 0

@@ -22,6 +22,7 @@ if "engine" in config:
             "results/logs/engine/bench_engine.log",
         benchmark:
             "results/benchmarks/engine/bench_engine.tsv"
+        threads: every_core
         resources:
             measurement=1,
             gpu=gpus_for(config["engine"]["device"]),

@@ -21,6 +21,7 @@ rule bench_kernels:
         "results/logs/kernels/bench_kernels.log",
     benchmark:
         "results/benchmarks/kernels/bench_kernels.tsv"
+    threads: every_core
     resources:
         # timed jobs hold the single measurement slot (profiles/default), so they never overlap
         measurement=1,

@@ -30,6 +30,7 @@ rule sweep_point:
     benchmark:
         "results/benchmarks/sweep/{server}/ctx{ctx}.tsv"
     priority: point_priority
+    threads: every_core
     resources:
         # timed jobs hold the single measurement slot (profiles/default), so they never overlap
         measurement=1,
