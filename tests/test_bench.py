@@ -216,3 +216,16 @@ def test_flashinfer_sm120_build_check(tmp_path: Path, monkeypatch) -> None:
     assert doc["h200_smem_per_block"] > doc["smem_per_block"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert check.run(out)["status"] == "skipped"
+
+
+def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(tmp_path: Path) -> None:
+    done, out = bench(
+        tmp_path, "--contexts", "33", "--modes", "chain4", "--heads", "2", "--page-sizes", "16",
+        "--backends", "custom", "--custom-variants", "v3", "v4", "auto", "--repeats", "1", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    points = json.loads(out.read_text())["points"]
+    assert [p["triton_config"] for p in points] == ["v3", "v4", None]  # auto keeps no label
+    assert all(p["status"] == "skipped" and "CUDA GPU" in p["reason"] for p in points)
+    done, _ = bench(tmp_path, "--backends", "custom", "--custom-variants", "v9")
+    assert done.returncode == 2 and "invalid choice: 'v9'" in done.stderr

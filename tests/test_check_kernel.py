@@ -24,7 +24,7 @@ def torch_backend(num_splits: int | None = None, variant: str | None = None) -> 
 
 def test_options_and_their_defaults() -> None:
     args = ck.parse_args([])
-    assert args.variants == ["v1", "v2", "v3"] and not args.quick and not args.sanitize
+    assert args.variants == ["v1", "v2", "v3", "v4"] and not args.quick and not args.sanitize
     assert args.cases is None and args.seed is None and args.launch is None
     assert args.out == Path("results/kernel-check") and args.launches == 3
     args = ck.parse_args(["--variants", "v3", "v1", "v3", "--quick", "--grid", "--cases", "0"])

@@ -30,7 +30,7 @@ def library(tmp_path_factory) -> str:
     return lib
 
 
-@pytest.fixture(params=["v1", "v2", "v3", "auto"])
+@pytest.fixture(params=["v1", "v2", "v3", "v4", "auto"])
 def backend(library, request):
     from decodecliff.kernels.custom import CustomAttention
 
@@ -65,7 +65,7 @@ def test_variants_agree(library):
 
     batch = random_batch([6000, 333], q_len=16, heads=8, page_size=16, device="cuda", seed=11)
     v1 = CustomAttention(lib_path=library, variant="v1")(batch)
-    for name in ("v2", "v3"):
+    for name in ("v2", "v3", "v4"):
         other = CustomAttention(lib_path=library, variant=name)(batch)
         assert relative_error(other, v1.double().cpu()) < 1e-2
 

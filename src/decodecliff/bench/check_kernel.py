@@ -43,7 +43,7 @@ TOL = 1e-2  # relative L2 error against the float64 reference: bf16 inputs and o
 MMA_PEAK_TFLOPS = 648.0  # mma.sync bf16 peak measured on H200: the custom kernel's matmul ceiling
 CPU_REFERENCE_WORK = 2e6  # kv tokens x query rows up to which the reference runs on the CPU
 SPARE_PAGES = 3  # pool pages no request owns, so pages scatter as in a churned pool
-DEFAULT_VARIANTS = ["v1", "v2", "v3"]
+DEFAULT_VARIANTS = ["v1", "v2", "v3", "v4"]
 DEFAULT_OUT = Path("results/kernel-check")
 # (repeats, warmup) of the timing pass, per variant and point; the Triton baseline's
 TIMING_CALLS = {"quick": (50, 5), "full": (100, 10)}

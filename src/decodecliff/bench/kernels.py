@@ -32,6 +32,7 @@ import torch
 from .. import envinfo
 from ..kernels import planted as planting
 from ..kernels.api import AttnBatch
+from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
 from ..kernels.reference import TorchAttention
 from ..kernels.registry import BACKENDS, GPU_ONLY, get_backend
 from ..kernels.synthetic import random_batch, relative_error
@@ -86,6 +87,11 @@ def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.d
     """Which configurations of ``backend`` to time at this q_len."""
     if backend in ("sglang", "flashinfer"):
         return peer_variants(backend, q_len, args)
+    if backend == "custom":  # "auto" keeps no label: the backend as the engine runs it
+        return [
+            Variant("custom", None) if v == "auto" else Variant("custom", v, (("variant", v),))
+            for v in args.custom_variants
+        ]
     if backend != "triton":
         return [Variant(backend, None)]
     from ..kernels.triton_baseline import resolve_arch_config
@@ -428,6 +434,14 @@ def parser() -> argparse.ArgumentParser:
         default=FLASHINFER_BACKENDS,
         help=f"FlashInfer MLA paths to time, fa3 needs sm_90 "
         f"(default: {_words(FLASHINFER_BACKENDS)})",
+    )
+    p.add_argument(
+        "--custom-variants",
+        nargs="+",
+        choices=[*CUSTOM_VARIANTS, "auto"],
+        default=["auto"],
+        help="custom kernel variants to time side by side; auto: the one the engine picks "
+        "(default: auto)",
     )
     p.add_argument(
         "--max-seconds-per-point",

@@ -35,7 +35,7 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
-VARIANTS = {"v1": 1, "v2": 2, "v3": 3}  # name -> the kernel's template parameter
+VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4}  # name -> the kernel's template parameter
 # "auto": v3 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
 # else v1 (a lone v3 CTA is v1 in fewer registers); fastest or within 7% at all 48 H200 grid points.
 AUTO_VARIANTS = ("v3", "v1")
@@ -197,7 +197,7 @@ class CustomAttention:
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
-    ``variant``: the kernel variant, "v1", "v2", "v3" or "auto" (see ``AUTO_VARIANTS``).
+    ``variant``: the kernel variant, "v1" .. "v4" or "auto" (see ``AUTO_VARIANTS``).
     """
 
     name = "custom"

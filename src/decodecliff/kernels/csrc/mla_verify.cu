@@ -20,6 +20,11 @@
 //   v3: v1's 32-token tiles and 2-stage ring with v2's page-table prefetch; on sm_90 both row-tile
 //       kernels are held to 128 registers so two CTAs share an SM (228 KB of shared memory): the
 //       per-tile phase chain of one CTA overlaps the other's (notes/kernel.md, "v3").
+//   v4: v3 with fewer instructions and registers per tile: the running max moves only when a tile's
+//       max exceeds it by more than kMaxSlack (P stays <= 2^kMaxSlack), so O is rescaled only on
+//       the tiles where it moved (a barrier vote says whether any row did); phase 1 interleaves the
+//       dim quarters by k-step (warp q takes k-steps 4k + q), so every K fragment address of a
+//       thread is one base plus immediates, as are the loader's destinations.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,8 +52,13 @@ static_assert(kDqk % (kDimGroups * 16) == 0, "dims must split evenly over the wa
 
 template <int V>
 struct Variant;
+// Traits v4 adds; v1..v3 keep the defaults (their code is unchanged).
+struct VariantBase {
+  static constexpr bool kLazyMax = false;     // running max moves only past kMaxSlack
+  static constexpr bool kInterleave = false;  // phase 1 dim quarters interleaved by k-step
+};
 template <>
-struct Variant<1> {
+struct Variant<1> : VariantBase {
   static constexpr int kPasses = 1;       // phase 1 n-tiles computed in this many passes
   static constexpr bool kLazySum = false;  // row sums kept per thread, reduced once at the end
   static constexpr int kBlockN = 32;      // KV tokens per tile
@@ -57,7 +67,7 @@ struct Variant<1> {
   static constexpr int kChains = 1;       // independent mma accumulator chains in phase 1
 };
 template <>
-struct Variant<2> {
+struct Variant<2> : VariantBase {
   static constexpr int kPasses = 1;       // phase 1 n-tiles computed in this many passes
   static constexpr bool kLazySum = false;  // row sums kept per thread, reduced once at the end
   static constexpr int kBlockN = 16;
@@ -67,7 +77,7 @@ struct Variant<2> {
 };
 
 template <>
-struct Variant<3> {  // v1's tiles + v2's prefetch; sm_90: <= 128 registers, 2 CTAs per SM
+struct Variant<3> : VariantBase {  // v1's tiles + v2's prefetch; sm_90: <= 128 registers, 2 CTAs per SM
   static constexpr int kBlockN = 32;
   static constexpr int kStages = 2;
   static constexpr bool kPrefetch = true;
@@ -75,6 +85,13 @@ struct Variant<3> {  // v1's tiles + v2's prefetch; sm_90: <= 128 registers, 2 C
   static constexpr int kPasses = 1;
   static constexpr bool kLazySum = true;  // no sum shuffles on the per-tile chain
 };
+template <>
+struct Variant<4> : Variant<3> {  // v3 + rescale only when the max moves + base+immediate addressing
+  static constexpr bool kLazyMax = true;
+  static constexpr bool kInterleave = true;
+};
+// log2-domain slack of the lazy running max: P = 2^(s - m) <= 2^8, exact in bf16's exponent range.
+constexpr float kMaxSlack = 8.f;
 template <int MT, int V>
 struct SmemLayout {
   static constexpr int kRows = 16 * MT;
@@ -95,6 +112,8 @@ static_assert(SmemLayout<2, 2>::kBytes <= kSmemLimit, "shared memory must fit sm
 static_assert(SmemLayout<1, 2>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 static_assert(SmemLayout<2, 3>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 static_assert(SmemLayout<1, 3>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<2, 4>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+static_assert(SmemLayout<1, 4>::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
 
 struct Params {
   const __nv_bfloat16* q;      // [total_q, H, 576]
@@ -137,7 +156,14 @@ constexpr int kV3Blocks = 1;
 #endif
 template <int MT, int V>
 constexpr int min_blocks() {
-  return (V == 2 && MT == 1) ? 2 : (V == 3 ? kV3Blocks : 1);
+  return (V == 2 && MT == 1) ? 2 : (V >= 3 ? kV3Blocks : 1);
+}
+
+// First 16-byte chunk (8 dims) of phase-1 k-step kk of dim group dq: contiguous quarters (v1..v3)
+// or interleaved by k-step (v4: dq takes k-steps 4 kk + dq, so its chunks are 8 kk + 2 dq).
+template <int V>
+__device__ __forceinline__ int k_chunk0(int dq, int kk) {
+  return Variant<V>::kInterleave ? (kk * kDimGroups + dq) * 2 : dq * (kKSteps * 2) + kk * 2;
 }
 
 template <int MT, int V>
@@ -155,6 +181,7 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   constexpr int TPTOK = kThreads / BN;     // loader: threads per token
   constexpr int CPT = (kChunks + TPTOK - 1) / TPTOK;  // loader: chunks per thread
   static_assert(NT >= 1 && TPT >= 1 && BN % 16 == 0 && ST >= 2, "tile shape");
+  static_assert(TPTOK % 8 == 0, "loader chunks per thread must keep the swizzle's low bits");
 
   const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -196,7 +223,7 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
     const uint32_t* q1 = reinterpret_cast<const uint32_t*>(p.q + (g0 + (v1 ? r1 : 0)) * kDqk);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-      const int w = (dq * (kDqk / kDimGroups) + kk * 16 + 2 * tig) / 2;
+      const int w = k_chunk0<V>(dq, kk) * 4 + tig;  // 32-bit words
       qf[kk][0] = v0 ? __ldg(q0 + w) : 0u;
       qf[kk][1] = v1 ? __ldg(q1 + w) : 0u;
       qf[kk][2] = v0 ? __ldg(q0 + w + 4) : 0u;
@@ -219,11 +246,14 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
     const __nv_bfloat16* src = p.kv;
     if (ok) src = p.kv + (static_cast<int64_t>(page) * p.page_size + t % p.page_size) * kDqk;
     const uint32_t dst = kv_smem + slot * L::kTileBytes;
+    // v4: ld_c < TPTOK and TPTOK is a multiple of 8, so the swizzle (XOR of the low 3 bits) of
+    // chunk ld_c + TPTOK k is that of ld_c plus TPTOK k: one base address, immediates after it.
+    [[maybe_unused]] const uint32_t dst0 = dst + kv_offset(ld_tok, ld_c);
 #pragma unroll
     for (int k = 0; k < CPT; ++k) {
       const int c = ld_c + TPTOK * k;
-      if (kChunks % TPTOK == 0 || c < kChunks)
-        cp_async16(dst + kv_offset(ld_tok, c), src + c * 8, ok ? 16 : 0);
+      const uint32_t to = VT::kInterleave ? dst0 + TPTOK * 16 * k : dst + kv_offset(ld_tok, c);
+      if (kChunks % TPTOK == 0 || c < kChunks) cp_async16(to, src + c * 8, ok ? 16 : 0);
     }
   };
 
@@ -287,14 +317,20 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
       const int b_tok = (lane & 7) + ((lane >> 4) << 3);
       const int b_half = (lane >> 3) & 1;
 #pragma unroll
+      // v4: chunk 8 kk + 2 dq + b_half of token row 8 n + b_tok: (b_tok & 7) is the swizzle
+      // of every such row, so the address is k_base + immediates.
+      [[maybe_unused]] const uint32_t k_base = kv_s + kv_offset(ntb * 8 + b_tok, 2 * dq + b_half);
       for (int kk = 0; kk < kKSteps; ++kk) {
-        const int c = dq * (kKSteps * 2) + kk * 2 + b_half;
+        const int c = k_chunk0<V>(dq, kk) + b_half;
         const int ch = kk % NC;
         if constexpr (NTP >= 2) {
 #pragma unroll
           for (int pr = 0; pr < NTP / 2; ++pr) {
             uint32_t kb[4];
-            ldmatrix_x4(kv_s + kv_offset((ntb + 2 * pr) * 8 + b_tok, c), kb);
+            if constexpr (VT::kInterleave)
+              ldmatrix_x4(k_base + (2 * pr * 8) * kRowBytes + kk * 128, kb);
+            else
+              ldmatrix_x4(kv_s + kv_offset((ntb + 2 * pr) * 8 + b_tok, c), kb);
             mma_bf16(s[ch][2 * pr], qf[kk], kb[0], kb[1]);
             mma_bf16(s[ch][2 * pr + 1], qf[kk], kb[2], kb[3]);
           }
@@ -322,6 +358,7 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
     __syncthreads();
 
     // ---- reduce: sum partials, scale, mask, online softmax, P -> smem ----
+    bool moved;  // this row's running max moved (its O needs rescaling)
     {
       float sv[TPT];
 #pragma unroll
@@ -361,9 +398,11 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
       }
 #pragma unroll
       for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(row_m, mx);
+      // v4: the max moves only past kMaxSlack (from -inf always), so most tiles keep alpha = 1.
+      const float m_new = VT::kLazyMax ? (mx > row_m + kMaxSlack ? mx : row_m) : fmaxf(row_m, mx);
       const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-      const float alpha = fast_exp2(row_m - m_use);
+      moved = m_new != row_m;
+      const float alpha = (VT::kLazyMax && !moved) ? 1.f : fast_exp2(row_m - m_use);
       float sum = 0.f;
 #pragma unroll
       for (int e = 0; e < TPT; ++e) {
@@ -386,12 +425,18 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
       }
       if (rj == 0) scale_smem[rr] = alpha;
     }
-    __syncthreads();
+    // v4: the barrier also tells whether any row's max moved; if none did, O keeps its scale.
+    bool rescale = true;
+    if constexpr (VT::kLazyMax)
+      rescale = __syncthreads_or(moved) != 0;
+    else
+      __syncthreads();
 
     // ---- phase 2: O = O * alpha + P V over this warp's 64 V columns ----
     {
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
+        if (!rescale) break;
         const float a0 = scale_smem[m * 16 + gid], a1 = scale_smem[m * 16 + gid + 8];
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
@@ -573,12 +618,14 @@ cudaError_t dispatch(int variant, int mtiles, F&& f) {
     case 22: return f(IntC<2>{}, IntC<2>{});
     case 31: return f(IntC<1>{}, IntC<3>{});
     case 32: return f(IntC<2>{}, IntC<3>{});
+    case 41: return f(IntC<1>{}, IntC<4>{});
+    case 42: return f(IntC<2>{}, IntC<4>{});
     default: return cudaErrorInvalidValue;
   }
 }
 
 inline bool valid_variant(int variant, int mtiles) {
-  return variant >= 1 && variant <= 3 && (mtiles == 1 || mtiles == 2);
+  return variant >= 1 && variant <= 4 && (mtiles == 1 || mtiles == 2);
 }
 
 }  // namespace dcmla
@@ -616,7 +663,7 @@ int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
 
 // out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
 // ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
-// variant: 1, 2 or 3 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
+// variant: 1..4 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
