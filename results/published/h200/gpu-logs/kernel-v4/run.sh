@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
 echo "commit $1"
 el build
-decodecliff build-kernel --arch 90 --require 90 --out build/kernels > $OUT/build.txt 2>&1 || { cat $OUT/build.txt; exit 1; }
+decodecliff build-kernel --arch 90 --require 90 --out build/kernels > /tmp/build.txt 2>&1 || { cat /tmp/build.txt; exit 1; }
 cp build/kernels/build.json $OUT/
 export DECODECLIFF_KERNEL_LIB=$PWD/build/kernels/libdecodecliff_mla.so
 el check
