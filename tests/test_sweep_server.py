@@ -176,17 +176,19 @@ def test_context_beyond_the_pool_is_skipped_not_sent_and_a_failed_warmup_fails_n
 def test_chunk_timeout_fails_the_rest_of_the_chunk(tmp_path):
     fault = _Fault(48, signal.SIGSTOP)
     cfg = _config(tmp_path, [48, 56, 64])
-    cfg.chunks = [Chunk([48, 56, 64], timeout_s=8.0, point_timeout_s=60.0)]
+    # The chunk budget also pays for the server's start and warm-up (seconds on a loaded runner):
+    # it must outlast them so that it runs out during the hung point, not before it.
+    cfg.chunks = [Chunk([48, 56, 64], timeout_s=30.0, point_timeout_s=60.0)]
     runner = Runner(cfg, on_event=fault)
     fault.runner = runner
     try:
         hung, *rest = runner.run()
     finally:
         fault.cleanup()
-    assert hung["status"] == "failed" and hung["reason"].startswith("chunk timeout (8 s) after")
+    assert hung["status"] == "failed" and hung["reason"].startswith("chunk timeout (30 s) after")
     for point in rest:
         assert point["status"] == "failed"
-        assert point["reason"] == "chunk timeout (8 s) before the point"
+        assert point["reason"] == "chunk timeout (30 s) before the point"
     assert sorted(_points(tmp_path)) == [48, 56, 64]
 
 
