@@ -167,14 +167,14 @@ def test_plan_fills_one_wave_and_respects_short_contexts():
 @pytest.mark.parametrize(
     ("heads", "q_len", "ctx", "expected"),
     [
-        (8, 16, 185_000, "v3"),  # 66 splits x 4 row tiles: two CTAs per SM
-        (8, 1, 185_000, "v3"),
-        (64, 64, 1024, "v3"),  # 128 row tiles x 2 splits
-        (8, 16, 1024, "v1"),  # 4 splits x 4 row tiles: 16 CTAs, a lone v3 CTA is no faster
+        (8, 16, 185_000, "v4"),  # 66 splits x 4 row tiles: two CTAs per SM
+        (8, 1, 185_000, "v4"),
+        (64, 64, 1024, "v4"),  # 128 row tiles x 2 splits
+        (8, 16, 1024, "v1"),  # 4 splits x 4 row tiles: 16 CTAs, a lone v4 CTA is no faster
         (64, 1, 16_384, "v1"),  # 2 row tiles x 64 splits = 128 CTAs on 132 SMs
     ],
 )
-def test_auto_takes_v3_only_where_two_ctas_share_an_sm(heads, q_len, ctx, expected):
-    # the H200: 132 SMs, v3 two CTAs per SM (the occupancy query's answer there)
+def test_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ctx, expected):
+    # the H200: 132 SMs, v4 two CTAs per SM (the occupancy query's answer there)
     plan = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
     assert auto_variant(plan, 1, sms=132) == expected

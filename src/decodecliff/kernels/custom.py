@@ -7,11 +7,12 @@ split-KV attention kernel and its combine kernel on the current stream: no host 
 allocation once the workspace is large enough, so a step can be captured in a CUDA graph (fix
 ``num_splits`` at construction, reserve the workspace).
 
-Two kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
+Four kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
 ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
 iteration ahead; "v3" is v1's tiling with v2's prefetch, held to 128 registers on sm_90 so two
-CTAs share an SM. "auto" (the default) takes what the H200 measured fastest for each tile height
-(notes/kernel.md): v3 where its plan fills more than one CTA per SM, else v1.
+CTAs share an SM; "v4" is v3 rescaling O only when a row's running max moves past a slack.
+"auto" (the default) takes what the H200 measured fastest (notes/kernel.md): v4 where its plan
+fills more than one CTA per SM, else v1.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4}  # name -> the kernel's template parameter
-# "auto": v3 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
-# else v1 (a lone v3 CTA is v1 in fewer registers); fastest or within 7% at all 48 H200 grid points.
-AUTO_VARIANTS = ("v3", "v1")
+# "auto": v4 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
+# else v1 (a lone v4 CTA is v1 in fewer registers). v4 beat v3 at all 17 H200 points timed side by
+# side (notes/kernel.md, "v4 measured"); v3 was fastest or within 7% at all 48 grid points.
+AUTO_VARIANTS = ("v4", "v1")
 DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -109,7 +111,7 @@ def plan_launch(
 
 
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
-    """The "auto" choice given v3's plan: v3 only where its grid puts two CTAs on some SM."""
+    """The "auto" choice given the two-CTA plan: v4 only where its grid puts two CTAs on some SM."""
     return (
         AUTO_VARIANTS[0]
         if plan.row_tiles * batch_size * plan.num_splits > sms
