@@ -19,7 +19,8 @@ T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
 echo "commit $DECODECLIFF_GIT_REV"
-if [ ! -f build/kernels/libdecodecliff_mla.so ]; then
+# only the custom servers load the kernel library
+if [[ " $* " == *" custom"* && ! -f build/kernels/libdecodecliff_mla.so ]]; then
   el build-kernel
   decodecliff build-kernel --arch 90 --require 90 --out build/kernels > $W/build.log 2>&1 || { tail $W/build.log; exit 1; }
 fi
