@@ -2,24 +2,32 @@
 # Publish a GPU study: render raw results measured on a GPU machine with the pipeline's own
 # analysis rules, and write raw + summaries + executed notebooks + report into one folder.
 #
-#   scripts/publish_study.sh RAW_DIR CONFIG DEST
-#   scripts/publish_study.sh /tmp/h200-raw config/h200.yaml results/published/h200
+#   scripts/publish_study.sh CONFIG DEST RAW_DIR [RAW_DIR ...]
+#   scripts/publish_study.sh config/h200.yaml results/published/h200 results/runs/h200/*/
 #
-# RAW_DIR is laid out as the pipeline writes under results/: build/build.json, kernels/bench.json,
-# sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md of how it ran).
-# Nothing is measured here: the raw files are marked up to date (`snakemake --touch`) and only the
-# summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md is rendered
-# by the `notes` rule from the result files (workflow/report/notes.md.j2); one in RAW_DIR is
-# dropped, so no typed number is published.
+# Each RAW_DIR is laid out as the pipeline writes under results/: build/build.json,
+# kernels/bench.json, sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md
+# of how it ran). A study measured in several runs (by server, at different commits) gives one
+# RAW_DIR per run; they are merged, and a file that two runs both hold is an error, not an
+# override. Nothing is measured here: the raw files are marked up to date (`snakemake --touch`)
+# and only the summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md
+# is rendered by the `notes` rule from the result files (workflow/report/notes.md.j2); one in a
+# RAW_DIR is dropped, so no typed number is published.
 set -euo pipefail
-raw=$(realpath "$1") cfg=$2 dest=$3
+cfg=$1 dest=$2
+shift 2
+[ $# -ge 1 ] || { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 repo=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
-cp -r "$raw"/. "$work/results/"
+for raw in "$@"; do
+  clash=$(cd "$raw" && find . -type f | while read -r f; do [ -e "$work/results/$f" ] && echo "$f"; done)
+  [ -z "$clash" ] || { echo "in two runs (last: $raw): $clash" >&2; exit 1; }
+  cp -r "$raw"/. "$work/results/"
+done
 rm -f "$work/results/NOTES.md"
 cd "$work"
 build_json=$(mktemp) && cp results/build/build.json "$build_json"
