@@ -221,7 +221,8 @@ def test_flashinfer_sm120_build_check(tmp_path: Path, monkeypatch) -> None:
 def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(tmp_path: Path) -> None:
     done, out = bench(
         tmp_path, "--contexts", "33", "--modes", "chain4", "--heads", "2", "--page-sizes", "16",
-        "--backends", "custom", "--custom-variants", "v3", "v4", "auto", "--repeats", "1", "--quiet",
+        "--backends", "custom", "--custom-variants", "v3", "v4", "auto",
+        "--repeats", "1", "--quiet",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     points = json.loads(out.read_text())["points"]
