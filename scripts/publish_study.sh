@@ -14,17 +14,19 @@
 # is rendered by the `notes` rule from the result files (workflow/report/notes.md.j2); one in a
 # RAW_DIR is dropped, so no typed number is published.
 set -euo pipefail
-cfg=$1 dest=$2
+cfg=$(realpath "$1") dest=$(realpath -m "$2")
 shift 2
 [ $# -ge 1 ] || { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
-repo=$(git rev-parse --show-toplevel)
+repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
 for raw in "$@"; do
-  clash=$(cd "$raw" && find . -type f | while read -r f; do [ -e "$work/results/$f" ] && echo "$f"; done)
+  clash=$(cd "$raw" && find . -type f | while read -r f; do
+    if [ -e "$work/results/$f" ]; then echo "${f#./}"; fi
+  done)
   [ -z "$clash" ] || { echo "in two runs (last: $raw): $clash" >&2; exit 1; }
   cp -r "$raw"/. "$work/results/"
 done
@@ -34,10 +36,14 @@ build_json=$(mktemp) && cp results/build/build.json "$build_json"
 decodecliff build-kernel --out results/build > /dev/null  # the library the rules name as input
 cp "$build_json" results/build/build.json  # keep the GPU machine's record of its build
 # the measured files count as up to date; only what is computed from them runs here
-snakemake --cores 1 --configfile "$repo/$cfg" --config published=null --touch \
-  results/build/build.json results/kernels/bench.json $(cd results && ls sweep/*/ctx*.json | sed 's|^|results/|')
-snakemake --cores 2 --configfile "$repo/$cfg" --config published=null
+measured=$(find results/build results/kernels results/engine results/sweep -name '*.json' 2> /dev/null || true)
+snakemake --cores 1 --configfile "$cfg" --config published=null --touch $measured
+# a measurement the runs lack stops the publication (missing input) instead of running here
+measuring='^(build_kernel|bench_kernels|bench_engine|sweep_point)$'
+snakemake --cores 2 --configfile "$cfg" --config published=null \
+  --allowed-rules $(snakemake --list-rules --configfile "$cfg" | grep -vE "$measuring")
 
-mkdir -p "$repo/$dest"
-rsync -a --exclude '*.so' --exclude '/logs/' --exclude '/benchmarks/' --exclude '/build/ptxas.log' results/ "$repo/$dest/"
-echo "published $(find "$repo/$dest" -type f | wc -l) files to $dest"
+mkdir -p "$dest"
+tar -C results --exclude '*.so' --exclude ./logs --exclude ./benchmarks --exclude ./build/ptxas.log \
+  -cf - . | tar -C "$dest" -xf -
+echo "published $(find "$dest" -type f | wc -l) files to $dest"

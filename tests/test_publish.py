@@ -1,0 +1,80 @@
+"""scripts/publish_study.sh: a study measured in several runs is published as one.
+
+The raw files of a recorded CPU run are split into two runs (as the GPU study is measured by
+server), and the script renders them with the pipeline's real rules.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from report_study import REPO, STUDY, study_config
+
+SCRIPT = REPO / "scripts" / "publish_study.sh"
+LATER_SERVER = "triton-chain16-p1"  # measured by the second run
+needs_nvcc = pytest.mark.skipif(
+    shutil.which("nvcc") is None, reason="publishing builds the kernel: no nvcc"
+)
+
+
+def split_runs(root: Path) -> tuple[Path, Path]:
+    """Run A: build, kernels, engine and every server but one; run B: that server's points."""
+    first, second = root / "run-a", root / "run-b"
+    shutil.copytree(STUDY, first)
+    (second / "sweep").mkdir(parents=True)
+    shutil.move(first / "sweep" / LATER_SERVER, second / "sweep" / LATER_SERVER)
+    return first, second
+
+
+def publish(root: Path, *runs: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    cfg = study_config() | {"published": None}
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    dest = root / "published"
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = ["bash", str(SCRIPT), str(config), str(dest), *map(str, runs)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=root)
+    return done, dest
+
+
+@needs_nvcc
+def test_two_runs_publish_as_one_study(tmp_path: Path) -> None:
+    done, dest = publish(tmp_path, *split_runs(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for server in ("torch-chain16-p1", LATER_SERVER):
+        points = sorted((dest / "sweep" / server).glob("ctx*.json"))
+        assert [p.name for p in points] == sorted(
+            p.name for p in (STUDY / "sweep" / server).glob("ctx*.json")
+        )
+    with (dest / "summary" / "sweep.csv").open() as f:
+        servers = {row["server"] for row in csv.DictReader(f)}
+    assert servers == {server["name"] for server in study_config()["sweep"]["servers"]}
+    assert (dest / "report.html").stat().st_size > 0
+    assert (dest / "NOTES.md").read_text().strip()
+
+
+@needs_nvcc
+def test_a_measurement_no_run_holds_stops_the_publication(tmp_path: Path) -> None:
+    first, second = split_runs(tmp_path)
+    shutil.rmtree(first / "engine")  # measured on the GPU, never computed while publishing
+    done, dest = publish(tmp_path, first, second)
+    assert done.returncode != 0
+    assert "Missing input files" in done.stderr and "results/engine/bench.json" in done.stderr
+    assert not dest.exists()
+
+
+def test_a_file_in_two_runs_stops_before_any_work(tmp_path: Path) -> None:
+    first, second = split_runs(tmp_path)
+    (second / "build").mkdir()
+    shutil.copy(first / "build" / "build.json", second / "build" / "build.json")
+    done, dest = publish(tmp_path, first, second)
+    assert done.returncode != 0
+    assert "in two runs" in done.stderr and "build/build.json" in done.stderr
+    assert not dest.exists()
