@@ -72,9 +72,15 @@ def make_workdir(root: Path) -> Path:
     return root
 
 
+def tools_env() -> dict[str, str]:
+    """This environment with this interpreter's scripts (snakemake, decodecliff) first on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return os.environ | {"PATH": path}
+
+
 def run_analysis(root: Path) -> subprocess.CompletedProcess:
     """Run the analysis and report rules in ``root`` up to results/report.html."""
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = tools_env()
     cmd = [
         sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(root),
         "--configfile", str(root / "config.yaml"), "--cores", "2", "--nolock",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from report_study import tools_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ["Snakefile", "workflow", "envs", "profiles", "notebooks", "data"]
@@ -98,12 +99,10 @@ def copy_workflow(dest: Path, config: dict) -> Path:
 
 def snakemake(workdir: Path, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run Snakemake of this interpreter in ``workdir``; the rules find `decodecliff` beside it."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=workdir,
-        env=env,
+        env=tools_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -325,12 +324,10 @@ def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
         }
     ]
     workdir = copy_workflow(tmp_path, config)
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     proc = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "results/sweep/slow/ctx2048.json", "--cores", "1"],
         cwd=workdir,
-        env=env,
+        env=tools_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, as a terminal gives it

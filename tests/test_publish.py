@@ -7,15 +7,13 @@ server), and the script renders them with the pipeline's real rules.
 from __future__ import annotations
 
 import csv
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from report_study import REPO, STUDY, study_config
+from report_study import REPO, STUDY, study_config, tools_env
 
 SCRIPT = REPO / "scripts" / "publish_study.sh"
 LATER_SERVER = "triton-chain16-p1"  # measured by the second run
@@ -38,9 +36,10 @@ def publish(root: Path, *runs: Path) -> tuple[subprocess.CompletedProcess, Path]
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     dest = root / "published"
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     cmd = ["bash", str(SCRIPT), str(config), str(dest), *map(str, runs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=root)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900, env=tools_env(), cwd=root
+    )
     return done, dest
 
 
