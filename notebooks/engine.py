@@ -36,7 +36,7 @@ from decodecliff.analysis import layout, style
 # %% tags=["parameters"]
 bench_json = "results/engine/bench.json"  # from the bench_engine rule
 results = "results"  # the figure and table go under {results}/figures|tables/engine/
-published = ""  # a published study folder: its gpu-logs/engine/engine.json is drawn beside this run
+published = ""  # a published study folder: its engine/bench.json is drawn beside this run
 
 # %%
 style.apply()
@@ -100,7 +100,7 @@ draw(table, f"Step anatomy on {device}", layout.figure_path(results, "engine", "
 # The published study's step anatomy (its raw bench output), when the configuration names one.
 
 # %%
-published_json = Path(published or "-") / "gpu-logs" / "engine" / "engine.json"
+published_json = Path(published or "-") / "engine" / "bench.json"
 if published and published_json.is_file():
     pub = json.loads(published_json.read_text())
     pub_table = pd.DataFrame(pub["rows"])[columns]

@@ -12,7 +12,9 @@
 # override. Nothing is measured here: the raw files are marked up to date (`snakemake --touch`)
 # and only the summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md
 # is rendered by the `notes` rule from the result files (workflow/report/notes.md.j2); one in a
-# RAW_DIR is dropped, so no typed number is published.
+# RAW_DIR is dropped, so no typed number is published. FlashInfer's sm_120 build check is
+# computed here too (nvcc, no GPU): install flashinfer-python and apache-tvm-ffi (`--no-deps`, see
+# the `peers` extra) first, or it is published as skipped.
 set -euo pipefail
 cfg=$(realpath "$1") dest=$(realpath -m "$2")
 shift 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import subprocess
@@ -253,3 +254,46 @@ def test_server_colours_are_fixed_and_distinct() -> None:
     )
     style.register_servers(sweep)
     assert {s: style.color(s) for s in sweep["server"]} == colours
+
+
+def label_outline(label, renderer) -> Path:
+    """A tick label's outline in display pixels, rotated as drawn (its window extent is the
+    axis-aligned box around the rotated text, which overlaps a slanted neighbour's)."""
+    from matplotlib.path import Path as MplPath
+    from matplotlib.transforms import Affine2D
+
+    angle = label.get_rotation()
+    label.set_rotation(0)
+    box = label.get_window_extent(renderer)
+    label.set_rotation(angle)
+    ax_x, ax_y = (box.x1, box.y1) if angle else (box.x0, box.y0)  # ha right, va top: anchor
+    corners = [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
+    turn = Affine2D().rotate_deg_around(ax_x, ax_y, angle)
+    return MplPath(turn.transform(corners), closed=True)
+
+
+@pytest.mark.parametrize(
+    ("width_in", "contexts"),
+    [
+        (3.7, [1024, 4096, 16384, 32768, 65536, 131072, 185000]),  # one of 3 kernel panels
+        (6.5, [1024, 11000, 32000, 64000, 128000, 185000]),  # a sweep panel
+        (12.0, [1024, 11000, 32000, 64000, 128000, 185000]),
+    ],
+)
+def test_every_context_gets_a_label_and_no_two_collide(width_in: float, contexts) -> None:
+    import matplotlib.pyplot as plt
+
+    from decodecliff.analysis import figures, tables
+
+    style.apply()
+    fig, ax = plt.subplots(figsize=(width_in, 3.5))
+    ax.plot(contexts, np.arange(len(contexts)))
+    figures.context_axis(ax, contexts)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert [t.get_text() for t in labels] == [tables.ctx_label(c) for c in contexts]
+    outlines = [label_outline(t, renderer) for t in labels]
+    for i, (left, right) in enumerate(itertools.pairwise(outlines)):
+        assert not left.intersects_path(right, filled=True), (width_in, labels[i].get_text())
+    plt.close(fig)

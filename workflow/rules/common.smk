@@ -392,7 +392,7 @@ def published_inputs(wildcards) -> list[str]:
 def published_engine_input(wildcards) -> list[str]:
     """The published study's raw step anatomy, drawn beside this run's when it exists."""
     root = published_dir()
-    path = f"{root}/gpu-logs/engine/engine.json"
+    path = f"{root}/engine/bench.json"
     return [path] if root and os.path.isfile(path) else []
 
 

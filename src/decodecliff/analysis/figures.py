@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 from matplotlib.transforms import blended_transform_factory
@@ -37,8 +39,11 @@ STEPS = [
     ("verify_steps_s_client", "client clock", "-", "o"),
     ("verify_steps_s_server", "server step time", "--", "^"),
 ]
-# the smallest gap between two context labels, in inches ('128k' at the tick font size)
+# the smallest gap between two level context labels, in inches ('128k' at the tick font size);
+# where level labels would collide (128k beside 185k on a narrow panel) they are slanted by SLANT
+# degrees and set a little smaller, and then need only a line's height over sin(SLANT) between them
 LABEL_GAP_IN = 0.34
+SLANT, SLANT_FONT_SCALE = 65, 0.85
 
 
 def save(fig: Figure, path: str | Path) -> Path:
@@ -50,8 +55,9 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def context_axis(ax, contexts, secondary=()) -> None:
-    """Log-scaled context axis labelled at the contexts that ran ('1k', '128k'); labels closer
-    than LABEL_GAP_IN on this axis are dropped (the largest context always keeps its label).
+    """Log-scaled context axis labelled at the contexts that ran ('1k', '128k'), slanted where
+    level labels would collide; labels closer than even a slanted one needs are dropped (the
+    largest context always keeps its label).
     ``secondary`` contexts (the reference table's) widen the axis and get a label where one fits.
     """
     have = sorted({int(c) for c in contexts if pd.notna(c)})
@@ -65,19 +71,42 @@ def context_axis(ax, contexts, secondary=()) -> None:
     ax.set_xlim(lo, hi)
     fig = ax.get_figure()
     width_in = max(ax.get_position().width * fig.get_figwidth(), 0.5)
-    min_ratio = 10 ** (LABEL_GAP_IN * np.log10(hi / lo) / width_in)
+    decades_per_in = np.log10(hi / lo) / width_in
+    ticks = _spaced_ticks(have, extra, 10 ** (LABEL_GAP_IN * decades_per_in))
+    slant = not set(have) <= set(ticks)  # a measured context lost its label
+    if slant:
+        ticks = _spaced_ticks(have, extra, 10 ** (_slant_gap_in() * decades_per_in))
+    ax.set_xticks(ticks, [ctx_label(c) for c in ticks])
+    if slant:
+        ax.tick_params(axis="x", labelrotation=SLANT, labelsize=_slant_font_pt())
+        for label in ax.get_xticklabels():
+            label.set(ha="right", rotation_mode="anchor")
+    ax.minorticks_off()
+
+
+def _slant_font_pt() -> float:
+    level = FontProperties(size=mpl.rcParams["xtick.labelsize"]).get_size_in_points()
+    return SLANT_FONT_SCALE * level
+
+
+def _slant_gap_in() -> float:
+    line_in = 1.2 * _slant_font_pt() / 72  # a text line's box is about 1.2 font sizes high
+    return line_in / np.sin(np.radians(SLANT))
+
+
+def _spaced_ticks(have: list[int], extra: list[int], min_ratio: float) -> list[int]:
+    """The contexts to label, none closer than ``min_ratio`` to another: from the largest down
+    (so it keeps its label), the measured ones first, then the reference ones where they fit."""
 
     def fits(c: int, kept: list[int]) -> bool:
         return all(max(c, k) / min(c, k) >= min_ratio for k in kept)
 
     ticks: list[int] = []
-    for c in reversed(have or extra):  # from the largest down, so it keeps its label
+    for c in reversed(have or extra):
         if fits(c, ticks):
             ticks.append(c)
     ticks += [c for c in reversed(extra) if fits(c, ticks)] if have else []
-    ticks.sort()
-    ax.set_xticks(ticks, [ctx_label(c) for c in ticks])
-    ax.minorticks_off()
+    return sorted(ticks)
 
 
 def _plain(value: float, _pos=None) -> str:

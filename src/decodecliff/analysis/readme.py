@@ -38,18 +38,33 @@ def kernel_rows(study: Path, contexts: list[str]) -> pd.DataFrame:
     return out.rename(columns={c: f"{c} (ms)" for c in cols})
 
 
-def end_to_end(study: Path) -> tuple[pd.DataFrame, str]:
-    """The end-to-end headline (verify steps/s, median and min–max) and what it rests on,
-    computed from the study's raw point files by the same functions as its report and notes."""
+def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str, list[str]]:
+    """The end-to-end headline (verify steps/s, median and min–max), what it rests on, its
+    baseline server and the commits its points were measured at, computed from the study's raw
+    point files by the same functions as its report and notes."""
     sweep = summarize.load_study(study).sweep
-    headline = tables.sweep_headline(sweep, tables.baseline_server(sweep))
-    return headline.reset_index(), tables.counts(sweep)
+    baseline = tables.baseline_server(sweep)
+    headline = tables.sweep_headline(sweep, baseline)
+    return headline.reset_index(), tables.counts(sweep), baseline, short_commits(sweep["git"])
+
+
+def short_commits(revs) -> list[str]:
+    """Distinct commits as 7-digit hashes ('-dirty' marks dropped), in order of appearance."""
+    return list(dict.fromkeys(str(r).removesuffix("-dirty")[:7] for r in revs if pd.notna(r)))
+
+
+def measured_at(commits: list[str], rel: str) -> str:
+    shas = ", ".join(f"`{c}`" for c in commits)
+    if len(commits) == 1:
+        return f"commit {shas}"
+    return f"commits {shas} (which measured what: [`{rel}/README.md`]({rel}/README.md))"
 
 
 def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
-    headline, counts = end_to_end(study)
+    headline, counts, baseline, commits = end_to_end(study)
+    commits = short_commits([*commits, env["git"]])
     targets = pd.read_csv(study / "tables/report/targets.csv")
     kernels = kernel_rows(study, ["1k", "16k", "64k", "185k"])
     met = targets[targets["status"] == "met"]["target"].tolist()
@@ -59,12 +74,13 @@ def section(study: Path, name: str | None = None) -> str:
         [
             f"{START} — generated from {rel} by `python -m decodecliff.analysis.readme` -->",
             f"Measured on one {env['gpu']} ({env['gpu_capability']}), driver {env['driver']}, "
-            f"torch {env['torch']}, Triton {env['triton']}, commit `{env['git'][:7]}`; "
+            f"torch {env['torch']}, Triton {env['triton']}, {measured_at(commits, rel)}; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
             "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps: verify steps "
-            "per second on the client's clock and the speedup over the Triton server; with "
-            f"random weights no draft token is accepted, so tok/s are the same numbers; {counts}):",
+            f"per second on the client's clock and the speedup over the Triton server "
+            f"`{baseline}`; with random weights no draft token is accepted, so tok/s are the same "
+            f"numbers; {counts}):",
             "",
             markdown_table(headline),
             "",

@@ -101,8 +101,9 @@ class Target:
             what = self.mode or "every point"
             return f"{what}{where}: {self.backend} over {self.baseline} kernel"
         if self.kind == "decode_speedup":
-            return f"end-to-end decode{at}: {self.backend} over {self.baseline} server"
-        return f"verify steps per second{at}: {self.backend} server"
+            base = self.baseline_server or f"{self.baseline} server"
+            return f"end-to-end decode{at}: {self.server or self.backend} over {base}"
+        return f"verify steps per second{at}: {self.server or self.backend + ' server'}"
 
 
 def parse(specs: list[dict] | None) -> list[Target]:
