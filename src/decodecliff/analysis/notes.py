@@ -149,7 +149,7 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
     checked = targets.evaluate(study, targets.parse(cfg.get("targets")))
     env = study.bench_env or {}
     servers = server_rows(study)
-    gits = sorted({str(g)[:7] for g in sweep.get("git", pd.Series(dtype=str)).dropna()})
+    gits = tables.short_commits(sweep.get("git", pd.Series(dtype=str)))
     return {
         "name": name,
         "device": env.get("gpu") or "CPU",

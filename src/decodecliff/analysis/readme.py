@@ -40,17 +40,12 @@ def kernel_rows(study: Path, contexts: list[str]) -> pd.DataFrame:
 
 def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str, list[str]]:
     """The end-to-end headline (verify steps/s, median and min–max), what it rests on, its
-    baseline server and the commits its points were measured at, computed from the study's raw
-    point files by the same functions as its report and notes."""
+    baseline server and the commits its points record, computed from the study's raw point files
+    by the same functions as its report and notes."""
     sweep = summarize.load_study(study).sweep
     baseline = tables.baseline_server(sweep)
     headline = tables.sweep_headline(sweep, baseline)
-    return headline.reset_index(), tables.counts(sweep), baseline, short_commits(sweep["git"])
-
-
-def short_commits(revs) -> list[str]:
-    """Distinct commits as 7-digit hashes ('-dirty' marks dropped), in order of appearance."""
-    return list(dict.fromkeys(str(r).removesuffix("-dirty")[:7] for r in revs if pd.notna(r)))
+    return headline.reset_index(), tables.counts(sweep), baseline, list(sweep["git"])
 
 
 def measured_at(commits: list[str], rel: str) -> str:
@@ -63,8 +58,8 @@ def measured_at(commits: list[str], rel: str) -> str:
 def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
-    headline, counts, baseline, commits = end_to_end(study)
-    commits = short_commits([*commits, env["git"]])
+    headline, counts, baseline, revs = end_to_end(study)
+    commits = tables.short_commits([*revs, env["git"]])
     targets = pd.read_csv(study / "tables/report/targets.csv")
     kernels = kernel_rows(study, ["1k", "16k", "64k", "185k"])
     met = targets[targets["status"] == "met"]["target"].tolist()

@@ -192,6 +192,11 @@ def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     return table
 
 
+def short_commits(revs) -> list[str]:
+    """The distinct commits among ``revs`` as sorted 7-digit hashes ('-dirty' marks dropped)."""
+    return sorted({str(r)[:7] for r in revs if pd.notna(r)})
+
+
 def counts(sweep: pd.DataFrame) -> str:
     """What the end-to-end numbers rest on: requests and verify steps per point, as a sentence."""
     good = ok(sweep)
