@@ -8,8 +8,8 @@
 # results/ of the machine's copy of the tree. .whl holds the kernel bench's peers (sglang 0.5.23,
 # flashinfer-python 0.5.3, apache-tvm-ffi 0.1.15.post2; sha256 in ../peers/env.txt), installed
 # without dependencies. What the parts wrote, less the kernel library, is packed into
-# $OUT/benches.tar
-# after every part; the kernel bench writes its file after every point, so a cut run keeps them.
+# $OUT/benches.tar after every part; the kernel bench writes its file after every point, so a cut
+# run keeps them.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1 PYTHONUNBUFFERED=1
 shift
