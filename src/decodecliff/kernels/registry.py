@@ -1,8 +1,13 @@
-"""Backends by name. Imports are lazy so the CPU path never needs Triton or the CUDA library."""
+"""Backends by name: one line each. Imports are lazy so the CPU path never needs Triton or CUDA.
+
+A backend is one module with one class implementing ``api.AttentionBackend``; adding one is a line
+in ``BACKENDS`` (and, if it needs a GPU or a package, a line in ``GPU_ONLY`` / ``PACKAGES``).
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # api.py loads torch; the names below must not
@@ -18,6 +23,28 @@ BACKENDS = {
     "cublas": ("decodecliff.kernels.peers", "CublasAttention"),
 }
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
+# The package a peer loads, and how to install it (the `peers` extra pins the versions).
+PACKAGES = {
+    "sglang": ("sglang", "pip install -e '.[peers]' (or pip install --no-deps sglang)"),
+    "flashinfer": ("flashinfer", "pip install -e '.[peers]' (or pip install flashinfer-python)"),
+}
+
+
+def unavailable(name: str, device: str) -> str | None:
+    """Why backend ``name`` cannot run on ``device`` ("cpu" / "cuda") here, or None if it can.
+
+    Cheap and torch-free (no backend is built), so a study can record a server or a bench point
+    as skipped, with this reason, before it starts anything.
+    """
+    if name not in BACKENDS:
+        return f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}"
+    if name in GPU_ONLY and device != "cuda":
+        return f"the {name} backend needs a CUDA GPU (this study's device is {device})"
+    if name in PACKAGES:
+        module, how = PACKAGES[name]
+        if importlib.util.find_spec(module) is None:
+            return f"the {name} backend needs the {module} package, not installed here: {how}"
+    return None
 
 
 def get_backend(name: str, **options) -> AttentionBackend:
