@@ -127,7 +127,7 @@ def test_the_random_check_on_the_torch_backend() -> None:
 def test_a_case_without_hints_plans_from_the_tensors() -> None:
     case = {"kv_lens": [40, 3], "q_len": 3, "heads": 2, "page_size": 16, "tree": False}
     batch = ck.case_batch({**case, "seed": 1, "drop_hints": True}, "cpu")
-    assert batch.max_q_len is None and batch.max_kv_len is None
+    assert batch.meta.max_q_len is None and batch.meta.max_kv_len is None
     assert batch.kv_cache.shape[0] == 3 + 1 + ck.SPARE_PAGES  # 40 and 3 tokens in 16-token pages
     assert torch.equal(ck.reference(batch), reference_attention(batch))
 
@@ -190,7 +190,8 @@ def test_sanitizer_runs_this_command_on_the_custom_kernels() -> None:
 def test_a_timing_point_on_the_torch_backend() -> None:
     point = (256, 4, 2, True, 16, None)
     batch = ck.point_batch(point, "cpu")
-    assert batch.max_kv_len == 256 and batch.tree_mask is not None and batch.page_size == 16
+    m = batch.meta
+    assert m.max_kv_len == 256 and m.tree_mask is not None and m.page_size == 16
     row = ck.time_point(point, batch, ["v1", "v3"], 50.0, (2, 0), torch_backend)
     assert row["floor_ms"] == ck.point_floor_ms(256, 4, 2, 50.0)
     assert list(row["variants"]) == ["v1", "v3"]

@@ -52,7 +52,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_matches_float64_reference(backend, case):
     batch = random_batch(**case, device="cuda", seed=len(str(case)))
-    out = torch.full((batch.q.shape[0], batch.num_heads, D_V), float("nan"), device="cuda",
+    out = torch.full((batch.q.shape[0], batch.meta.num_heads, D_V), float("nan"), device="cuda",
                      dtype=torch.bfloat16)  # fmt: skip
     backend()(batch, out)
     torch.cuda.synchronize()
@@ -84,7 +84,7 @@ def test_graph_replay_follows_kv_lens(backend):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         attn(batch, out)
-    batch.kv_lens.copy_(torch.tensor([2000, 16], dtype=torch.int32))
+    batch.meta.kv_lens.copy_(torch.tensor([2000, 16], dtype=torch.int32))
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
@@ -106,6 +106,6 @@ def test_bad_inputs_are_clear_errors(backend):
     attn = backend()
     with pytest.raises(ValueError, match="bf16"):
         attn(batch, torch.empty(1, 8, D_V, device="cuda"))
-    batch.kv_lens = batch.kv_lens.long()
+    batch.meta.kv_lens = batch.meta.kv_lens.long()
     with pytest.raises(ValueError, match="kv_lens"):
         attn(batch)

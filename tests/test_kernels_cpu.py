@@ -19,21 +19,21 @@ BF16_TOL = 2e-2
 
 def naive_attention(batch) -> torch.Tensor:
     """Row by row in float64, addressing the cache through the page-table formula of api.py."""
-    ps, cache = batch.page_size, batch.kv_cache.double().reshape(-1, D_QK)
-    out = torch.zeros(batch.q.shape[0], batch.num_heads, D_V, dtype=torch.float64)
-    for b in range(batch.batch_size):
-        q0, q1 = int(batch.q_indptr[b]), int(batch.q_indptr[b + 1])
-        kv_len, q_len = int(batch.kv_lens[b]), q1 - q0
-        rows = [int(batch.page_table[b, t // ps]) * ps + t % ps for t in range(kv_len)]
+    ps, cache = batch.meta.page_size, batch.kv_cache.double().reshape(-1, D_QK)
+    out = torch.zeros(batch.q.shape[0], batch.meta.num_heads, D_V, dtype=torch.float64)
+    for b in range(batch.meta.batch_size):
+        q0, q1 = int(batch.meta.q_indptr[b]), int(batch.meta.q_indptr[b + 1])
+        kv_len, q_len = int(batch.meta.kv_lens[b]), q1 - q0
+        rows = [int(batch.meta.page_table[b, t // ps]) * ps + t % ps for t in range(kv_len)]
         kv = cache[rows]
         prefix = kv_len - q_len
         for i in range(q_len):
-            if batch.tree_mask is None:
+            if batch.meta.tree_mask is None:
                 draft = [j for j in range(q_len) if j <= i]
             else:
-                draft = [j for j in range(q_len) if bool(batch.tree_mask[b, i, j])]
+                draft = [j for j in range(q_len) if bool(batch.meta.tree_mask[b, i, j])]
             seen = kv[list(range(prefix)) + [prefix + j for j in draft]]
-            scores = batch.q[q0 + i].double() @ seen.T * batch.sm_scale  # [H, n]
+            scores = batch.q[q0 + i].double() @ seen.T * batch.meta.sm_scale  # [H, n]
             out[q0 + i] = torch.softmax(scores, -1) @ seen[:, :D_V]
     return out
 
@@ -83,9 +83,9 @@ def test_token_slots_follow_the_page_table() -> None:
 def test_triton_token_slots_pad_past_the_table() -> None:
     tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
     batch = random_batch([30, 9], 1, heads=2, page_size=8, seed=4)  # 4 pages a row
-    batch.max_kv_len = 50  # a bound past the table: CUDA graphs pin it to the pool's size
-    slots = tb.TritonAttention().token_slots(batch)
-    table = batch.page_table.tolist()
+    batch.meta.max_kv_len = 50  # a bound past the table: CUDA graphs pin it to the pool's size
+    slots = tb.TritonAttention().token_slots(batch.meta)
+    table = batch.meta.page_table.tolist()
     assert slots.tolist() == [[row[min(t // 8, 3)] * 8 + t % 8 for t in range(50)] for row in table]
 
 
@@ -125,23 +125,20 @@ def test_triton_reuses_its_workspace() -> None:
     backend = tb.TritonAttention(decode="grouped", num_kv_splits=8)
     big = random_batch([90, 60], 1, heads=8, seed=1)
     backend(big)
-    ptrs = (backend._indices.data_ptr(), backend._logits.data_ptr(), backend._lse.data_ptr())
+    ptrs = {name: buf.data_ptr() for name, buf in backend._ws._bufs.items()}
+    assert set(ptrs) == {"indices", "logits", "lse"}
     small = random_batch([40], 1, heads=8, seed=2)
     err = relative_error(backend(small), reference_attention(small))
     assert err < BF16_TOL
     backend(big)
-    assert (
-        backend._indices.data_ptr(),
-        backend._logits.data_ptr(),
-        backend._lse.data_ptr(),
-    ) == ptrs
+    assert {name: buf.data_ptr() for name, buf in backend._ws._bufs.items()} == ptrs
 
 
 def test_triton_verify_never_uses_the_decode_kernel() -> None:
     tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
     backend = tb.TritonAttention(decode="grouped")
     backend(random_batch([50], 4, seed=4))
-    assert backend._logits is None  # the split-KV workspace only exists for L = 1
+    assert "logits" not in backend._ws._bufs  # the split-KV workspace only exists for L = 1
 
 
 def test_arch_configs_follow_sglang_for_lq_576() -> None:

@@ -56,7 +56,7 @@ def reference_forward(model: SyntheticMLA, step: StepInput, kv_cache: torch.Tens
         cache = kv_cache[i]
         cache.view(-1, cfg.kv_row_dim)[step.out_slots] = torch.cat([latent, k_rope], dim=-1)
         q_latent = torch.bmm(q_nope.transpose(0, 1), layer.w_kc).transpose(0, 1)
-        batch = AttnBatch(
+        batch = AttnBatch.build(
             q=torch.cat([q_latent, q_rope], dim=-1),
             kv_cache=cache,
             page_table=step.page_table,

@@ -187,16 +187,16 @@ def case_batch(case: dict, device: torch.device | str) -> AttnBatch:
     kw = {k: case[k] for k in ("kv_lens", "q_len", "heads", "page_size", "tree")}
     batch = random_batch(**kw, device=device, seed=case["seed"], spare_pages=SPARE_PAGES)
     if case.get("drop_hints"):  # the kernel must plan from the tensors alone
-        batch.max_q_len = None
-        batch.max_kv_len = None
+        batch.meta.max_q_len = None
+        batch.meta.max_kv_len = None
     return batch
 
 
 def reference(batch: AttnBatch) -> torch.Tensor:
     """The float64 reference on the CPU: computed there for small problems, else on the batch's
     device (the same code, kernels/reference.py)."""
-    q_len = batch.num_tokens // batch.batch_size  # every request verifies the same count
-    work = sum(batch.kv_lens.tolist()) * q_len * batch.num_heads
+    q_len = batch.meta.num_tokens // batch.meta.batch_size  # every request verifies the same count
+    work = sum(batch.meta.kv_lens.tolist()) * q_len * batch.meta.num_heads
     if work < CPU_REFERENCE_WORK:
         return reference_attention(batch)
     return TorchAttention(torch.float64)(float64_batch(batch)).cpu()
@@ -300,7 +300,7 @@ def graph_case(variant: str, log: Log) -> dict:
         backend(batch, out)
     errs = []
     for lens in ([150_000, 40_000], [1_000, 39_000], [149_999, 16], [77_777, 20_000]):
-        batch.kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        batch.meta.kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()

@@ -31,10 +31,11 @@ import torch
 
 from .. import envinfo
 from ..kernels import planted as planting
-from ..kernels.api import AttnBatch
+from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
+from ..kernels.peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
 from ..kernels.reference import TorchAttention
-from ..kernels.registry import BACKENDS, GPU_ONLY, get_backend
+from ..kernels.registry import BACKENDS, get_backend, unavailable
 from ..kernels.synthetic import random_batch, relative_error
 from . import roofline
 from .timing import median_ms
@@ -70,17 +71,34 @@ def split_label(splits: int | str) -> str:
     return "sglang" if splits == "sglang" else f"s{splits}"
 
 
+def by_index_dtype(variants: list[Variant], args: argparse.Namespace) -> list[Variant]:
+    """Each SGLang-algorithm variant once per ``--index-dtypes`` entry: SGLang's own dtype keeps
+    the plain label, another gets it appended (sm90-int32), so both stand side by side."""
+    return [
+        Variant(
+            v.backend,
+            v.label if d == SGLANG_KV_INDEX_DTYPE else f"{v.label}-{d}",
+            (*v.options, ("index_dtype", d)),
+        )  # fmt: skip
+        for v in variants
+        for d in args.index_dtypes
+    ]
+
+
 def peer_variants(backend: str, q_len: int, args: argparse.Namespace) -> list[Variant]:
     """The sglang kernels (extend + split-KV verify, or decode per split count) and FlashInfer's."""
     if backend == "flashinfer":
         return [Variant("flashinfer", b, (("backend", b),)) for b in args.flashinfer_backends]
     if q_len > 1:
-        return [Variant("sglang", k, (("kernel", k),)) for k in ("extend", "verify")]
-    return [
+        return by_index_dtype(
+            [Variant("sglang", k, (("kernel", k),)) for k in ("extend", "verify")], args
+        )
+    decode = [
         Variant("sglang", f"decode-{split_label(s)}", (("kernel", "decode"), ("num_kv_splits", s)))
         for s in args.decode_splits
         if s != 0
     ]
+    return by_index_dtype(decode, args)
 
 
 def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.device) -> list:
@@ -99,7 +117,7 @@ def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.d
     configs = list(dict.fromkeys(resolve_arch_config(c, device).name for c in args.triton_config))
     extend = [Variant("triton", c, (("arch_config", c), ("decode", "extend"))) for c in configs]
     if q_len > 1:
-        return extend
+        return by_index_dtype(extend, args)
     out = []
     for splits in args.decode_splits:
         if splits == 0:  # decode through the extend kernel, as a one-token verify
@@ -107,7 +125,7 @@ def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.d
         else:
             opts = (("decode", "grouped"), ("num_kv_splits", splits))
             out.append(Variant("triton", f"grouped-{split_label(splits)}", opts))
-    return out
+    return by_index_dtype(out, args)
 
 
 class Backends:
@@ -125,14 +143,9 @@ class Backends:
         return self._made[variant]
 
 
-def make_step(backend, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
-    """The launch-only step: metadata (prepare / plan) built here, outside any timed region."""
-    if hasattr(backend, "prepare"):
-        return backend.prepare(batch, out)
-    if hasattr(backend, "plan") and hasattr(backend, "run"):
-        backend.plan(batch.meta)
-        return lambda: backend.run(batch.q, batch.kv_cache, out)
-    return lambda: backend(batch, out)
+def make_step(backend: AttentionBackend, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+    """The launch-only step: checked and planned here, outside any timed region."""
+    return backend.prepare(batch, out)
 
 
 def sync(device: torch.device) -> None:
@@ -174,8 +187,10 @@ class Runner:
 
     def reference_output(self, batch: AttnBatch) -> torch.Tensor | None:
         if self.reference is None:
-            q_len, heads = batch.max_q_len or 1, batch.num_heads
-            flops = roofline.attention_flops(batch.max_kv_len or 0, q_len, heads, batch.batch_size)
+            m = batch.meta
+            flops = roofline.attention_flops(
+                m.max_kv_len or 0, m.max_q_len or 1, m.num_heads, m.batch_size
+            )
             if self.device.type == "cpu" and flops > CPU_GUARD_FLOPS:
                 return None
             self.reference = get_backend("torch")(batch)
@@ -196,7 +211,7 @@ class Runner:
     def check_planted(self, point: Point, backend, batch: AttnBatch) -> bool:
         """The planted mask check; False (with the point failed) when a mask decision is wrong."""
         flops = roofline.attention_flops(
-            point["ctx"], point["q_len"], point["heads"], batch.batch_size
+            point["ctx"], point["q_len"], point["heads"], batch.meta.batch_size
         )
         if self.device.type == "cpu" and flops > CPU_PLANTED_FLOPS:
             return True
@@ -218,14 +233,15 @@ class Runner:
         return True
 
     def run_point(self, point: Point, variant: Variant, batch: AttnBatch) -> Point:
-        if variant.backend in GPU_ONLY and self.device.type != "cuda":
-            point["reason"] = f"{variant.backend} backend needs a CUDA GPU"
+        why = unavailable(variant.backend, self.device.type)
+        if why:
+            point["reason"] = why
             return point
         backend = self.backends.get(variant)
         if isinstance(backend, Exception):
             point["reason"] = f"{variant.backend} unavailable: {type(backend).__name__}: {backend}"
             return point
-        why = backend.unsupported(batch.meta) if hasattr(backend, "unsupported") else None
+        why = backend.unsupported(batch.meta)
         if why:
             point["reason"] = why
             return point
@@ -243,8 +259,7 @@ class Runner:
         if not self.check_planted(point, backend, batch):
             return point
         step = make_step(backend, batch, out)  # re-planned on the timed problem
-        if getattr(backend, "resolved_splits", None):
-            point["detail"] = {"num_kv_splits": backend.resolved_splits}
+        point["detail"] = backend.describe()
         if self.device.type == "cuda":
             first = self.call_seconds(step)
         self.seconds_per_call.setdefault(key, (point["ctx"], first))
@@ -295,8 +310,7 @@ class Runner:
 
 def float64_batch(batch: AttnBatch) -> AttnBatch:
     """The same problem with q and the cache in float64 (the reference's input), same device."""
-    meta = batch.meta
-    return meta.batch(batch.q.double(), batch.kv_cache.double())
+    return batch.meta.batch(batch.q.double(), batch.kv_cache.double())
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -426,6 +440,15 @@ def parser() -> argparse.ArgumentParser:
         help="KV splits of the triton grouped decode and sglang's decode_attention_fwd at decode "
         "points: N, 'sglang' (the count SGLang's Triton backend picks for MLA), 0 (triton only: "
         f"decode via the extend kernel) (default: {_words(DECODE_SPLITS)})",
+    )
+    p.add_argument(
+        "--index-dtypes",
+        nargs="+",
+        choices=list(INDEX_DTYPES),
+        default=[SGLANG_KV_INDEX_DTYPE],
+        help="kv_indices dtypes of the SGLang-algorithm kernels (triton, sglang): the one SGLang "
+        "passes keeps the plain label, another is timed beside it with the dtype in its label "
+        f"(default: {SGLANG_KV_INDEX_DTYPE}, SGLang's own)",
     )
     p.add_argument(
         "--flashinfer-backends",

@@ -417,20 +417,29 @@ class Engine:
         )
 
     def graph_runner(self, backend: AttentionBackend | None = None) -> GraphRunner:
-        """CUDA graphs of this engine's decode/verify step (with ``backend``, default its own)."""
+        """CUDA graphs of this engine's decode/verify step (with ``backend``, default its own).
 
-        def forward(step: StepInput) -> torch.Tensor:
-            return self.model.forward(step, self.pool.cache, backend or self.backend)
+        A backend that plans on the host is planned before every replay, outside the graph, as
+        SGLang replays FlashInfer's and its Triton backend's metadata."""
+        backend = backend or self.backend
+        cache = self.pool.cache
+
+        def forward(step: StepInput, planned: bool = False) -> torch.Tensor:
+            return self.model.forward(step, cache, backend, planned=planned)
+
+        def plan(step: StepInput) -> None:
+            self.model.plan(step, cache, backend)
 
         return GraphRunner(
             forward,
+            plan=plan if backend.plan_outside_graph else None,
             max_batch=self.cfg.max_running_requests,
             q_len=self.cfg.spec_tokens,
             max_pages=self.pool.max_pages_per_req,
             max_kv_len=self.pool.max_total_tokens,
             tree=self.cfg.spec == "tree",
             device=self.device,
-            capturable=(backend or self.backend).capturable,
+            capturable=backend.capturable,
         )
 
     def forward(self, step: StepInput, decode: bool = False) -> torch.Tensor:

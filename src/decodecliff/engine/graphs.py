@@ -3,10 +3,11 @@
 A step's inputs are copied into fixed-size device buffers (token ids, positions, cache slots, a page
 table [max_batch, max_pages], kv_lens, q_indptr, tree mask) and one graph per (batch size, query
 tokens per request) replays the whole model over them. ``max_kv_len`` is pinned to the pool's
-capacity when capturing, so a longer context never needs a new graph: the attention backend must
-read the true lengths from the ``kv_lens`` buffer on the device (the custom kernel does; the `torch`
-backend syncs to the host and cannot be captured: it says so (``capturable = False``) and its steps
-run eagerly). The runner knows the step function and the buffer sizes only, not the engine.
+capacity when capturing, so a longer context never needs a new graph: the attention backend either
+reads the true lengths from the ``kv_lens`` buffer on the device inside the graph (the custom and
+Triton kernels), or plans on the host before every replay into buffers of fixed address (``plan``:
+FlashInfer, SGLang's kernels, as SGLang replays them). A backend that is not ``capturable`` (the
+`torch` one) runs eagerly. The runner knows the step functions and the buffer sizes only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .model import StepInput
 
 log = logging.getLogger("decodecliff.graphs")
 
-Forward = Callable[[StepInput], torch.Tensor]
+Forward = Callable[..., torch.Tensor]  # forward(step, planned=False) -> logits
+Plan = Callable[[StepInput], None]
 
 
 class GraphRunner:
@@ -29,13 +31,15 @@ class GraphRunner:
     It knows only the step function and the sizes that fix the buffers: ``max_batch`` requests of
     ``q_len`` query tokens, ``max_pages`` pages per request, ``max_kv_len`` (the pool's capacity),
     ``tree`` (whether steps carry a tree mask). A forward whose backend is not ``capturable`` (see
-    kernels/api.py) runs eagerly.
+    kernels/api.py) runs eagerly. With ``plan``, the graph holds the layers only (``forward(step,
+    planned=True)``) and ``plan`` runs on the static inputs before capture and every replay.
     """
 
     def __init__(
         self,
         forward: Forward,
         *,
+        plan: Plan | None = None,
         max_batch: int,
         q_len: int,
         max_pages: int,
@@ -46,7 +50,7 @@ class GraphRunner:
     ) -> None:
         if device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.forward_eager, self.capturable = forward, capturable
+        self.forward_eager, self.plan, self.capturable = forward, plan, capturable
         self.max_batch, self.q, self.max_kv_len = max_batch, q_len, max_kv_len
         n, dev = max_batch * q_len, device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
@@ -72,7 +76,7 @@ class GraphRunner:
             input_ids=self.input_ids[:T],
             positions=self.positions[:T],
             out_slots=self.out_slots[:T],
-            page_table=self.page_table[:bs],
+            page_table=self.page_table,  # every row: a host plan sizes its buffers once
             kv_lens=self.kv_lens[:bs],
             q_indptr=self.q_indptr[: bs + 1],
             tree_mask=None if self.tree_mask is None else self.tree_mask[:bs],
@@ -92,16 +96,18 @@ class GraphRunner:
             self.tree_mask[:bs].copy_(step.tree_mask)
 
     def _capture(self, key: tuple[int, int]) -> None:
-        static = self._static_step(*key)
+        static, planned = self._static_step(*key), self.plan is not None
+        if planned:
+            self.plan(static)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy initialisation and autotuning happen outside
-                self.forward_eager(static)
+                self.forward_eager(static, planned=planned)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            out = self.forward_eager(static)
+            out = self.forward_eager(static, planned=planned)
         self.graphs[key] = (graph, out)
 
     def forward(self, step: StepInput) -> torch.Tensor:
@@ -123,6 +129,8 @@ class GraphRunner:
                 self.uncapturable.add(key)
                 torch.cuda.synchronize()
                 return self.forward_eager(step)
+        elif self.plan is not None:
+            self.plan(self._static_step(*key))
         graph, out = self.graphs[key]
         graph.replay()
         return out

@@ -179,18 +179,30 @@ class SyntheticMLA:
         logits = self.lm_head.numel() * (rows if logit_rows is None else logit_rows)
         return 2 * (rows * per_layer * len(self.layers) + logits)
 
+    def plan(self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend) -> None:
+        """The step's attention plan, shared by every layer (``forward`` does it unless told)."""
+        backend.plan(step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale))
+
     def forward(
-        self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend
+        self,
+        step: StepInput,
+        kv_cache: torch.Tensor,
+        backend: AttentionBackend,
+        planned: bool = False,
     ) -> torch.Tensor:
-        """Logits [rows, vocab] in float32; kv_cache is [layers, pages, page_size, 576]."""
-        cfg, T = self.cfg, step.input_ids.shape[0]
+        """Logits [rows, vocab] in float32; kv_cache is [layers, pages, page_size, 576].
+
+        ``planned``: the caller ran ``plan`` for this step (a CUDA graph of a backend that plans
+        on the host captures the layers only)."""
+        T = step.input_ids.shape[0]
         self.rope.reserve(step.max_kv_len)  # positions < kv_len <= max_kv_len (host-side)
         cs = self.rope.rows(step.positions)  # [T, 64] cos | sin, shared by every layer
         x = self.embed[step.input_ids]
         spans = mha_spans(step, kv_cache.shape[2]) if step.mha else None
         bufs = None
         if spans is None:
-            backend.plan(step.attn_meta(cfg.num_heads, kv_cache.shape[2], self.sm_scale))
+            if not planned:
+                self.plan(step, kv_cache, backend)
             bufs = self._buffers(T)
         delta = None
         for i, layer in enumerate(self.layers):

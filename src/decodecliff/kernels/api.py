@@ -22,9 +22,10 @@ and runs every layer (``run(q, kv_cache, out)``): see ``AttentionBackend``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import abc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -59,11 +60,11 @@ def token_slot(pages: Sequence[int] | torch.Tensor, token: int, page_size: int) 
 
 @dataclass
 class AttnMeta:
-    """What every layer of one step shares: the batch-level input of ``plan()``.
+    """What every layer of one step shares: the input of ``plan()``, the one metadata type.
 
     Host-side hints (``num_tokens``, ``max_q_len``, ``max_kv_len``) let a backend size grids and
-    workspaces without reading device tensors; ``plan()`` must not sync on the device tensors
-    either if the backend is ``capturable``.
+    workspaces without reading device tensors; a backend whose ``plan`` runs inside a CUDA graph
+    must not sync on the device tensors either.
     """
 
     page_table: torch.Tensor  # [max_batch >= B, max_pages] int32
@@ -87,67 +88,63 @@ class AttnMeta:
 
     def batch(self, q: torch.Tensor, kv_cache: torch.Tensor) -> AttnBatch:
         """This step's metadata with one layer's queries and cache."""
-        return AttnBatch(
-            q=q,
-            kv_cache=kv_cache,
-            page_table=self.page_table,
-            kv_lens=self.kv_lens,
-            q_indptr=self.q_indptr,
-            sm_scale=self.sm_scale,
-            tree_mask=self.tree_mask,
-            max_q_len=self.max_q_len,
-            max_kv_len=self.max_kv_len,
-        )
+        return AttnBatch(q, kv_cache, self)
+
+    def q_lens(self) -> list[int]:
+        """Per-request query lengths, read on the host (a sync: host-planned backends only)."""
+        ptr = self.q_indptr.tolist()
+        return [ptr[b + 1] - ptr[b] for b in range(self.batch_size)]
 
 
 @dataclass
 class AttnBatch:
-    """One attention call: an ``AttnMeta`` plus one layer's queries and cache."""
+    """One attention call: one layer's queries and cache with the step's ``AttnMeta``."""
 
     q: torch.Tensor  # [total_q, heads, 576] bf16 (or fp32/fp64 for the reference)
     kv_cache: torch.Tensor  # [num_pages, page_size, 576]
-    page_table: torch.Tensor  # [max_batch >= B, max_pages] int32
-    kv_lens: torch.Tensor  # [B] int32, includes the query tokens' own KV
-    q_indptr: torch.Tensor  # [B + 1] int32
-    sm_scale: float
-    tree_mask: torch.Tensor | None = None  # [B, max_q, max_q] bool; None means a causal chain
-    max_q_len: int | None = None  # host-side max(q_len); lets backends size grids without a sync
-    max_kv_len: int | None = None  # host-side upper bound on kv_lens (for split planning)
+    meta: AttnMeta
 
-    @property
-    def batch_size(self) -> int:
-        return self.kv_lens.shape[0]
+    @classmethod
+    def build(
+        cls,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        kv_lens: torch.Tensor,
+        q_indptr: torch.Tensor,
+        sm_scale: float,
+        tree_mask: torch.Tensor | None = None,
+        max_q_len: int | None = None,
+        max_kv_len: int | None = None,
+    ) -> AttnBatch:
+        """A batch whose metadata takes its sizes (tokens, heads, page size) from q and cache."""
+        meta = AttnMeta(
+            page_table=page_table,
+            kv_lens=kv_lens,
+            q_indptr=q_indptr,
+            sm_scale=sm_scale,
+            num_tokens=q.shape[0],
+            num_heads=q.shape[1],
+            page_size=kv_cache.shape[1],
+            tree_mask=tree_mask,
+            max_q_len=max_q_len,
+            max_kv_len=max_kv_len,
+        )
+        return cls(q, kv_cache, meta)
 
-    @property
-    def num_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.q.shape[0]
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> AttnBatch:
+        """The same problem on ``device`` (q and cache in ``dtype`` if given)."""
+        m = self.meta
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return AttnBatch.build(
+            self.q.to(device, dtype), self.kv_cache.to(device, dtype), move(m.page_table),
+            move(m.kv_lens), move(m.q_indptr), m.sm_scale, move(m.tree_mask), m.max_q_len,
+            m.max_kv_len,
+        )  # fmt: skip
 
     @property
     def device(self) -> torch.device:
         return self.q.device
-
-    @property
-    def page_size(self) -> int:
-        return self.kv_cache.shape[1]
-
-    @property
-    def meta(self) -> AttnMeta:
-        return AttnMeta(
-            page_table=self.page_table,
-            kv_lens=self.kv_lens,
-            q_indptr=self.q_indptr,
-            sm_scale=self.sm_scale,
-            num_tokens=self.num_tokens,
-            num_heads=self.num_heads,
-            page_size=self.page_size,
-            tree_mask=self.tree_mask,
-            max_q_len=self.max_q_len,
-            max_kv_len=self.max_kv_len,
-        )
 
     def new_output(self) -> torch.Tensor:
         return new_output(self.q)
@@ -158,47 +155,64 @@ def new_output(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)
 
 
-class AttentionBackend(Protocol):
-    """The plan/run contract (as FlashInfer's wrappers and SGLang's init_forward_metadata).
+class AttentionBackend(abc.ABC):
+    """The one contract of every attention backend (as FlashInfer's plan/run wrappers and SGLang's
+    ``init_forward_metadata`` + per-layer ``forward``).
 
-    ``plan(meta)`` runs once per step, before the first layer: it validates the metadata and builds
-    whatever the step's layers share (launch plans, token-slot lists, workspaces). ``run(q,
-    kv_cache, out)`` runs once per layer with that layer's queries [T, H, 576] and cache [pages,
-    page_size, 576] and writes ``out`` [T, H, 512]; it does only launch work. ``__call__(batch)``
-    is plan + run for a single call. A ``capturable`` backend neither syncs nor allocates in
-    ``run`` (nor in ``plan`` once its workspaces have reached the step's size), so a step can be
-    captured in a CUDA graph.
+    * ``plan(meta)`` runs once per step, before the first layer: it builds what the step's layers
+      share (launch plans, index lists, workspaces).
+    * ``run(q, kv_cache, out)`` runs once per layer with that layer's queries [T, H, 576] and cache
+      [pages, page_size, 576], writes ``out`` [T, H, 512] and does launch work only.
+    * ``capturable``: ``run`` neither syncs nor allocates, so a step's layers can be captured in a
+      CUDA graph and replayed.
+    * ``plan_outside_graph``: ``plan`` reads lengths on the host (FlashInfer's plan, SGLang's
+      metadata), so a graph captures the layers only and ``plan`` runs before every replay, writing
+      into buffers of fixed address. Otherwise ``plan`` itself is captured with the step (it reads
+      only host hints and does device work on fixed-size tensors).
+    * ``unsupported(meta)``: why this backend cannot serve ``meta`` (None when it can).
+    * ``describe()``: what a result must record to name the backend exactly (its variant, splits).
     """
 
-    name: str
-    capturable: bool
+    name: ClassVar[str]
+    capturable: ClassVar[bool] = False
+    plan_outside_graph: ClassVar[bool] = False
 
-    def plan(self, meta: AttnMeta) -> object: ...
+    def unsupported(self, meta: AttnMeta) -> str | None:
+        return None
 
+    @abc.abstractmethod
+    def plan(self, meta: AttnMeta) -> None: ...
+
+    @abc.abstractmethod
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
-    def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name}
 
+    def check(self, meta: AttnMeta) -> None:
+        """Raise ValueError naming the backend when it cannot serve ``meta``."""
+        reason = self.unsupported(meta)
+        if reason:
+            raise ValueError(f"{self.name} attention: {reason}")
 
-class PlannedBackend:
-    """``__call__`` for a backend that implements ``plan`` and ``run``."""
+    def validate(self, batch: AttnBatch, out: torch.Tensor) -> None:  # noqa: B027 (optional)
+        """Raise ValueError when one call's tensors break what ``run`` relies on (layouts)."""
 
-    name = "planned"
-    capturable = False
-
-    def plan(self, meta: AttnMeta) -> object:
-        raise NotImplementedError
-
-    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
+        """Check and plan ``batch`` here (outside any timed region); return the launch-only call."""
+        self.validate(batch, out)
+        self.check(batch.meta)
+        self.plan(batch.meta)
+        q, kv = batch.q, batch.kv_cache
+        return lambda: self.run(q, kv, out)
 
     def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor:
         out = batch.new_output() if out is None else out
-        self.plan(batch.meta)
-        return self.run(batch.q, batch.kv_cache, out)
+        self.prepare(batch, out)()
+        return out
 
 
-class NoAttention(PlannedBackend):
+class NoAttention(AttentionBackend):
     """Does no attention work (the output is left as it is): a step then costs only the rest.
 
     Benchmarks time a step with it beside the real backend; the difference is attention's share.

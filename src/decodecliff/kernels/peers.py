@@ -40,8 +40,9 @@ from pathlib import Path
 
 import torch
 
-from .api import D_QK, D_V, AttnMeta, PlannedBackend
+from .api import D_QK, D_V, AttentionBackend, AttnMeta
 from .reference import TorchAttention, token_rows
+from .workspace import Workspaces
 
 SGLANG_PATH_ENV = "DECODECLIFF_SGLANG_PATH"
 SGLANG_KERNELS = "sglang.kernels.ops.attention"
@@ -51,6 +52,12 @@ SGLANG_BASE_KV_SPLITS = 8
 SGLANG_MLA_MIN_BLOCK_KV = 32
 KIMI_K2_CONTEXT = 262_144  # the model's context length, which caps SGLang's decode split count
 FLASHINFER_WORKSPACE_BYTES = 128 * 2**20
+# kv_indices as SGLang 0.5.23's Triton backend builds them for target verify and decode, eager and
+# under CUDA graphs (srt/layers/attention/triton_backend.py: torch.empty(seq_lens_sum,
+# dtype=torch.int64) and the graph buffer cuda_graph_kv_indices, int64), although its req_to_token
+# is int32. tests/test_peers_fidelity.py reads the installed package's source to keep this true.
+SGLANG_KV_INDEX_DTYPE = "int64"
+INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
 def _next_power_of_2(n: int) -> int:
@@ -196,52 +203,56 @@ def sglang_num_kv_splits(
     return [max(math.ceil(n / chunk1), math.ceil(n / chunk2)) for n in seq_lens]
 
 
-def _split_points(meta: AttnMeta) -> tuple[list[int], list[int]]:
-    q_indptr, kv_lens = meta.q_indptr.tolist(), meta.kv_lens.tolist()
-    return [q_indptr[b + 1] - q_indptr[b] for b in range(len(kv_lens))], kv_lens
-
-
 def _indptr(lengths: list[int], device) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
-class SGLangAttention(PlannedBackend):
+class SGLangAttention(AttentionBackend):
     """SGLang's Triton kernels on this repository's paged layout (see the module docstring).
 
     ``kernel``: "extend" (extend_attention_fwd, any q_len, chain or tree), "verify"
     (verify_shared_kv_fwd: causal chains of one q_len) or "decode" (decode_attention_fwd, every
     q_len = 1). ``num_kv_splits`` (decode): a fixed count, or "sglang" for the per-request counts
     SGLang's Triton backend computes (its get_num_kv_splits_triton under the MLA cap).
+    ``index_dtype``: ``kv_indices``' dtype, by default SGLang's own (SGLANG_KV_INDEX_DTYPE).
     ``interpreted``: allow CPU tensors (the kernels then run in the Triton interpreter, which must
     have been chosen before triton was imported; for tests at tiny sizes, in fp32).
+
+    As SGLang's Triton backend under CUDA graphs: ``plan`` fills buffers of fixed address from the
+    lengths (read on the host) before every replay, ``run`` launches only. A tree mask's buffer is
+    sized per step, so tree steps run eagerly.
     """
 
     name = "sglang"
-    capturable = False  # plan() reads lengths on the host, as SGLang's eager metadata does
+    capturable = True
+    plan_outside_graph = True
 
     def __init__(
         self,
         kernel: str = "extend",
         num_kv_splits: int | str = "sglang",
         max_context_len: int = KIMI_K2_CONTEXT,
+        index_dtype: str = SGLANG_KV_INDEX_DTYPE,
         interpreted: bool = False,
     ):
         if kernel not in ("extend", "verify", "decode"):
             raise ValueError(f"kernel must be extend, verify or decode, got {kernel!r}")
         if num_kv_splits != "sglang" and not (isinstance(num_kv_splits, int) and num_kv_splits > 0):
             raise ValueError(f"num_kv_splits must be 'sglang' or >= 1, got {num_kv_splits!r}")
+        if index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be in {list(INDEX_DTYPES)}, got {index_dtype!r}")
         self.kernel, self.num_kv_splits = kernel, num_kv_splits
-        self.max_context_len = max_context_len
+        self.max_context_len, self.index_dtype = max_context_len, index_dtype
         self.interpreted = interpreted  # CPU under the Triton interpreter (tests at tiny sizes)
         self.ops = load_sglang()
+        self._ws = Workspaces()
         self._step: dict | None = None
         self.resolved_splits: int | None = None  # the decode split count of the last plan
 
     def unsupported(self, meta: AttnMeta) -> str | None:
-        """Why this kernel cannot serve ``meta`` (None when it can)."""
         if meta.device.type != "cuda" and not self.interpreted:
             return "SGLang's Triton kernels need a CUDA GPU"
-        q_lens, kv_lens = _split_points(meta)
+        q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
         if self.kernel == "decode" and any(q != 1 for q in q_lens):
             return "decode_attention_fwd serves q_len = 1 only"
         if self.kernel == "verify" and meta.tree_mask is not None:
@@ -253,26 +264,39 @@ class SGLangAttention(PlannedBackend):
             return "verify_shared_kv_fwd needs a prefix in every request (kv_len > q_len)"
         return None
 
-    def plan(self, meta: AttnMeta) -> dict:
-        reason = self.unsupported(meta)
-        if reason:
-            raise ValueError(f"sglang {self.kernel}: {reason}")
-        q_lens, kv_lens = _split_points(meta)
-        dev = meta.device
+    def describe(self) -> dict:
+        return {"backend": self.name, "kernel": self.kernel, "num_kv_splits": self.resolved_splits,
+                "index_dtype": self.index_dtype, "sglang": self.ops.version}  # fmt: skip
+
+    def _fill(self, name: str, values: torch.Tensor, size: int) -> torch.Tensor:
+        """``values`` copied into the head of a fixed buffer of at least ``size`` elements."""
+        buf = self._ws.get(name, (max(size, 1),), values.dtype, values.device)
+        buf[: values.numel()].copy_(values)
+        return buf
+
+    def plan(self, meta: AttnMeta) -> None:
+        self.check(meta)
+        q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
+        dev, cap = (
+            meta.device,
+            meta.page_table.numel() * meta.page_size,
+        )  # every slot it maps
         rows = [token_rows(meta.page_table[b], n, meta.page_size) for b, n in enumerate(kv_lens)]
-        step = {"qo_indptr": _indptr(q_lens, dev), "max_q": max(q_lens), "T": sum(q_lens)}
+        idx = INDEX_DTYPES[self.index_dtype]
+        rows_b = meta.page_table.shape[0]
+        step = {"max_q": max(q_lens), "T": sum(q_lens), "sm_scale": meta.sm_scale}
+        step["qo_indptr"] = self._fill("qo_indptr", _indptr(q_lens, dev), rows_b + 1)
         if self.kernel == "decode":
-            step |= self._plan_decode(meta, rows, kv_lens)
+            step |= self._plan_decode(meta, rows, kv_lens, idx, cap)
         else:
             prefix = [n - q for n, q in zip(kv_lens, q_lens, strict=True)]
-            step["kv_indptr"] = _indptr(prefix, dev)
-            step["kv_indices"] = torch.cat([r[:p] for r, p in zip(rows, prefix, strict=True)])
-            step["ext_rows"] = torch.cat([r[p:] for r, p in zip(rows, prefix, strict=True)])
-            step["k_extend"] = None  # allocated by the first run() in the cache's dtype
+            step["kv_indptr"] = self._fill("kv_indptr", _indptr(prefix, dev), rows_b + 1)
+            flat = torch.cat([r[:p] for r, p in zip(rows, prefix, strict=True)]).to(idx)
+            step["kv_indices"] = self._fill("kv_indices", flat, cap)
+            ext = torch.cat([r[p:] for r, p in zip(rows, prefix, strict=True)])
+            step["ext_rows"] = self._fill("ext_rows", ext, ext.numel())
             step |= self._plan_mask(meta, q_lens, kv_lens)
-        step["sm_scale"] = meta.sm_scale
         self._step = step
-        return step
 
     def _plan_mask(self, meta: AttnMeta, q_lens: list[int], kv_lens: list[int]) -> dict:
         """SGLang's custom mask: per request [q_len, kv_len] flattened, prefix columns set."""
@@ -290,8 +314,10 @@ class SGLangAttention(PlannedBackend):
             "causal": False,
         }
 
-    def _plan_decode(self, meta: AttnMeta, rows: list[torch.Tensor], kv_lens: list[int]) -> dict:
-        b, dev = meta.batch_size, meta.device
+    def _plan_decode(
+        self, meta: AttnMeta, rows: list[torch.Tensor], kv_lens: list[int], idx, cap: int
+    ) -> dict:
+        b, dev, h = meta.batch_size, meta.device, meta.num_heads
         seq_lens = meta.kv_lens.to(torch.int32)
         if self.num_kv_splits == "sglang":
             sms = _core_count(dev.index or 0) if dev.type == "cuda" else 0
@@ -299,21 +325,23 @@ class SGLangAttention(PlannedBackend):
             splits = torch.full((b,), max_splits, dtype=torch.int32, device=dev)
             if sms > 0:  # SGLang fills the cap when it cannot count the cores
                 self.ops.get_num_kv_splits_triton[(1,)](
-                    splits, seq_lens, b, 1, meta.num_heads, 1, max_splits, sms,
+                    splits, seq_lens, b, 1, h, 1, max_splits, sms,
                     MAX_NUM_SEQ=256 if b < 256 else _next_power_of_2(b),
                 )  # fmt: skip
         else:
             max_splits = self.num_kv_splits
             splits = torch.full((b,), max_splits, dtype=torch.int32, device=dev)
         self.resolved_splits = int(splits.max())
-        h = meta.num_heads
+        f32 = torch.float32
         return {
-            "kv_indptr": _indptr(kv_lens, dev),
-            "kv_indices": torch.cat(rows),
-            "num_kv_splits": splits,
+            "kv_indptr": self._fill(
+                "kv_indptr", _indptr(kv_lens, dev), meta.page_table.shape[0] + 1
+            ),
+            "kv_indices": self._fill("kv_indices", torch.cat(rows).to(idx), cap),
+            "num_kv_splits": self._fill("num_kv_splits", splits, splits.numel()),
             "max_kv_splits": max_splits,
-            "attn_logits": torch.empty(b, h, max_splits, D_V, dtype=torch.float32, device=dev),
-            "attn_lse": torch.empty(b, h, max_splits, dtype=torch.float32, device=dev),
+            "attn_logits": self._ws.get("attn_logits", (b, h, max_splits, D_V), f32, dev),
+            "attn_lse": self._ws.get("attn_lse", (b, h, max_splits), f32, dev),
         }
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -328,9 +356,9 @@ class SGLangAttention(PlannedBackend):
                 has_mla=True,
             )  # fmt: skip
             return out
-        if s["k_extend"] is None or s["k_extend"].dtype != kv.dtype:
-            s["k_extend"] = kv.new_empty(s["T"], 1, D_QK)
-        k_ext = torch.index_select(kv, 0, s["ext_rows"], out=s["k_extend"])
+        # SGLang hands the draft tokens' K/V over as their own tensors: one gather of T rows
+        k_ext = self._ws.get("k_extend", (s["T"], 1, D_QK), kv.dtype, kv.device)
+        torch.index_select(kv, 0, s["ext_rows"][: s["T"]], out=k_ext)
         args = (
             q, k_ext, k_ext[..., :D_V], out, kv, kv[..., :D_V], s["qo_indptr"], s["kv_indptr"],
             s["kv_indices"], s["custom_mask"], s["causal"], s["mask_indptr"], s["max_q"], 1.0, 1.0,
@@ -342,15 +370,20 @@ class SGLangAttention(PlannedBackend):
         return out
 
 
-class FlashInferAttention(PlannedBackend):
-    """FlashInfer's MLA paged attention (BatchMLAPagedAttentionWrapper), plan once / run per layer.
+class FlashInferAttention(AttentionBackend):
+    """FlashInfer's MLA paged attention (BatchMLAPagedAttentionWrapper) as SGLang's FlashInfer MLA
+    backend runs it: planned once per step on the host, layers captured in a CUDA graph.
 
-    ``backend``: "fa2" (mma.sync, any sm_80+ GPU) or "fa3" (Hopper wgmma, sm_90 only). Its masks
-    are causal and non-causal only, so a tree mask is unsupported.
+    ``backend``: "fa2" (mma.sync, any sm_80+ GPU: the path sm_120 has) or "fa3" (Hopper wgmma,
+    sm_90 only). The wrapper is built with ``use_cuda_graph=True`` over index buffers of fixed
+    size (the page table's every page), so ``plan`` copies the step's indices into them and a
+    captured ``run`` reads them at every replay. Its masks are causal and non-causal only, so a
+    tree mask is unsupported.
     """
 
     name = "flashinfer"
-    capturable = False  # plan() copies the lengths to the host (FlashInfer's own plan does)
+    capturable = True
+    plan_outside_graph = True
 
     def __init__(self, backend: str = "fa2"):
         if backend not in ("fa2", "fa3"):
@@ -364,10 +397,15 @@ class FlashInferAttention(PlannedBackend):
             )
         import flashinfer.mla
 
+        self._mla = flashinfer.mla
         self.backend = backend
         self.version = importlib.metadata.version("flashinfer-python")
-        workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.int8, device="cuda")
-        self.wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend=backend)
+        self.workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.int8, device="cuda")
+        self.wrapper = None  # the wrapper planned last, which run() uses
+        self._wrappers: dict[int, object] = {}  # per batch size
+        self._sizes: tuple[int, int] = (0, 0)  # (requests, pages) the index buffers hold
+        self._bufs: tuple[torch.Tensor, ...] = ()
+        self._retired: list[dict] = []
 
     def unsupported(self, meta: AttnMeta) -> str | None:
         if meta.device.type != "cuda":
@@ -376,13 +414,35 @@ class FlashInferAttention(PlannedBackend):
             return "FlashInfer's MLA wrapper has causal and non-causal masks only, no tree mask"
         return None
 
+    def describe(self) -> dict:
+        return {"backend": self.name, "variant": self.backend, "flashinfer": self.version}
+
+    def _wrapper(self, batch: int, rows: int, pages: int):
+        """The CUDA-graph wrapper of a batch size, over views of index buffers shared by all batch
+        sizes (as SGLang keeps one per captured batch size); buffers grow only between steps."""
+        if rows > self._sizes[0] or pages > self._sizes[1]:
+            rows, pages = max(rows, self._sizes[0]), max(pages, self._sizes[1])
+            i32 = dict(dtype=torch.int32, device=self.workspace.device)
+            self._bufs = (torch.zeros(rows + 1, **i32), torch.zeros(rows + 1, **i32),
+                          torch.zeros(max(pages, 1), **i32), torch.zeros(rows, **i32))  # fmt: skip
+            self._retired.append(self._wrappers)  # graphs captured on them keep their buffers
+            self._wrappers, self._sizes = {}, (rows, pages)
+        if batch not in self._wrappers:
+            qo, kv, idx, lens = self._bufs
+            self._wrappers[batch] = self._mla.BatchMLAPagedAttentionWrapper(
+                self.workspace, use_cuda_graph=True, qo_indptr=qo[: batch + 1],
+                kv_indptr=kv[: batch + 1], kv_indices=idx, kv_len_arr=lens[:batch],
+                backend=self.backend,
+            )  # fmt: skip
+        return self._wrappers[batch]
+
     def plan(self, meta: AttnMeta) -> None:
-        reason = self.unsupported(meta)
-        if reason:
-            raise ValueError(f"flashinfer: {reason}")
-        q_lens, kv_lens = _split_points(meta)
+        self.check(meta)
+        q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
         pages = [math.ceil(n / meta.page_size) for n in kv_lens]
-        indices = torch.cat([meta.page_table[b, :p] for b, p in enumerate(pages)])
+        indices = torch.cat([meta.page_table[r, :p] for r, p in enumerate(pages)])
+        rows, width = meta.page_table.shape
+        self.wrapper = self._wrapper(meta.batch_size, rows, rows * width)
         self.wrapper.plan(
             _indptr(q_lens, meta.device), _indptr(pages, meta.device), indices.to(torch.int32),
             meta.kv_lens.to(torch.int32), meta.num_heads, D_V, D_QK - D_V, meta.page_size, True,

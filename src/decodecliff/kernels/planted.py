@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import D_QK, D_V, AttnBatch, token_slot, token_slots
-from .synthetic import random_tree_mask, to_device
+from .synthetic import random_tree_mask
 
 PLANTED_TOL = 3e-2  # per-row max error over the row's max |value|: bf16 inputs, output and partials
 VISIBLE_LOGIT = 30.0  # logit of the token the row must return (noise logits are ~0)
@@ -154,7 +154,7 @@ def planted_batch(
                 vkind[-1].append(vk)
                 hkind[-1].append(hk)
     tree_mask = torch.stack(trees) if tree else None
-    batch = AttnBatch(
+    batch = AttnBatch.build(
         q=q.to(dtype),
         kv_cache=cache.view(num_pages, page_size, D_QK).to(dtype),
         page_table=table,
@@ -165,17 +165,17 @@ def planted_batch(
         max_q_len=q_len,
         max_kv_len=max(kv_lens),
     )
-    return Planted(to_device(batch, device), visible, hidden, vkind, hkind)
+    return Planted(batch.to(device), visible, hidden, vkind, hkind)
 
 
 def expected_output(planted: Planted) -> torch.Tensor:
     """[T, H, 512] float64: each row's visible token's value (what a correct mask returns)."""
     batch = planted.batch
     flat = batch.kv_cache.reshape(-1, D_QK).double().cpu()
-    ps, table = batch.page_size, batch.page_table.cpu()
-    out = torch.zeros(batch.q.shape[0], batch.num_heads, D_V, dtype=torch.float64)
-    q_indptr = batch.q_indptr.tolist()
-    for b in range(batch.batch_size):
+    ps, table = batch.meta.page_size, batch.meta.page_table.cpu()
+    out = torch.zeros(batch.q.shape[0], batch.meta.num_heads, D_V, dtype=torch.float64)
+    q_indptr = batch.meta.q_indptr.tolist()
+    for b in range(batch.meta.batch_size):
         for t in range(q_indptr[b], q_indptr[b + 1]):
             tok = planted.visible[t]
             rows = token_slots(table[b], tok, ps)

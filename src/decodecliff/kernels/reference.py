@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import D_QK, D_V, AttnBatch, AttnMeta, PlannedBackend, token_slots
+from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
 
 
 def visible_mask(q_len: int, kv_len: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor:
@@ -23,12 +23,6 @@ def visible_mask(q_len: int, kv_len: int, tree_mask: torch.Tensor | None, device
         draft = tree_mask[:q_len, :q_len].to(device=device, dtype=torch.bool)
     mask[:, prefix:] = draft
     return mask
-
-
-def gather_kv(batch: AttnBatch, b: int, kv_len: int) -> torch.Tensor:
-    """[kv_len, 576]: request b's cached rows in token order."""
-    rows = token_rows(batch.page_table[b], kv_len, batch.page_size)
-    return batch.kv_cache.reshape(-1, D_QK)[rows]
 
 
 def token_rows(pages: torch.Tensor, kv_len: int, page_size: int) -> torch.Tensor:
@@ -46,7 +40,7 @@ class _Span:
     mask: torch.Tensor  # [q_len, 1, kv_len] bool
 
 
-class TorchAttention(PlannedBackend):
+class TorchAttention(AttentionBackend):
     """Gathers each request's KV through the page table and runs a masked softmax per request.
 
     ``plan`` reads the lengths to the host once per step (so it cannot be captured in a CUDA
@@ -66,7 +60,7 @@ class TorchAttention(PlannedBackend):
             return self.compute_dtype
         return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
-    def plan(self, meta: AttnMeta) -> list[_Span]:
+    def plan(self, meta: AttnMeta) -> None:
         q_indptr, kv_lens = meta.q_indptr.tolist(), meta.kv_lens.tolist()
         spans = []
         for b, kv_len in enumerate(kv_lens):
@@ -78,7 +72,6 @@ class TorchAttention(PlannedBackend):
             rows = token_rows(meta.page_table[b], kv_len, meta.page_size)
             spans.append(_Span(q0, q1, rows, mask))
         self._spans, self._sm_scale = spans, meta.sm_scale
-        return spans
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         dtype = self._dtype(q.dtype)
@@ -95,13 +88,4 @@ class TorchAttention(PlannedBackend):
 
 def reference_attention(batch: AttnBatch) -> torch.Tensor:
     """Ground truth in float64 on the CPU."""
-    cpu = AttnBatch(
-        q=batch.q.double().cpu(),
-        kv_cache=batch.kv_cache.double().cpu(),
-        page_table=batch.page_table.cpu(),
-        kv_lens=batch.kv_lens.cpu(),
-        q_indptr=batch.q_indptr.cpu(),
-        sm_scale=batch.sm_scale,
-        tree_mask=None if batch.tree_mask is None else batch.tree_mask.cpu(),
-    )
-    return TorchAttention(torch.float64)(cpu)
+    return TorchAttention(torch.float64)(batch.to("cpu", torch.float64))

@@ -57,7 +57,7 @@ def random_batch(
     tree_mask = None
     if tree:
         tree_mask = torch.stack([random_tree_mask(q_len, g) for _ in kv_lens])
-    batch = AttnBatch(
+    batch = AttnBatch.build(
         q=q,
         kv_cache=kv_cache,
         page_table=page_table,
@@ -68,22 +68,7 @@ def random_batch(
         max_q_len=q_len,
         max_kv_len=max(kv_lens),
     )
-    return to_device(batch, device)
-
-
-def to_device(batch: AttnBatch, device: str | torch.device) -> AttnBatch:
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return AttnBatch(
-        q=move(batch.q),
-        kv_cache=move(batch.kv_cache),
-        page_table=move(batch.page_table),
-        kv_lens=move(batch.kv_lens),
-        q_indptr=move(batch.q_indptr),
-        sm_scale=batch.sm_scale,
-        tree_mask=move(batch.tree_mask),
-        max_q_len=batch.max_q_len,
-        max_kv_len=batch.max_kv_len,
-    )
+    return batch.to(device)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

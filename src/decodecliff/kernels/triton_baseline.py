@@ -17,8 +17,8 @@ What SGLang's Triton backend runs on NVIDIA GPUs, re-implemented from its algori
 Differences from SGLang, none of which changes the work done per token:
 
 * Token slots. SGLang's ``init_forward_metadata`` flattens ``req_to_token`` into ``kv_indices`` with
-  a ``kv_indptr``; here ``plan()`` builds the same token-slot list from the page table into a padded
-  [batch, max_kv_len] int64 buffer (row b starts at ``b * stride``), outside the timed region.
+  a ``kv_indptr``; here ``plan()`` builds the same token-slot list (in SGLang's dtype) from the page
+  table into a padded [batch, max_kv_len] buffer (row b starts at ``b * stride``).
 * Draft KV. SGLang passes the draft tokens' K/V as separate contiguous ``k_extend``/``v_extend``
   tensors; here they are the last q_len cache rows of each request (api.py), so stage 2 reads them
   through the same slot list at positions ``prefix + j``. No gather kernel is launched.
@@ -46,7 +46,9 @@ import triton
 import triton.language as tl
 
 from ..triton_interpret import triton_interpreted
-from .api import D_QK, D_V, AttnBatch, AttnMeta, token_slots
+from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
+from .peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
+from .workspace import Workspaces
 
 INTERPRETED = triton_interpreted()  # decided when the package was imported, before triton
 if INTERPRETED and type(tl.zeros).__name__ != "InterpretedFunction":
@@ -353,6 +355,7 @@ def _decode_stage2(
 
 
 def _check(batch: AttnBatch) -> None:
+    """What the kernels rely on in one call's tensors; raises ValueError otherwise."""
     if batch.q.dim() != 3 or batch.q.shape[2] != D_QK:
         raise ValueError(f"q must be [tokens, heads, {D_QK}], got {tuple(batch.q.shape)}")
     if batch.kv_cache.dim() != 3 or batch.kv_cache.shape[2] != D_QK:
@@ -372,30 +375,40 @@ def _check(batch: AttnBatch) -> None:
         )
 
 
-def _check_meta(meta: AttnMeta) -> None:
+def _meta_problem(meta: AttnMeta) -> str | None:
     if meta.page_table.dtype != torch.int32 or meta.page_table.dim() != 2:
-        raise ValueError("page_table must be int32 [B, max_pages]")
+        return "page_table must be int32 [B, max_pages]"
     if meta.page_table.device != meta.device:
-        raise ValueError("page_table and kv_lens must be on the same device")
+        return "page_table and kv_lens must be on the same device"
     if meta.device.type == "cuda" and INTERPRETED:
-        raise ValueError("the triton backend was loaded for the CPU; tensors are on a CUDA device")
+        return "the triton backend was loaded for the CPU; tensors are on a CUDA device"
+    if meta.device.type != "cuda" and not INTERPRETED:
+        return "compiled Triton kernels need a CUDA GPU (TRITON_INTERPRET=1 runs them on the CPU)"
+    return None
 
 
-class TritonAttention:
+class TritonAttention(AttentionBackend):
     """SGLang's Triton MLA attention: extend kernel for verify, grouped split-KV decode for L = 1.
 
     ``arch_config`` picks the extend kernel's block sizes ("auto" = this GPU's entry of SGLang's
     table); ``decode`` is "grouped" (SGLang's decode path) or "extend" (decode through the extend
     kernel, as a verify of one token); ``num_kv_splits`` is the grouped decode's split count, or
-    "sglang" for the count SGLang's Triton backend picks (``resolved_splits`` after a plan).
-    Workspaces grow to the largest batch seen and are reused, never reallocated per call.
+    "sglang" for the count SGLang's Triton backend picks (``describe()`` names the count planned).
+    ``index_dtype``: the token slots' dtype, by default what the pinned SGLang's Triton backend
+    passes as ``kv_indices`` (peers.SGLANG_KV_INDEX_DTYPE); the kernel bench times both dtypes, as
+    the extend kernel's speed depends on it. Workspaces grow to the largest batch seen and are
+    reused, never reallocated per call.
     """
 
     name = "triton"
     capturable = True
 
     def __init__(
-        self, arch_config: str = "auto", decode: str = "grouped", num_kv_splits: int | str = 8
+        self,
+        arch_config: str = "auto",
+        decode: str = "grouped",
+        num_kv_splits: int | str = 8,
+        index_dtype: str = SGLANG_KV_INDEX_DTYPE,
     ):
         if decode not in ("grouped", "extend"):
             raise ValueError(f"decode must be 'grouped' or 'extend', got {decode!r}")
@@ -403,15 +416,15 @@ class TritonAttention:
             isinstance(num_kv_splits, int) and num_kv_splits >= 1
         ):
             raise ValueError(f"num_kv_splits must be >= 1 or 'sglang', got {num_kv_splits!r}")
+        if index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be in {list(INDEX_DTYPES)}, got {index_dtype!r}")
+        self.index_dtype = index_dtype
         self.resolved_splits: int | None = None
         self.arch_config = arch_config
         self.decode = decode
         self.num_kv_splits = num_kv_splits
         self._config: ArchConfig | None = None
-        self._indices: torch.Tensor | None = None
-        self._logits: torch.Tensor | None = None
-        self._lse: torch.Tensor | None = None
-        self._retired: list[torch.Tensor] = []
+        self._ws = Workspaces()
         self._launch: Callable[..., None] | None = None
 
     def config(self, device: torch.device | str | None = None) -> ArchConfig:
@@ -419,31 +432,28 @@ class TritonAttention:
             self._config = resolve_arch_config(self.arch_config, device)
         return self._config
 
-    def _buffer(
-        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device
-    ) -> torch.Tensor:
-        """A view of a persistent workspace at least ``shape`` large (grown, never shrunk)."""
-        buf = getattr(self, name)
-        fits = buf is not None and buf.device == device and buf.dtype == dtype
-        if not (fits and all(have >= need for have, need in zip(buf.shape, shape, strict=True))):
-            grown = shape if buf is None or not fits else tuple(map(max, buf.shape, shape))
-            if buf is not None:
-                self._retired.append(buf)  # a captured CUDA graph may still point into it
-            buf = torch.empty(grown, dtype=dtype, device=device)
-            setattr(self, name, buf)
-        return buf[tuple(slice(0, n) for n in shape)]
-
-    def token_slots(self, batch: AttnBatch | AttnMeta) -> torch.Tensor:
-        """[B, max_kv_len] int64 token slots (page * page_size + offset): SGLang's kv_indices."""
-        b, ps, dev = batch.batch_size, batch.page_size, batch.device
-        max_kv = batch.max_kv_len or int(batch.kv_lens.max())
-        slots = self._buffer("_indices", (b, max(max_kv, 1)), torch.int64, dev)
+    def token_slots(self, meta: AttnMeta) -> torch.Tensor:
+        """[B, max_kv_len] token slots (page * page_size + offset): SGLang's kv_indices."""
+        b, ps, dev = meta.batch_size, meta.page_size, meta.device
+        max_kv = meta.max_kv_len or int(meta.kv_lens.max())
+        slots = self._ws.get("indices", (b, max(max_kv, 1)), INDEX_DTYPES[self.index_dtype], dev)
         tok = torch.arange(slots.shape[1], device=dev)
-        return token_slots(batch.page_table[:b], tok, ps, out=slots, clamp=True)
+        return token_slots(meta.page_table[:b], tok, ps, out=slots, clamp=True)
 
-    def plan(self, meta: AttnMeta) -> Callable[..., None]:
+    def unsupported(self, meta: AttnMeta) -> str | None:
+        return _meta_problem(meta)
+
+    def validate(self, batch: AttnBatch, out: torch.Tensor) -> None:
+        _check(batch)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "arch_config": self._config.name if self._config else None,
+                "decode": self.decode, "num_kv_splits": self.resolved_splits,
+                "index_dtype": self.index_dtype}  # fmt: skip
+
+    def plan(self, meta: AttnMeta) -> None:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
-        _check_meta(meta)
+        self.check(meta)
         slots = self.token_slots(meta)
         max_q = meta.max_q_len or int((meta.q_indptr[1:] - meta.q_indptr[:-1]).max())
         if max_q == 1 and meta.num_tokens == meta.batch_size and self.decode == "grouped":
@@ -451,7 +461,6 @@ class TritonAttention:
         else:
             launch = self._plan_extend(meta, slots, max_q)
         self._launch = launch
-        return launch
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """One layer: launch the planned kernels on this layer's queries and cache."""
@@ -466,12 +475,6 @@ class TritonAttention:
         else:
             self._launch(q, kv_cache.view(-1, D_QK), out)
         return out
-
-    def prepare(self, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
-        """Build the metadata (outside any timed region) and return the launch-only step."""
-        _check(batch)
-        self.plan(batch.meta)
-        return lambda: self.run(batch.q, batch.kv_cache, out)
 
     def _plan_extend(self, meta: AttnMeta, slots: torch.Tensor, max_q: int) -> Callable[..., None]:
         cfg = self.config(meta.device)
@@ -511,8 +514,8 @@ class TritonAttention:
     def _plan_decode(self, meta: AttnMeta, slots: torch.Tensor) -> Callable[..., None]:
         b, h, s = meta.batch_size, meta.num_heads, self.decode_splits(meta)
         self.resolved_splits = s
-        logits = self._buffer("_logits", (b, h, s, D_V), torch.float32, meta.device)
-        lse = self._buffer("_lse", (b, h, s), torch.float32, meta.device)
+        logits = self._ws.get("logits", (b, h, s, D_V), torch.float32, meta.device)
+        lse = self._ws.get("lse", (b, h, s), torch.float32, meta.device)
         grid1 = (b, triton.cdiv(h, DECODE_BLOCK_H), s)
         mid_strides = (logits.stride(0), logits.stride(1), logits.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
@@ -533,8 +536,3 @@ class TritonAttention:
             )  # fmt: skip
 
         return launch
-
-    def __call__(self, batch: AttnBatch, out: torch.Tensor | None = None) -> torch.Tensor:
-        out = batch.new_output() if out is None else out
-        self.prepare(batch, out)()
-        return out

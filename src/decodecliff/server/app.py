@@ -276,6 +276,7 @@ def static_info(engine: Engine) -> dict:
         "model_path": cfg.preset,
         "backend": cfg.backend,
         "attention_backend": cfg.backend,
+        "attention_backend_detail": engine.backend.describe(),
         "device": cfg.device,
         "dtype": str(cfg.torch_dtype).removeprefix("torch."),
         "page_size": cfg.page_size,

@@ -34,7 +34,24 @@ def parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", help="logging level: debug, info, warning or error"
     )
     add_options(p)
+    p.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=backend_option,
+        help="an option of the attention backend, repeatable: e.g. backend=fa3 (flashinfer), "
+        "variant=v4 (custom), index_dtype=int32 (triton, sglang)",
+    )
     return p
+
+
+def backend_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value an int where it reads as one."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, int(value) if value.lstrip("-").isdigit() else value
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,7 +67,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda but no CUDA device is available")
-    return EngineConfig.from_args(args, device=device)
+    return EngineConfig.from_args(args, device=device, backend_options=dict(args.backend_option))
 
 
 def cli(argv: list[str]) -> int:
