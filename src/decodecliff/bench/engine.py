@@ -44,7 +44,7 @@ from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter
 from decodecliff.kernels.api import NoAttention
-from decodecliff.kernels.registry import BACKENDS
+from decodecliff.kernels.registry import BACKENDS, parse_spec
 
 from . import roofline
 
@@ -181,9 +181,11 @@ def floors(model: SyntheticMLA, rows: int, batch: int, context: int, q: int, cei
 
 
 def engine_config(args: argparse.Namespace, backend: str, spec: str, tokens: int, graphs: bool):
+    name, options = parse_spec(backend)  # "flashinfer:backend=fa3"
     return EngineConfig(
         preset=args.preset,
-        backend=backend,
+        backend=name,
+        backend_options=options,
         device=args.device,
         dtype=args.dtype,
         page_size=args.page_size,
@@ -447,6 +449,14 @@ def check_targets(rows: list[dict], loops: list[dict]) -> list[dict]:
     return out
 
 
+def backend_spec(text: str) -> str:
+    try:
+        parse_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="decodecliff bench-engine",
@@ -455,7 +465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--parts", nargs="+", choices=PARTS, default=["anatomy"], help="what to run")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model preset")
-    p.add_argument("--backends", nargs="+", choices=sorted(BACKENDS), default=["torch"])
+    p.add_argument("--backends", nargs="+", type=backend_spec, default=["torch"],
+                   help=f"NAME[:KEY=VALUE,...], NAME of {', '.join(sorted(BACKENDS))}: e.g. "
+                   "custom, flashinfer:backend=fa3, triton:index_dtype=int32")  # fmt: skip
     p.add_argument("--paths", nargs="+", choices=["graphs", "eager"], default=["eager"],
                    help="CUDA graphs (CUDA only) and/or eager steps")  # fmt: skip
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if any")

@@ -543,7 +543,8 @@ def run(args: argparse.Namespace) -> dict:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     doc = {
         "schema": SCHEMA, "env": envinfo.collect(), "ceilings": ceilings,
-        "config": {**config, "device": str(device)}, "peers": peer_versions(), "points": [],
+        "config": {**config, "device": str(device)}, "peers": peer_versions(),
+        "triton_native_config": native_config(device), "points": [],
     }  # fmt: skip
     runner = Runner(args, device, ceilings)
     shapes = [
@@ -558,6 +559,29 @@ def run(args: argparse.Namespace) -> dict:
         for shape in shapes:
             run_shape(runner, doc, *shape, progress)
     return doc
+
+
+def native_config(device: torch.device) -> str | None:
+    """The extend block config SGLang's table picks on this GPU (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    from ..kernels.triton_baseline import resolve_arch_config
+
+    return resolve_arch_config("auto", device).name
+
+
+def print_fidelity(doc: dict) -> None:
+    """The baseline's time over SGLang's own kernel at every point both were timed."""
+    from ..analysis.fidelity import fidelity_rows
+
+    rows = fidelity_rows(doc["points"], doc.get("triton_native_config") or "")
+    for r in rows:
+        print(
+            f"fidelity {r['mode']:>8} h{r['heads']} ps{r['page_size']} ctx {r['ctx']:>7}: "
+            f"triton {r['baseline']} {r['baseline_ms']:.4g} ms / sglang {r['sglang']} "
+            f"{r['sglang_ms']:.4g} ms = {r['ratio']:.3f}",
+            file=sys.stderr,
+        )
 
 
 def peer_versions() -> dict:
@@ -667,6 +691,7 @@ def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProg
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
     doc = run(args)
+    print_fidelity(doc)
     if not args.quiet:
         print_table(doc["points"], doc["ceilings"])
     failed = sum(p["status"] == "failed" for p in doc["points"])

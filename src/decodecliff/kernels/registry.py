@@ -47,6 +47,20 @@ def unavailable(name: str, device: str) -> str | None:
     return None
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
+    """A backend and its options from ``NAME[:KEY=VALUE,...]``: "flashinfer:backend=fa3"."""
+    name, _, rest = spec.partition(":")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
+    options: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"backend option {item!r} of {spec!r} is not KEY=VALUE")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, options
+
+
 def get_backend(name: str, **options) -> AttentionBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
