@@ -2,15 +2,17 @@
 # One GPU call: the backend contract on the GPU, the baseline's fidelity to SGLang's own kernels and
 # FlashInfer beside them (kernel bench), and the step anatomy of the servers a user would pick.
 #
-#   scripts/gpu_backends_run.sh COMMIT        (carry: .whl; writes its logs and JSON to $OUT)
+#   scripts/gpu_backends_run.sh COMMIT     (carry: .whl .sgl; writes its logs and JSON to $OUT)
 #
-# .whl holds the peers' wheels for the device's Python 3.12 (sglang 0.5.23, flashinfer-python
-# 0.5.3, apache-tvm-ffi 0.1.15.post2), installed without dependencies. Each part has its own time
+# .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
+# apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
+# wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
+# triton_backend.py and its dist-info: the whole wheel would pass the call's size limit). Each part has its own time
 # limit, so a slow part leaves the others' files.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1 PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src
+export PYTHONPATH=/tmp/site:$PWD/.sgl:$PWD/src
 mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m decodecliff.cli "$@"\n' > /tmp/bin/decodecliff
 chmod +x /tmp/bin/decodecliff && export PATH=/tmp/bin:$PATH
 T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
