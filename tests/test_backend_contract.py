@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
@@ -123,3 +124,12 @@ def test_unavailable_names_the_reason_without_building() -> None:
     assert "CUDA GPU" in unavailable("custom", "cpu")
     assert unavailable("torch", "cpu") is None
     assert "unknown" in unavailable("nope", "cpu")
+
+
+def test_a_peer_loaded_through_its_stub_package_stays_available(monkeypatch) -> None:
+    """The sglang peer registers its package as a stub without a spec (kernels/peers.py): a later
+    check must not take that for a missing package (find_spec raises on it)."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
+    assert unavailable("sglang", "cuda") is None

@@ -3,9 +3,7 @@ fidelity table that pairs each baseline point with SGLang's own kernel on the sa
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
@@ -46,12 +44,12 @@ def test_each_baseline_variant_is_paired_with_the_sglang_kernel_it_reproduces() 
 def test_the_index_dtype_is_the_one_the_pinned_sglang_passes() -> None:
     """SGLang's Triton backend builds kv_indices for target verify and decode (eager and graph
     buffers) in one dtype; the baseline and the sglang peer default to it."""
-    from decodecliff.kernels.peers import SGLANG_KV_INDEX_DTYPE
+    from decodecliff.kernels.peers import SGLANG_KV_INDEX_DTYPE, sglang_root
 
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed (the peers extra): its source cannot be read")
-    root = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        root = sglang_root()
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"sglang's source cannot be read here: {exc}")
     source = (root / "srt" / "layers" / "attention" / "triton_backend.py").read_text()
     found = re.findall(r"kv_indices = torch\.empty\(\s*seq_lens_sum, dtype=torch\.(int\d+)", source)
     graph = re.findall(r"cuda_graph_kv_indices = torch\.zeros\([^)]*\),\s*dtype=torch\.(int\d+)",

@@ -109,8 +109,11 @@ def _shim_modules(root: Path) -> dict[str, types.ModuleType]:
 
 def sglang_root() -> Path:
     """The ``sglang`` package folder to load the kernels from (never importing the package)."""
+    loaded = sys.modules.get("sglang")
     if os.environ.get(SGLANG_PATH_ENV):
         root = Path(os.environ[SGLANG_PATH_ENV]) / "sglang"
+    elif loaded is not None and getattr(loaded, "__path__", None):  # the package, or our stub
+        root = Path(next(iter(loaded.__path__)))
     else:
         spec = importlib.util.find_spec("sglang")
         if spec is None or not spec.submodule_search_locations:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # api.py loads torch; the names below must not
@@ -42,9 +44,17 @@ def unavailable(name: str, device: str) -> str | None:
         return f"the {name} backend needs a CUDA GPU (this study's device is {device})"
     if name in PACKAGES:
         module, how = PACKAGES[name]
-        if importlib.util.find_spec(module) is None:
+        if not _installed(module):
             return f"the {name} backend needs the {module} package, not installed here: {how}"
     return None
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:  # loaded already (the sglang peer registers its package as a stub)
+        return True
+    if module == "sglang" and os.environ.get("DECODECLIFF_SGLANG_PATH"):
+        return True  # kernels/peers.py loads SGLang's files from that folder
+    return importlib.util.find_spec(module) is not None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
