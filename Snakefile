@@ -20,7 +20,7 @@ include: "workflow/rules/common.smk"
 
 
 wildcard_constraints:
-    server=server_names_pattern(),
+    server=STUDY.server_names_pattern(),
     ctx=r"[1-9][0-9]*",
 
 
@@ -35,5 +35,5 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        final_outputs(),
+        STUDY.final_outputs(),
     default_target: True

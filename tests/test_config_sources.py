@@ -54,6 +54,8 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 def test_schema_server_settings_are_the_engines() -> None:
     own = {name for name, (module, _) in BACKENDS.items() if not module.endswith(".peers")}
     assert set(DEFS["backend"]["enum"]) == own
+    # a server (and the engine bench) may also run a peer's attention
+    assert own < set(DEFS["engine_backend"]["enum"]) <= set(BACKENDS)
     kernels = SCHEMA["properties"]["kernels"]["properties"]["backends"]["items"]["enum"]
     assert set(kernels) == set(BACKENDS)
     assert tuple(DEFS["device"]["enum"]) == DEVICES == ENGINE["device"].metadata["choices"]

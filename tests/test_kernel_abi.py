@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from decodecliff.kernels import abi, build, custom
+from decodecliff.study import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,9 +70,7 @@ def test_attention_arguments_are_ordered_by_name() -> None:
 
 
 def test_build_dirs_follow_the_pipeline() -> None:
-    common = (ROOT / "workflow/rules/common.smk").read_text()
-    kernel_lib = Path(re.search(r'^KERNEL_LIB = "([^"]+)"', common, re.M).group(1))
-    assert kernel_lib == custom.BUILD_DIRS[0] / build.LIB_NAME
+    assert Path(paths.KERNEL_LIB) == custom.BUILD_DIRS[0] / build.LIB_NAME
     assert custom.BUILD_DIRS[1] == build.DEFAULT_OUT
 
 

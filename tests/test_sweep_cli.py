@@ -179,9 +179,18 @@ def test_gpu_presets_record_at_least_three_requests_per_point():
                 assert chunk.get("requests_per_point", 5) >= 3, (preset, server["name"])
 
 
-def test_config_check_knows_the_cpu_pool_and_the_template_fields():
-    """The config checks (workflow/rules/common.smk) mirror the engine and the rules."""
-    from decodecliff.engine.config import EngineConfig
-
-    text = (REPO / "workflow/rules/common.smk").read_text()
-    assert f"CPU_DEFAULT_POOL = {EngineConfig.CPU_DEFAULT_TOKENS}" in text
+def test_skip_reason_writes_every_point_as_skipped_and_launches_nothing(tmp_path, capsys):
+    marker = tmp_path / "launched"
+    server = f"sh -c 'touch {marker}' --port {{port}}"  # would leave the marker if launched
+    argv = ["--server-cmd", server, "--name", "peer", "--no-progress", "--failed-points-ok"]
+    reason = "the sglang backend needs a CUDA GPU (this study's device is cpu)"
+    argv += ["--contexts", "16", "32", "--skip-reason", reason, "--out", str(tmp_path / "out")]
+    assert cli.cli(argv) == 0
+    assert "0 ok, 0 failed, 2 skipped" in capsys.readouterr().err
+    schema = json.loads(SCHEMA_PATH.read_text())
+    for ctx in (16, 32):
+        point = json.loads((tmp_path / "out" / f"ctx{ctx}.json").read_text())
+        jsonschema.validate(point, schema)
+        assert (point["status"], point["reason"]) == ("skipped", reason)
+        assert point["server_launch"] == 0 and point["server_log"] is None
+    assert not marker.exists()

@@ -4,7 +4,7 @@
 rule summarize:
     input:
         bench=KERNEL_BENCH,
-        points=sweep_outputs(),
+        points=STUDY.point_files(),
     output:
         kernels=report(
             SUMMARY_KERNELS,

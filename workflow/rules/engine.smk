@@ -7,7 +7,7 @@ if "engine" in config:
 
     rule bench_engine:
         input:
-            unpack(engine_bench_input),
+            **({"lib": KERNEL_LIB} if STUDY.engine_needs_kernel_lib() else {}),
         output:
             report(
                 ENGINE_BENCH,
@@ -15,7 +15,7 @@ if "engine" in config:
                 category="3. Engine step",
             ),
         params:
-            flags=engine_bench_flags(),
+            flags=STUDY.engine_flags(),
             lib=KERNEL_LIB,
             interpret=triton_interpret(config["engine"]["device"]),
         log:

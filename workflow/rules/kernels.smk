@@ -15,7 +15,7 @@ rule bench_kernels:
         page_sizes=config["kernels"]["page_sizes"],
         heads=config["kernels"]["heads"],
         max_seconds=config["kernels"]["max_seconds_per_point"],
-        extra=bench_extra_flags(),
+        extra=STUDY.bench_extra_flags(),
         interpret=triton_interpret(config["kernels"]["device"]),
     log:
         "results/logs/kernels/bench_kernels.log",

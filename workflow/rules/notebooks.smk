@@ -2,10 +2,11 @@
 # into results/notebooks/ and writes its figures and tables (analysis/layout.py), per server
 # configuration for the sweep notebook. The report notebook assembles the others' figures.
 #
-# One rule statement for every notebook, driven by the NOTEBOOKS table (common.smk). It defines a
-# rule per notebook, notebook_<name>, rather than one rule with the name as a wildcard: a rule's
-# outputs are fixed when the workflow is parsed (Snakemake takes no function there), and each
-# notebook writes its own number of figures and tables, each a report() output with its caption.
+# One rule statement for every notebook, driven by the NOTEBOOKS table
+# (decodecliff.study.notebooks). It defines a rule per notebook, notebook_<name>, rather than one
+# rule with the name as a wildcard: a rule's outputs are fixed when the workflow is parsed
+# (Snakemake takes no function there), and each notebook writes its own number of figures and
+# tables, each a report() output with its caption.
 
 for name in NOTEBOOKS:
 
@@ -16,13 +17,13 @@ for name in NOTEBOOKS:
             notebook=f"notebooks/{name}.ipynb",
             **NOTEBOOKS[name].inputs,
         output:
-            notebook=notebook_output(name),
+            notebook=nb.output(name),
             **figure_outputs(name),
             tables=table_outputs(name),
         params:
             parameters=papermill_parameters(name),
         log:
-            notebook_log(name),
+            nb.log(name, NOTEBOOKS[name].log_dir),
         conda:
             "../../envs/analysis.yaml"
         shell:

@@ -4,7 +4,7 @@
 
 rule render_report:
     input:
-        notebook=notebook_output("report"),
+        notebook=nb.output("report"),
         template="notebooks/report.html.j2",
     output:
         report(REPORT, caption="../report/report_html.rst", category="0. Report"),

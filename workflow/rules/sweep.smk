@@ -15,13 +15,14 @@ rule sweep_point:
             labels={"server": "{server}", "context": "{ctx}"},
         ),
     params:
-        target=server_target,
+        target=lambda wildcards: point(wildcards).target,
+        skip=skip_flag,
         gen_tokens=config["sweep"]["gen_tokens"],
-        requests=point_requests,
-        concurrency=lambda wildcards: server_concurrency(servers()[wildcards.server]),
+        requests=lambda wildcards: point(wildcards).requests,
+        concurrency=lambda wildcards: point(wildcards).concurrency,
         start_timeout=config["sweep"]["start_timeout_s"],
-        point_timeout=lambda wildcards: point_chunk(wildcards)["point_timeout_s"],
-        job_timeout=lambda wildcards: point_chunk(wildcards)["timeout_s"],
+        point_timeout=lambda wildcards: point(wildcards).chunk["point_timeout_s"],
+        job_timeout=lambda wildcards: point(wildcards).chunk["timeout_s"],
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
         lib=KERNEL_LIB,
         interpret=triton_interpret(config["sweep"]["device"]),
@@ -29,23 +30,25 @@ rule sweep_point:
         "results/logs/sweep/{server}/ctx{ctx}.log",
     benchmark:
         "results/benchmarks/sweep/{server}/ctx{ctx}.tsv"
-    priority: point_priority
+    priority: lambda wildcards: point(wildcards).priority
     threads: every_core
     resources:
         # timed jobs hold the single measurement slot (profiles/default), so they never overlap
         measurement=1,
         gpu=gpus_for(config["sweep"]["device"]),
-        runtime=point_runtime_min,
+        runtime=lambda wildcards: point(wildcards).runtime_min,
     conda:
         "../../envs/serve.yaml"
     shell:
         # exec: the sweep runner replaces the shell, so a stop signal reaches it and its server.
         # A failed or skipped point is written as such, and --failed-points-ok keeps the job (and
-        # so the file) successful: a failed point is a result of the study.
+        # so the file) successful: a failed point is a result of the study. A server that cannot
+        # run here (its backend needs a GPU or a package) gets --skip-reason: every point is
+        # written as skipped with that reason, and nothing is launched.
         "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
         "exec decodecliff sweep {params.target} --name {wildcards.server}"
         " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
         " --requests-per-point {params.requests} --concurrency {params.concurrency}"
         " --point-timeout {params.point_timeout} --chunk-timeout {params.job_timeout}"
-        " --start-timeout {params.start_timeout} --no-progress --failed-points-ok"
+        " --start-timeout {params.start_timeout} --no-progress --failed-points-ok {params.skip}"
         " --out {params.outdir} > {log} 2>&1"

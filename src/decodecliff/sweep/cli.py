@@ -151,6 +151,12 @@ def _parser() -> argparse.ArgumentParser:
         help="server stdout/stderr (default: <out>/server-<name>.log)",
     )
     p.add_argument(
+        "--skip-reason",
+        metavar="TEXT",
+        help="write every point as skipped with this reason, starting nothing: a server whose "
+        "backend cannot run on this machine (default: run the points)",
+    )
+    p.add_argument(
         "--failed-points-ok",
         action="store_true",
         help="exit 0 even when no point succeeded: failed points are results (the study's "
@@ -232,6 +238,20 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     )
 
 
+def skip_all(runner: Runner, reason: str) -> list[dict]:
+    """Every point of the sweep written as skipped with ``reason``; no server is started."""
+    results = []
+    for index, chunk in enumerate(runner.cfg.chunks):
+        for ctx in chunk.contexts:
+            res = runner._new_result(ctx, index, chunk)
+            res["status"], res["reason"] = "skipped", reason
+            res["server_log"], res["finished_at"] = None, res["started_at"]  # nothing launched
+            runner._write(res)
+            results.append(res)
+    print(f"decodecliff sweep {runner.cfg.name}: skipped: {reason}", file=sys.stderr)
+    return results
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -250,7 +270,7 @@ def cli(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     try:
-        results = runner.run()
+        results = skip_all(runner, args.skip_reason) if args.skip_reason else runner.run()
     except OSError as exc:
         print(f"decodecliff sweep: cannot write results: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,182 @@
+"""The study config: loaded from YAML, validated against the schema, checked beyond it.
+
+The schema (workflow/schemas/config.schema.yaml) is the one definition of the keys, their limits
+and their defaults: validation fills every missing key that has a default, as Snakemake's
+``validate(..., set_default=True)`` does. A failure is a ConfigError naming the offending key,
+e.g. ``invalid study config at config.sweep.servers[0].spec.mode: 'beam' is not one of ...``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import jsonschema
+import yaml
+from jsonschema import Draft202012Validator
+
+from decodecliff.kernels import registry
+from decodecliff.study import servers as srv
+
+# The checkout's schema; the workflow passes its own copy's path (the same file).
+SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config mistake, found before any job runs; the message names the key."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"invalid study config at {where}: {why}")
+
+
+def load_schema(path: str | Path = SCHEMA) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def merge(base: dict, update: dict) -> dict:
+    """``update`` over ``base`` as Snakemake merges config files: mappings key by key, anything
+    else (lists included) replaced whole."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = merge(out[key], value)
+        out[key] = value
+    return out
+
+
+def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
+    """The validated config of YAML files given in order (config.yaml, then presets)."""
+    cfg: dict = {}
+    for path in paths:
+        cfg = merge(cfg, yaml.safe_load(Path(path).read_text()) or {})
+    return validate(cfg, schema)
+
+
+def _with_defaults(validator_class: type) -> type:
+    """The validator class that sets each missing property's schema default as it validates
+    (python-jsonschema's FAQ recipe, which Snakemake's validate uses)."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def properties(validator, props: dict, instance: object, schema: dict) -> Iterator:
+        if isinstance(instance, dict):
+            for key, sub in props.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])  # never the schema's own list
+        yield from check_properties(validator, props, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": properties})
+
+
+def _json_path(path: Iterable) -> str:
+    """`config.sweep.servers[1].spec.mode` for the jsonschema path [sweep, servers, 1, ...]."""
+    out = "config"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def explain(err: jsonschema.ValidationError) -> ConfigError:
+    """The ConfigError of a schema violation, naming the offending key."""
+    where = _json_path(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        unknown = [key for key in err.instance if key not in allowed]
+        return ConfigError(
+            f"{where}.{unknown[0]}", f"unknown key (allowed here: {', '.join(allowed)})"
+        )
+    if err.validator == "required":
+        missing = [key for key in err.validator_value if key not in err.instance]
+        return ConfigError(f"{where}.{missing[0]}", "missing (it is required)")
+    if err.validator == "not":
+        return ConfigError(where, "give either command or url, not both")
+    return ConfigError(where, err.message)
+
+
+def validate(cfg: dict, schema: str | Path = SCHEMA) -> dict:
+    """Fill in the schema's defaults (in place), validate, then run the checks a schema cannot
+    express; returns ``cfg``. ConfigError names the first offending key."""
+    try:
+        _with_defaults(Draft202012Validator)(load_schema(schema)).validate(cfg)
+    except jsonschema.ValidationError as err:
+        raise explain(err) from None
+    check(cfg)
+    return cfg
+
+
+def check(cfg: dict) -> None:
+    """What the schema cannot say: unique names and points, timeouts, templates, KV pools."""
+    sweep = cfg["sweep"]
+    names = [server["name"] for server in sweep["servers"]]
+    for i, server in enumerate(sweep["servers"]):
+        key = f"config.sweep.servers[{i}]"
+        if server["name"] in names[:i]:
+            raise ConfigError(
+                f"{key}.name",
+                f"server name {server['name']!r} is used twice (names must be unique)",
+            )
+        _check_points(server, key)
+        # A GPU-only backend's server is recorded as skipped on a CPU: its switches never run.
+        gpu_only = server["backend"] in registry.GPU_ONLY
+        if server["cuda_graph"] and sweep["device"] != "cuda" and not gpu_only:
+            raise ConfigError(f"{key}.cuda_graph", "CUDA graphs need sweep.device: cuda")
+        if not server.get("url"):
+            _check_template(sweep, server, key)
+            _check_pool(sweep, server, key)
+
+
+def _check_points(server: dict, key: str) -> None:
+    """Each context once per server; no request allowed longer than the job around it."""
+    seen: set[int] = set()
+    for j, chunk in enumerate(server["chunks"]):
+        for ctx in chunk["contexts"]:
+            if ctx in seen:
+                raise ConfigError(
+                    f"{key}.chunks[{j}].contexts",
+                    f"context {ctx} appears in more than one chunk of server {server['name']!r}",
+                )
+            seen.add(ctx)
+        if chunk["point_timeout_s"] > chunk["timeout_s"]:
+            raise ConfigError(
+                f"{key}.chunks[{j}].point_timeout_s",
+                f"{chunk['point_timeout_s']:g} s is longer than the chunk's timeout_s "
+                f"({chunk['timeout_s']:g} s), which covers server start, every request and stop",
+            )
+
+
+def _check_template(sweep: dict, server: dict, key: str) -> None:
+    """The launch template names only known placeholders and gets a {port} for every launch."""
+    where = f"{key}.command" if server.get("command") else "config.sweep.command"
+    try:
+        names = srv.placeholders(srv.template(sweep, server))
+    except srv.TemplateError as exc:
+        raise ConfigError(where, str(exc)) from None
+    unknown = sorted(names - srv.TEMPLATE_FIELDS)
+    if unknown:
+        known = ", ".join(f"{{{n}}}" for n in sorted(srv.TEMPLATE_FIELDS))
+        raise ConfigError(where, f"unknown placeholder {{{unknown[0]}}} (known: {known})")
+    if "port" not in names:
+        raise ConfigError(where, "the template has no {port}: every launch gets a free port there")
+
+
+def _check_pool(sweep: dict, server: dict, key: str) -> None:
+    """Every point fits the server's KV pool (concurrency streams of prompt + generated tokens),
+    where the config fixes the pool; elsewhere the sweep checks it against the running server."""
+    pool = srv.pool_tokens(sweep, server)
+    if pool is None:
+        return
+    gen, k, name = sweep["gen_tokens"], srv.concurrency(sweep, server), server["name"]
+    for j, chunk in enumerate(server["chunks"]):
+        for ctx in chunk["contexts"]:
+            if ctx + gen > pool:
+                raise ConfigError(
+                    f"{key}.chunks[{j}].contexts",
+                    f"context {ctx} + {gen} generated tokens exceed the KV pool of server "
+                    f"{name!r} ({pool} tokens)",
+                )
+            if k * (ctx + gen) > pool:
+                raise ConfigError(
+                    f"{key}.concurrency",
+                    f"{k} streams of {ctx} + {gen} tokens exceed the KV pool of server "
+                    f"{name!r} ({pool} tokens)",
+                )

@@ -1,0 +1,171 @@
+"""What a validated study config runs: its servers and their points, the benches' flags, the
+published study it is shown beside. The workflow's input and params functions read these."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodecliff.study import config as study_config
+from decodecliff.study import paths
+from decodecliff.study import servers as srv
+
+
+class PointError(LookupError):
+    """A requested point that is not in the config."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One context point of one server: the sweep_point job's settings."""
+
+    server: str
+    ctx: int
+    chunk: dict
+    requests: int  # recorded requests (rounds): the chunk's setting, else the sweep's
+    concurrency: int
+    target: str  # `decodecliff sweep`'s --server-cmd or --url
+    skip_reason: str | None  # why it is recorded as skipped without launching anything
+    needs_kernel_lib: bool
+    priority: int  # earlier servers and earlier points of a chunk list run first
+
+    @property
+    def file(self) -> str:
+        return paths.point_file(self.server, self.ctx)
+
+    @property
+    def runtime_min(self) -> int:
+        """The job's wall-clock limit in minutes (read by cluster executors): the chunk's timeout
+        with room for the job around the runner, so a point that runs into its own timeout is
+        recorded as a failed point rather than killed by the scheduler."""
+        return math.ceil(self.chunk["timeout_s"] / 60) + 2
+
+
+class Study:
+    """A validated config (defaults filled in) and the lookups the workflow needs."""
+
+    def __init__(self, cfg: dict, schema: str | Path = study_config.SCHEMA) -> None:
+        self.config = study_config.validate(cfg, schema)
+        self.sweep = self.config["sweep"]
+        self.servers = {server["name"]: server for server in self.sweep["servers"]}
+
+    # -- the sweep -------------------------------------------------------------------------------
+
+    def server_points(self, name: str) -> list[tuple[int, dict]]:
+        """(context, chunk) of every point of a server, in the order its chunks give."""
+        return [(ctx, c) for c in self.servers[name]["chunks"] for ctx in c["contexts"]]
+
+    def order(self) -> list[tuple[str, int]]:
+        return [(name, ctx) for name in self.servers for ctx, _ in self.server_points(name)]
+
+    def point_files(self, name: str | None = None) -> list[str]:
+        """The point files of one server, or of every server."""
+        return [paths.point_file(n, c) for n, c in self.order() if name in (None, n)]
+
+    def server_names_pattern(self) -> str:
+        return "|".join(re.escape(name) for name in self.servers)
+
+    def point(self, name: str, ctx: int | str) -> Point:
+        """The point results/sweep/<name>/ctx<ctx>.json; PointError if the config has none."""
+        ctx = int(ctx)
+        if name not in self.servers:
+            raise PointError(f"no server {name!r} in the config (servers: {list(self.servers)})")
+        chunks = {c: chunk for c, chunk in self.server_points(name)}
+        if ctx not in chunks:
+            raise PointError(
+                f"context {ctx} is not a point of server {name!r} in the config (its points: "
+                f"{', '.join(map(str, chunks))}); add it to one of the server's chunks first"
+            )
+        server, chunk, order = self.servers[name], chunks[ctx], self.order()
+        skip = srv.skip_reason(self.sweep, server)
+        return Point(
+            server=name,
+            ctx=ctx,
+            chunk=chunk,
+            requests=chunk.get("requests_per_point") or self.sweep["requests_per_point"],
+            concurrency=srv.concurrency(self.sweep, server),
+            target=srv.target(self.sweep, server),
+            skip_reason=skip,
+            needs_kernel_lib=server["backend"] == "custom" and skip is None,
+            priority=len(order) - order.index((name, ctx)),
+        )
+
+    def final_outputs(self) -> list[str]:
+        """What `snakemake` with no target builds: the whole study up to the report."""
+        return [
+            paths.BUILD_INFO,
+            paths.KERNEL_BENCH,
+            *self.point_files(),
+            paths.REPORT,
+            paths.NOTES,
+        ]
+
+    # -- the benches -----------------------------------------------------------------------------
+
+    def bench_extra_flags(self) -> str:
+        """Optional bench-kernels settings, passed only when the config sets them."""
+        kernels, flags = self.config["kernels"], []
+        if "repeats" in kernels:  # no default: the bench's own depends on the device
+            flags.append(f"--repeats {kernels['repeats']}")
+        if kernels.get("triton_configs"):
+            flags.append("--triton-config " + " ".join(kernels["triton_configs"]))
+        if kernels.get("decode_splits"):
+            flags.append("--decode-splits " + " ".join(map(str, kernels["decode_splits"])))
+        return " ".join(flags)
+
+    def engine_needs_kernel_lib(self) -> bool:
+        return "custom" in self.config.get("engine", {}).get("backends", [])
+
+    def engine_flags(self) -> str:
+        """bench-engine's options from the config's engine section (defaults filled in)."""
+        eng = self.config["engine"]
+        flags = [
+            f"--preset {eng['preset']} --device {eng['device']}",
+            "--backends " + " ".join(eng["backends"]),
+            "--paths " + " ".join(eng["paths"]),
+            "--contexts " + " ".join(map(str, eng["contexts"])),
+            "--modes " + " ".join(eng["modes"]),
+            f"--draft-len {eng['draft_len']} --repeats {eng['repeats']}",
+        ]
+        if eng["loop_contexts"]:
+            flags.append("--parts anatomy loop --loop-contexts")
+            flags.append(" ".join(map(str, eng["loop_contexts"])))
+        if eng["device"] == "cpu":
+            flags.append("--threads 1")  # tiny GEMMs on a shared CPU: no intra-op spinning
+        return " ".join(flags)
+
+    # -- the published study shown beside this one -------------------------------------------------
+
+    def published_dir(self) -> str:
+        """The published study folder named by the config, '' when there is none (yet)."""
+        path = self.config.get("published") or ""
+        return path if path and os.path.isdir(path) else ""
+
+    def published_inputs(self) -> list[str]:
+        """Its tables, raw files and notes, so a newly published study re-renders what shows it."""
+        root = self.published_dir()
+        if not root:
+            return []
+        patterns = ["summary/*.csv", "kernels/bench.json", "build/build.json", "sweep/*/ctx*.json"]
+        patterns.append("NOTES.md")  # the publisher's account of the targets, in the report
+        return sorted(p for pattern in patterns for p in glob.glob(f"{root}/{pattern}"))
+
+    def published_engine_input(self) -> list[str]:
+        """Its raw step anatomy, drawn beside this run's when it exists."""
+        root = self.published_dir()
+        path = f"{root}/engine/bench.json"
+        return [path] if root and os.path.isfile(path) else []
+
+
+def gpus_for(device: str) -> int:
+    """A job on a CUDA device holds one GPU."""
+    return 1 if device == "cuda" else 0
+
+
+def triton_interpret(device: str) -> int:
+    """On a CPU, Triton kernels run in its interpreter, chosen before triton loads."""
+    return 1 if device == "cpu" else 0

@@ -1,0 +1,346 @@
+"""The study configuration (decodecliff.study) without Snakemake: loading and validating the
+configs, defaults from the schema, server commands, skipped servers, point lookups."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from decodecliff.engine.config import EngineConfig
+from decodecliff.kernels import registry
+from decodecliff.study import config, notebooks, paths, servers
+from decodecliff.study.plan import PointError, Study
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = {"h200": REPO / "config/h200.yaml", "rtx-pro-6000": REPO / "config/rtx-pro-6000.yaml"}
+PEERS = ("sglang-graph-p1", "flashinfer-graph-p1")
+
+
+def study(preset: str | None = None) -> Study:
+    files = [REPO / "config.yaml", *([PRESETS[preset]] if preset else [])]
+    return Study(config.load(files))
+
+
+def raw(preset: str | None = None) -> dict:
+    """The YAML of config.yaml (and a preset) merged, not validated."""
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    if preset:
+        cfg = config.merge(cfg, yaml.safe_load(PRESETS[preset].read_text()))
+    return cfg
+
+
+def by_name(s: Study, name: str) -> dict:
+    return s.servers[name]
+
+
+@pytest.mark.parametrize("preset", [None, "h200", "rtx-pro-6000"])
+def test_the_repository_configs_are_valid(preset: str | None) -> None:
+    s = study(preset)
+    assert set(PEERS) <= set(s.servers)
+    assert len(s.point_files()) == sum(len(s.server_points(n)) for n in s.servers)
+
+
+def test_defaults_are_the_schemas_own() -> None:
+    schema = config.load_schema()
+    cfg = study().config
+    sweep = schema["properties"]["sweep"]["properties"]
+    assert cfg["sweep"]["concurrency"] == sweep["concurrency"]["default"]
+    spec = schema["$defs"]["spec"]["properties"]
+    server = cfg["sweep"]["servers"][0]
+    assert server["spec"]["tree_nodes"] == spec["tree_nodes"]["default"]
+    assert (server["cuda_graph"], server["defrag"], server["backend_options"]) == (False, False, {})
+    # the default targets, each with the target's own defaults (heads, page size, ...) filled in
+    defaults = schema["properties"]["targets"]["default"]
+    for target, default in zip(cfg["targets"], defaults, strict=True):
+        assert target.items() >= default.items() and target["heads"] == 8
+    # a filled-in default is a copy: changing the config never changes the schema's
+    cfg["targets"].clear()
+    assert Study(raw()).config["targets"]
+
+
+def test_defaults_are_read_from_the_schema_file(tmp_path: Path) -> None:
+    schema = config.load_schema()
+    schema["properties"]["sweep"]["properties"]["concurrency"]["default"] = 2
+    path = tmp_path / "schema.yaml"
+    path.write_text(yaml.safe_dump(schema))
+    assert Study(raw(), path).sweep["concurrency"] == 2
+
+
+def test_presets_replace_lists_whole_and_merge_mappings() -> None:
+    merged = config.merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}})
+    assert merged == {"a": {"x": 1, "y": [3]}, "b": 1}
+    h200 = study("h200")
+    assert h200.sweep["device"] == "cuda" and "torch-chain16-p1" not in h200.servers
+    assert h200.sweep["command"] == raw()["sweep"]["command"]  # kept from config.yaml
+
+
+def _set(path: str, value: object):
+    """A change to a config: the key at ``path`` (dots and [i]) set to ``value``."""
+
+    def change(cfg: dict) -> None:
+        keys = path.replace("[", ".").replace("]", "").split(".")
+        node = cfg
+        for key in keys[:-1]:
+            node = node[int(key)] if key.isdigit() else node[key]
+        last = keys[-1]
+        node[int(last) if last.isdigit() else last] = value
+
+    return change
+
+
+BAD = {
+    "minimum": (_set("sweep.gen_tokens", 0), "config.sweep.gen_tokens"),
+    "unknown-key": (_set("kernels.devise", "cpu"), "config.kernels.devise"),
+    "enum": (_set("sweep.servers[1].spec.mode", "beam"), "config.sweep.servers[1].spec.mode"),
+    "backend": (_set("sweep.servers[0].backend", "cublas"), "config.sweep.servers[0].backend"),
+    "duplicate-server": (
+        _set("sweep.servers[1].name", "torch-chain16-p1"),
+        "config.sweep.servers[1].name",
+    ),
+    "duplicate-point": (
+        lambda c: c["sweep"]["servers"][0]["chunks"].append(
+            {"contexts": [256], "timeout_s": 10, "point_timeout_s": 5}
+        ),
+        "config.sweep.servers[0].chunks[1].contexts",
+    ),
+    "missing": (lambda c: c["build"].pop("archs"), "config.build.archs"),
+    "no-port": (
+        lambda c: c["sweep"].update(command=c["sweep"]["command"].replace("{port}", "8000")),
+        "config.sweep.command",
+    ),
+    "unknown-placeholder": (
+        _set("sweep.servers[0].command", "serve --port {port} {prot}"),
+        "config.sweep.servers[0].command",
+    ),
+    "beyond-pool": (
+        _set("sweep.servers[0].chunks[0].contexts", [65536]),
+        "config.sweep.servers[0].chunks[0].contexts",
+    ),
+    "streams-beyond-pool": (
+        _set("sweep.servers[2].chunks[0].contexts", [16384]),
+        "config.sweep.servers[2].concurrency",
+    ),
+    "point-timeout-over-chunk": (
+        _set("sweep.servers[0].chunks[0].point_timeout_s", 600),
+        "config.sweep.servers[0].chunks[0].point_timeout_s",
+    ),
+    "graphs-on-cpu": (
+        _set("sweep.servers[0].cuda_graph", True),
+        "config.sweep.servers[0].cuda_graph",
+    ),
+    "backend-option-key": (
+        _set("sweep.servers[4].backend_options", {"not a key": "x"}),
+        "config.sweep.servers[4].backend_options",
+    ),
+    "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_config_mistake_names_its_key(name: str) -> None:
+    change, key = BAD[name]
+    cfg = raw()
+    if name == "command-and-url":
+        cfg["sweep"]["servers"][0]["command"] = cfg["sweep"]["command"]
+    change(cfg)
+    with pytest.raises(config.ConfigError, match=r"^invalid study config at ") as err:
+        Study(cfg)
+    assert str(err.value).startswith(f"invalid study config at {key}:"), str(err.value)
+
+
+def test_a_gpu_only_servers_graphs_are_no_mistake_on_a_cpu() -> None:
+    """It is recorded as skipped there, so its CUDA-graph switch never runs."""
+    s = study()
+    assert s.sweep["device"] == "cpu"
+    assert all(by_name(s, name)["cuda_graph"] for name in PEERS)
+
+
+def test_template_fields_are_what_a_server_fills_in_and_the_launch() -> None:
+    s = study()
+    fields = servers.fields(s.sweep, by_name(s, "torch-chain16-p1"))
+    assert set(fields) | servers.LAUNCH_FIELDS == servers.TEMPLATE_FIELDS
+
+
+def test_server_command_fills_the_entry_and_keeps_host_and_port() -> None:
+    s = study()
+    cmd = servers.command(s.sweep, by_name(s, "torch-chain16-p1-k4"))
+    assert cmd.startswith("decodecliff serve --preset tiny --backend torch --device cpu")
+    assert "--spec chain --draft-len 16 --tree-nodes 64" in cmd and "{switches}" not in cmd
+    assert cmd.endswith("--prefill-attention mha --host {host} --port {port}")
+    assert "  " not in cmd
+    target = Study(raw()).point("torch-chain16-p1", 256).target
+    assert target.startswith("--server-cmd 'decodecliff serve")
+
+
+def test_url_server_is_swept_where_it_runs() -> None:
+    cfg = raw()
+    cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"
+    point = Study(cfg).point("torch-chain16-p1", 256)
+    assert point.target == "--url http://gpu-node:30000" and point.skip_reason is None
+
+
+@pytest.mark.parametrize("preset", ["h200", "rtx-pro-6000"])
+def test_peer_servers_run_on_the_triton_servers_chunks(preset: str) -> None:
+    s = study(preset)
+    triton = by_name(s, "triton-graph-p1")
+    # fa3 (Hopper's wgmma) on the H200 only: sm_120 has mma.sync, so fa2 there
+    fa3 = ["flashinfer-fa3-graph-p1"] if preset == "h200" else []
+    peers = [n for n in s.servers if by_name(s, n)["backend"] in ("sglang", "flashinfer")]
+    assert peers == [*PEERS, *fa3]
+    for name in peers:
+        server = by_name(s, name)
+        assert server["chunks"] == triton["chunks"], name
+        assert server["cuda_graph"] and server["page_size"] == 1, name
+        assert server["spec"] == {"mode": "chain", "draft_len": 16, "tree_nodes": 64}, name
+        assert server["args"] == "--prefill-attention mha --scatter-seed 0", name
+        assert [s.point(name, c).requests for c in (1024, 185000)] == [5, 3], name
+
+
+@pytest.mark.parametrize(
+    ("preset", "name", "variant"),
+    [
+        (None, "flashinfer-graph-p1", "fa2"),
+        ("h200", "flashinfer-graph-p1", "fa2"),
+        ("h200", "flashinfer-fa3-graph-p1", "fa3"),
+        ("rtx-pro-6000", "flashinfer-graph-p1", "fa2"),
+    ],
+)
+def test_the_flashinfer_variant_reaches_the_server_command(preset, name, variant) -> None:
+    s = study(preset)
+    cmd = servers.command(s.sweep, by_name(s, name))
+    assert "--backend flashinfer" in cmd
+    assert f"--cuda-graph --backend-option backend={variant} " in cmd
+
+
+def test_backend_options_are_repeated_flags_quoted_for_the_shell() -> None:
+    server = {"cuda_graph": False, "defrag": True, "backend_options": {"backend": "fa3", "x": 2}}
+    assert servers.switches(server) == [
+        "--defrag", "--backend-option", "backend=fa3", "--backend-option", "x=2",
+    ]  # fmt: skip
+    assert servers.switches({"cuda_graph": False, "defrag": False}) == []
+
+
+def test_h200_engine_bench_times_the_peers() -> None:
+    flags = study("h200").engine_flags()
+    assert "--backends custom triton sglang flashinfer " in flags
+    assert "--parts anatomy loop --loop-contexts 185000" in flags
+
+
+def test_engine_flags_fill_the_schemas_defaults() -> None:
+    flags = study().engine_flags()
+    assert "--modes chain --draft-len 16 --repeats 5" in flags and flags.endswith("--threads 1")
+    assert "--loop-contexts" not in flags
+
+
+def test_bench_flags_only_what_the_config_sets() -> None:
+    assert study().bench_extra_flags() == "--repeats 3 --decode-splits 8 64"
+    h200 = study("h200").bench_extra_flags()
+    assert h200 == "--repeats 20 --triton-config sm90 sm120 --decode-splits sglang 8 64"
+
+
+def test_cpu_pool_is_the_engines_default() -> None:
+    s = study()
+    assert servers.CPU_DEFAULT_POOL == EngineConfig.CPU_DEFAULT_TOKENS
+    server = by_name(s, "torch-chain16-p1")
+    assert servers.pool_tokens(s.sweep, server) == EngineConfig.CPU_DEFAULT_TOKENS
+    fixed = server | {"args": "--max-total-tokens 1000", "page_size": 64}
+    assert servers.pool_tokens(s.sweep, fixed) == 960  # whole pages
+    gpu = study("h200")
+    assert servers.pool_tokens(gpu.sweep, by_name(gpu, "custom-p1")) is None  # the GPU decides
+
+
+def test_peers_are_skipped_on_a_cpu_with_the_reason() -> None:
+    s = study()
+    for name in PEERS:
+        point = s.point(name, 256)
+        backend = by_name(s, name)["backend"]
+        assert (
+            point.skip_reason
+            == f"the {backend} backend needs a CUDA GPU (this study's device is cpu)"
+        )
+        assert not point.needs_kernel_lib
+    assert s.point("torch-chain16-p1", 256).skip_reason is None
+
+
+def test_a_missing_package_on_the_gpu_machine_skips_its_servers(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        registry.importlib.util, "find_spec", lambda n, *a: None if n == "sglang" else real(n, *a)
+    )
+    s = study("h200")
+    reason = s.point("sglang-graph-p1", 1024).skip_reason
+    assert reason and "needs the sglang package" in reason and "peers" in reason
+    custom = s.point("custom-p1", 1024)
+    assert custom.skip_reason is None and custom.needs_kernel_lib
+
+
+def test_point_lookups() -> None:
+    s = study()
+    point = s.point("triton-chain16-p1", "1024")
+    assert (point.ctx, point.requests, point.concurrency) == (1024, 2, 1)
+    assert point.file == paths.point_file("triton-chain16-p1", 1024)
+    assert point.file == "results/sweep/triton-chain16-p1/ctx1024.json"
+    assert point.runtime_min == 5 + 2  # the chunk's 300 s, and room for the job around it
+    assert s.point("torch-chain16-p1-k4", 256).concurrency == 4
+    assert s.point("torch-chain16-p1", 256).requests == 3  # the sweep's
+    priorities = [s.point(n, c).priority for n, c in s.order()]
+    assert priorities == sorted(priorities, reverse=True)  # config order first
+    with pytest.raises(PointError, match=r"context 999 is not a point .*its points: 256, 1024\)"):
+        s.point("triton-chain16-p1", 999)
+    with pytest.raises(PointError, match="no server 'nope'"):
+        s.point("nope", 256)
+
+
+def test_final_outputs_and_server_names() -> None:
+    s = study()
+    outputs = s.final_outputs()
+    assert outputs[:2] == [paths.BUILD_INFO, paths.KERNEL_BENCH]
+    assert outputs[-2:] == [paths.REPORT, paths.NOTES]
+    assert "results/sweep/sglang-graph-p1/ctx256.json" in outputs
+    assert s.server_names_pattern().split("|")[-1] == r"flashinfer\-graph\-p1"
+
+
+def test_notebook_table() -> None:
+    s = study()
+    table = notebooks.notebooks(s)
+    assert list(table) == ["kernels", "sweep", "compare", "engine", "report"]
+    no_engine = raw()
+    no_engine.pop("engine")
+    assert "engine" not in notebooks.notebooks(Study(no_engine))
+    figures = table["report"].inputs["figures"](None)
+    assert "results/figures/sweep/sglang-graph-p1/metrics.png" in figures
+    wildcards = SimpleNamespace(server="sglang-graph-p1")
+    values = table["sweep"].parameters(wildcards, SimpleNamespace(sweep="s.csv"))
+    assert values["server"] == "sglang-graph-p1" and values["tau"] == 3.0
+    assert notebooks.output("sweep") == "results/notebooks/sweep-{server}.ipynb"
+    assert notebooks.log("report", "report") == "results/logs/report/notebook_report.log"
+
+
+def test_papermill_options_put_yaml_parameters_first() -> None:
+    text = notebooks.papermill_options({"a": 1, "config": {"k": "it's"}, "published": ""})
+    assert text.startswith('-y \'{"config": {"k": "it\'"\'"\'s"}}\' -y \'{"published": ""}\'')
+    assert text.endswith("-p a 1")
+
+
+def test_validation_fills_in_place() -> None:
+    cfg = raw("h200")
+    assert "concurrency" not in cfg["sweep"]
+    assert config.validate(cfg) is cfg and cfg["sweep"]["concurrency"] == 1
+
+
+@pytest.mark.parametrize("preset", [None, "h200", "rtx-pro-6000"])
+def test_every_server_command_is_a_valid_serve_command_line(preset: str | None) -> None:
+    from decodecliff.server import cli as serve_cli
+
+    s = study(preset)
+    for name, server in s.servers.items():
+        argv = shlex.split(servers.command(s.sweep, server).format(host="127.0.0.1", port=1))
+        assert argv[:2] == ["decodecliff", "serve"], name
+        args = serve_cli.parse_args(argv[2:])
+        assert args.backend == server["backend"] and args.cuda_graph == server["cuda_graph"]
+        assert dict(args.backend_option) == server["backend_options"], name
