@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: title
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -31,7 +32,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from decodecliff.analysis import layout, style
+from decodecliff.analysis import figures, layout, style
 
 # %% tags=["parameters"]
 bench_json = "results/engine/bench.json"  # from the bench_engine rule
@@ -66,31 +67,9 @@ for err in doc.get("errors", []):
 
 # %%
 def draw(table: pd.DataFrame, title: str, path: Path) -> None:
-    """Stacked attention / GEMMs / rest per context, one panel per configuration, floor drawn."""
-    configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
-    n = max(len(configs), 1)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4), squeeze=False)
-    parts = [("attention_ms", "attention", "#0072B2"), ("gemm_ms", "GEMMs", "#E69F00")]
-    parts.append(("rest_ms", "rest", "#999999"))
-    for ax, ((mode, backend, path_), df) in zip(axes[0], configs, strict=False):
-        df = df.sort_values("context")
-        x = list(range(len(df)))
-        bottom = pd.Series(0.0, index=df.index)
-        for col, label, color in parts:
-            height = df[col].clip(lower=0)
-            ax.bar(x, height, bottom=bottom, color=color, label=label, width=0.7)
-            bottom += height
-        ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + KV)")
-        ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
-        ax.set_xticks(x, [f"{c // 1000}k" if c >= 1000 else str(c) for c in df["context"]])
-        ax.set_title(f"{backend}, {path_} ({mode})")
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylim(0, bottom.max() * 1.15)  # each panel its own scale: Triton's 185k is ~2 s
-    axes[0][0].set_ylabel("time per step (ms)")
-    axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """The step anatomy figure (analysis/figures.py), saved under its layout path."""
+    fig = figures.engine_anatomy(table, title)
+    figures.save(fig, path)
     plt.show()
 
 

@@ -6,6 +6,7 @@ or were skipped are drawn as markers on the context axis, never left out silentl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib as mpl
@@ -39,10 +40,11 @@ STEPS = [
     ("verify_steps_s_client", "client clock", "-", "o"),
     ("verify_steps_s_server", "server step time", "--", "^"),
 ]
-# the smallest gap between two level context labels, in inches ('128k' at the tick font size);
+# the smallest gap between two level context labels' centres, in inches ('128k' at the tick font
+# size and a space);
 # where level labels would collide (128k beside 185k on a narrow panel) they are slanted by SLANT
 # degrees and set a little smaller, and then need only a line's height over sin(SLANT) between them
-LABEL_GAP_IN = 0.34
+LABEL_GAP_IN = 0.42
 SLANT, SLANT_FONT_SCALE = 65, 0.85
 
 
@@ -192,7 +194,8 @@ def _empty(ax, text: str) -> None:
 
 
 def figure_legend(fig: Figure, axes, extra: list[Line2D] = ()) -> None:
-    """One legend for all panels, right of them (panels share backends and line styles)."""
+    """One legend for all panels, right of them (panels share backends and line styles); the
+    panels' own legends are removed first, so the layout is fitted to the panels alone."""
     seen: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -201,6 +204,7 @@ def figure_legend(fig: Figure, axes, extra: list[Line2D] = ()) -> None:
             ax.get_legend().remove()
     for handle in extra:
         seen.setdefault(handle.get_label(), handle)
+    fig.tight_layout()
     if seen:
         fig.legend(
             list(seen.values()),
@@ -211,12 +215,34 @@ def figure_legend(fig: Figure, axes, extra: list[Line2D] = ()) -> None:
         )
 
 
-def _variant(df: pd.DataFrame) -> pd.Series:
-    cfg = df["triton_config"].fillna("").astype(str)
-    return "page " + df["page_size"].astype(int).astype(str) + np.where(cfg != "", ", " + cfg, "")
+OWN = ("torch", "triton", "custom")  # the study's own backends; the peers have their figure
+_FIXED_SPLITS = re.compile(r"\((?:grouped|decode)-s\d+\)$")
+_TRITON_ARCH = re.compile(r"^triton \((sm\d+)\)$")
 
 
-def _kernel_grid(kernels: pd.DataFrame, height: float = 3.2) -> tuple[Figure, list]:
+def main_series(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The kernel series a figure draws: a backend's decode at fixed split counts (s8, s64) only
+    where its default count did not run, and the Triton block config of the GPU it ran on only
+    (all of them on a CPU); the tables keep every series."""
+    keep = pd.Series(True, index=kernels.index)
+    for _, group in kernels.groupby(["backend", "mode"]):
+        names = set(group["series"])
+        fixed = {n for n in names if _FIXED_SPLITS.search(n)}
+        drop = fixed if fixed and names - fixed else set()
+        cap = group["gpu_capability"].dropna() if "gpu_capability" in group else pd.Series()
+        arch = {n for n in names if _TRITON_ARCH.match(n)}
+        native = f"triton ({str(cap.iloc[0]).replace('_', '')})" if len(cap) else None
+        if native in arch:
+            drop |= arch - {native}
+        keep[group.index[group["series"].isin(drop)]] = False
+    return kernels[keep]
+
+
+def _page(df: pd.DataFrame) -> pd.Series:
+    return "page size " + df["page_size"].astype(int).astype(str)
+
+
+def _kernel_grid(kernels: pd.DataFrame, height: float = 3.4) -> tuple[Figure, list]:
     """A figure with one panel per head count (rows) and mode (columns): (fig, [(ax, rows)])."""
     modes = mode_order(kernels)
     heads = sorted(kernels["heads"].unique())
@@ -227,35 +253,30 @@ def _kernel_grid(kernels: pd.DataFrame, height: float = 3.2) -> tuple[Figure, li
     for i, h in enumerate(heads):
         for j, m in enumerate(modes):
             q = int(kernels.loc[kernels["mode"] == m, "q_len"].max())
-            axes[i, j].set_title(f"{m} (q_len {q}), {h} heads")
+            axes[i, j].set_title(f"{m} (q_len {q}), {h} heads", fontsize=10)
             panels.append((axes[i, j], kernels[(kernels["heads"] == h) & (kernels["mode"] == m)]))
     return fig, panels
 
 
 def kernel_lines(kernels: pd.DataFrame, y: str, ylabel: str, ceiling: str | None = None) -> Figure:
-    """``y`` vs context per backend (colour) and page size / Triton config (line style), log-log."""
+    """``y`` vs context of the study's own backends (colour: the series, line style: the page
+    size), log-log; the peers are in ``kernel_vs_peers``."""
     extra = []
-    backends = list(dict.fromkeys(kernels["backend"]))
+    own = main_series(kernels[kernels["backend"].isin(OWN)])
+    names = list(dict.fromkeys(own["series"]))
     fig, panels = _kernel_grid(kernels)
     for ax, panel in panels:
-        good = ok(panel).assign(variant=lambda d: _variant(d))
+        panel = panel[panel.index.isin(own.index)]
+        good = ok(panel).assign(page=lambda d: _page(d))
         context_axis(ax, panel["ctx"])
         if good.empty:
             _empty(ax, "no point ran")
         else:
             sns.lineplot(
-                good,
-                x="ctx",
-                y=y,
-                hue="backend",
-                style="variant",
-                markers=True,
-                dashes=True,
-                palette=style.palette(backends),
-                hue_order=[b for b in backends if b in set(good["backend"])],
-                ax=ax,
-                legend="auto",
-            )
+                good, x="ctx", y=y, hue="series", style="page", markers=True, dashes=True,
+                palette=style.palette(names), ax=ax, legend="auto",
+                hue_order=[n for n in names if n in set(good["series"])],
+            )  # fmt: skip
         if ceiling and panel[ceiling].notna().any():
             level = float(panel[ceiling].dropna().iloc[0])
             ax.axhline(level, color="black", lw=1.2, ls="--")
@@ -269,15 +290,15 @@ def kernel_lines(kernels: pd.DataFrame, y: str, ylabel: str, ceiling: str | None
         if not good.empty:  # after the ceiling: the labels fit the whole range
             set_scale(ax, "time" if y == "ms" else "rate")
         ax.set_ylabel(ylabel)
-        extra += mark_not_ok(ax, panel, "backend")
-    fig.tight_layout()
+        extra += mark_not_ok(ax, panel, "series")
     figure_legend(fig, fig.axes, extra)
     return fig
 
 
 def roofline(kernels: pd.DataFrame) -> Figure:
-    """Attained TFLOP/s vs arithmetic intensity under the measured copy and matmul ceilings."""
-    good = ok(kernels).copy()
+    """Attained TFLOP/s vs arithmetic intensity under the measured copy and matmul ceilings:
+    colour the backend, marker the mode, size the context."""
+    good = ok(main_series(kernels)).copy()
     good["intensity"] = good["tflops"] * 1e3 / good["gbs"]  # flop per byte
     copy_gbs = float(kernels["copy_gbs"].dropna().iloc[0])
     peak = float(kernels["matmul_tflops"].dropna().iloc[0])
@@ -297,18 +318,7 @@ def roofline(kernels: pd.DataFrame) -> Figure:
         fontsize=8,
         rotation=0,
     )
-    if len(good):
-        sns.scatterplot(
-            good,
-            x="intensity",
-            y="tflops",
-            hue="backend",
-            style="mode",
-            size="ctx",
-            palette=style.palette(good["backend"]),
-            ax=ax,
-            sizes=(25, 160),
-        )
+    handles = _roofline_points(ax, good)
     ax.set(
         xscale="log",
         yscale="log",
@@ -316,14 +326,42 @@ def roofline(kernels: pd.DataFrame) -> Figure:
         ylabel="attained (TFLOP/s)",
         title=f"roofline of {kernels['device'].iloc[0]}",
     )
-    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    ax.legend(
+        handles=[*ax.get_legend_handles_labels()[0], *handles], fontsize=7.5, loc="upper left",
+        bbox_to_anchor=(1.02, 1), title="marker size: context", title_fontsize=7.5,
+    )  # fmt: skip
     fig.tight_layout()
     return fig
 
 
+MODE_MARKERS = ("o", "^", "s", "D", "v", "P")
+
+
+def _roofline_points(ax, good: pd.DataFrame) -> list[Line2D]:
+    """The points (colour: backend, marker: mode, size: context); the legend handles."""
+    if good.empty:
+        return []
+    modes = list(dict.fromkeys(good["mode"]))
+    markers = dict(zip(modes, MODE_MARKERS, strict=False))
+    span = np.log(good["ctx"].max() / good["ctx"].min()) or 1.0
+    for (backend, mode), df in good.groupby(["backend", "mode"], sort=False):
+        sizes = 25 + 135 * np.log(df["ctx"] / good["ctx"].min()) / span
+        ax.scatter(
+            df["intensity"], df["tflops"], s=sizes, marker=markers.get(mode, "o"),
+            color=style.color(backend), edgecolor="white", linewidth=0.5, alpha=0.85,
+        )  # fmt: skip
+    backends = [
+        Line2D([], [], ls="", marker="o", color=style.color(b), label=b)
+        for b in dict.fromkeys(good["backend"])
+    ]
+    shapes = [Line2D([], [], ls="", marker=markers[m], color="#555555", label=m) for m in modes]
+    return backends + shapes
+
+
 def kernel_speedup(speedup: pd.DataFrame, kernels: pd.DataFrame) -> Figure:
     """custom over the baseline per context, one panel per mode and head count."""
-    fig, panels = _kernel_grid(kernels, height=3.0)
+    fig, panels = _kernel_grid(kernels, height=3.2)
+    speedup = speedup[speedup["baseline"].isin(set(main_series(kernels)["series"]))]
     for ax, panel in panels:
         s = speedup[
             (speedup["mode"] == panel["mode"].iloc[0])
@@ -334,9 +372,7 @@ def kernel_speedup(speedup: pd.DataFrame, kernels: pd.DataFrame) -> Figure:
         if s.empty:
             _empty(ax, "no context where both ran")
         else:
-            s = s.assign(
-                pair=s["candidate"] + " / " + s["baseline"] + ", page " + s["page_size"].astype(str)
-            )
+            s = s.assign(pair="over " + s["baseline"] + ", page size " + s["page_size"].astype(str))
             sns.lineplot(
                 s,
                 x="ctx",
@@ -348,7 +384,6 @@ def kernel_speedup(speedup: pd.DataFrame, kernels: pd.DataFrame) -> Figure:
             )
             set_scale(ax, "ratio")
         ax.set_ylabel("speedup over Triton (x)")
-    fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig
 
@@ -408,38 +443,58 @@ def _reference_points(reference: pd.DataFrame) -> pd.DataFrame:
     return reference.dropna(subset=["decode_tok_s"]).sort_values("actual_ctx")
 
 
+def _server_lines(ax, sweep: pd.DataFrame, value, label) -> None:
+    """One line per server (its colour; solid with CUDA graphs, dashed eager): ``value(rows)``
+    gives (column, rows with that column and its _min / _max), ``label(server, rows)`` the name."""
+    graphs = style.graph_servers(sweep)
+    good = ok(sweep)
+    for server in dict.fromkeys(sweep["server"]):
+        rows = good[good["server"] == server].dropna(subset=[PRIMARY]).sort_values("ctx")
+        if rows.empty:
+            continue
+        col, drawn = value(rows)
+        ls = style.linestyle(graphs.get(server))
+        median_line(ax, drawn, col, style.color(server), label(server, rows), ls=ls)
+
+
+def _rate_span(server: str, rows: pd.DataFrame) -> str:
+    """'triton-graph-p1: 58.1 → 0.546/s': the absolute rates at its shortest and longest context."""
+    first, last = rows[PRIMARY].iloc[0], rows[PRIMARY].iloc[-1]
+    return f"{server}: {first:.3g} → {last:.3g}/s"
+
+
 def compare_relative(
     sweeps: dict[str, pd.DataFrame], reference: pd.DataFrame | None, titles: dict[str, str]
 ) -> Figure:
     """Like with like: each server's verify steps/s over its own at its shortest context, and the
-    published RTX PRO 6000 decode tok/s over its own at its shortest, one panel per study."""
+    published RTX PRO 6000 decode tok/s over its own at its shortest, one panel per study; the
+    legend gives each line's absolute rates at its shortest and longest context."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
     extra = []
+
+    def relative(rows: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+        first = rows[PRIMARY].iloc[0]
+        rel = rows.assign(rel=rows[PRIMARY] / first)
+        for end in ("min", "max"):
+            rel[f"rel_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) / first
+        return "rel", rel
+
     for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
         ref_ctx = [] if reference is None else list(_reference_points(reference)["actual_ctx"])
         context_axis(ax, sweep["ctx"], ref_ctx)
-        good = ok(sweep)
-        for server in dict.fromkeys(sweep["server"]):
-            rows = good[good["server"] == server].dropna(subset=[PRIMARY]).sort_values("ctx")
-            if rows.empty:
-                continue
-            first = rows[PRIMARY].iloc[0]
-            rel = rows.assign(rel=rows[PRIMARY] / first)
-            for end in ("min", "max"):
-                rel[f"rel_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) / first
-            median_line(ax, rel, "rel", style.color(server), server)
+        _server_lines(ax, sweep, relative, _rate_span)
         if reference is not None:
             ref = _reference_points(reference)
+            tok = ref["decode_tok_s"]
             ax.plot(
-                ref["actual_ctx"], ref["decode_tok_s"] / ref["decode_tok_s"].iloc[0],
-                color=style.color("reference"), ls="--", marker="D", ms=5,
-                label=style.REFERENCE_LABEL + ", tok/s",
+                ref["actual_ctx"], tok / tok.iloc[0], color=style.REFERENCE_COLOR, ls=":",
+                marker="D", ms=5, label=f"RTX PRO 6000 table: {tok.iloc[0]:.3g} → "
+                f"{tok.iloc[-1]:.3g} tok/s",
             )  # fmt: skip
         ax.axhline(1.0, color="black", lw=0.8)
         extra += mark_not_ok(ax, sweep, "server")
         set_scale(ax, "ratio")
         ax.set(ylabel="rate over its own at its shortest context (x)", title=titles[study])
-    fig.tight_layout()
     figure_legend(fig, fig.axes, extra)
     return fig
 
@@ -451,43 +506,51 @@ def compare_absolute(
     tau: float,
 ) -> Figure:
     """Tokens/s where the units agree: each server's verify steps/s x tau (its tokens/s if a
-    real drafter accepted tau tokens per step) beside the published table's measured tok/s."""
+    real drafter accepted tau tokens per step) beside the published table's measured tok/s; the
+    assumed tau is written in every panel."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
     extra = []
     tau_text = f"\N{GREEK SMALL LETTER TAU}={tau:g}"
+
+    def at_tau(rows: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+        scaled = rows.assign(at_tau=rows[PRIMARY] * tau)
+        for end in ("min", "max"):
+            scaled[f"at_tau_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) * tau
+        return "at_tau", scaled
+
     for ax, (study, sweep) in zip(axes[0], sweeps.items(), strict=True):
         ref_ctx = [] if reference is None else list(_reference_points(reference)["actual_ctx"])
         context_axis(ax, sweep["ctx"], ref_ctx)
-        good = ok(sweep)
-        for server in dict.fromkeys(sweep["server"]):
-            rows = good[good["server"] == server].dropna(subset=[PRIMARY])
-            if rows.empty:
-                continue
-            scaled = rows.assign(at_tau=rows[PRIMARY] * tau)
-            for end in ("min", "max"):
-                scaled[f"at_tau_{end}"] = rows.get(f"{PRIMARY}_{end}", rows[PRIMARY]) * tau
-            median_line(ax, scaled, "at_tau", style.color(server), server)
+        _server_lines(ax, sweep, at_tau, lambda server, rows: server)
         if reference is not None:
             ref = _reference_points(reference)
             ax.plot(
-                ref["actual_ctx"], ref["decode_tok_s"], color=style.color("reference"), ls="--",
-                marker="D", ms=5, label=style.REFERENCE_LABEL + ", measured",
+                ref["actual_ctx"], ref["decode_tok_s"], color=style.REFERENCE_COLOR, ls=":",
+                marker="D", ms=5, label=style.REFERENCE_LABEL + ", measured tok/s",
             )  # fmt: skip
         extra += mark_not_ok(ax, sweep, "server")
         set_scale(ax, "rate")
+        ax.text(
+            0.98, 0.97, f"assumed acceptance length {tau_text}:\nservers' tok/s = verify "
+            f"steps/s x {tau:g}\n(random weights accept no draft)", transform=ax.transAxes,
+            ha="right", va="top", fontsize=8, bbox={"fc": "white", "ec": "#999999", "lw": 0.6},
+        )  # fmt: skip
         ax.set(
-            ylabel=f"tokens/s (servers: verify steps/s x {tau_text})",
-            title=f"{titles[study]}, acceptance length {tau_text}",
+            ylabel=f"tokens/s (servers: verify steps/s x {tau:g})",
+            title=f"{titles[study]}, assumed {tau_text}",
         )
-    fig.tight_layout()
     figure_legend(fig, fig.axes, extra)
     return fig
 
 
 def compare_speedup(
-    speedups: dict[str, pd.DataFrame], baseline: dict[str, str | None], titles: dict[str, str]
+    speedups: dict[str, pd.DataFrame],
+    baseline: dict[str, str | None],
+    titles: dict[str, str],
+    graphs: dict[str, dict[str, bool]] | None = None,
 ) -> Figure:
-    """Each server configuration's verify steps/s over the baseline's, per context and study."""
+    """Each server configuration's verify steps/s over the baseline's, per context and study;
+    ``graphs``: per study, which servers replay CUDA graphs (drawn solid, eager dashed)."""
     fig, axes = plt.subplots(1, len(speedups), figsize=(6.5 * len(speedups), 4.2), squeeze=False)
     for ax, (study, s) in zip(axes[0], speedups.items(), strict=True):
         context_axis(ax, s["requested_ctx"])
@@ -503,31 +566,31 @@ def compare_speedup(
         if good.empty:
             _empty(ax, "no context where both ran" if baseline[study] else "no Triton baseline")
         else:
+            solid = (graphs or {}).get(study, {})
             for server in dict.fromkeys(good["server"]):
                 rows = good[good["server"] == server].sort_values("requested_ctx")
                 ax.plot(
                     rows["requested_ctx"], rows["speedup"], color=style.color(server),
-                    marker="o", label=server,
+                    marker="o", label=server, ls=style.linestyle(solid.get(server, True)),
                 )  # fmt: skip
             set_scale(ax, "ratio")
         ax.set(
             ylabel=f"verify steps/s over {baseline[study]} (x)",
             title=f"{titles[study]}: speedup, medians",
         )
-    fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig
 
 
 def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
-    """ms per layer vs context: the candidate and every peer series, with the roofline floor."""
+    """ms per layer vs context at page size 1: the candidate and the peers' series (SGLang's
+    kernels as SGLang runs them, FlashInfer, cuBLAS), with each point's roofline floor."""
     from .tables import PEERS
 
     fig, panels = _kernel_grid(kernels)
-    shown = ok(kernels)
+    shown = main_series(ok(kernels))
     shown = shown[shown["backend"].isin((candidate, *PEERS)) & (shown["page_size"] == 1)]
     names = list(dict.fromkeys(shown["series"])) if len(shown) else []
-    colours = dict(zip(names, sns.color_palette("tab10", max(len(names), 1)), strict=False))
     for ax, panel in panels:
         good = shown.merge(panel[["mode", "heads"]].drop_duplicates(), on=["mode", "heads"])
         context_axis(ax, panel["ctx"])
@@ -535,13 +598,46 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
             _empty(ax, f"no {candidate} or peer point ran")
             continue
         sns.lineplot(
-            good, x="ctx", y="ms", hue="series", palette=colours, marker="o", ax=ax,
+            good, x="ctx", y="ms", hue="series", palette=style.palette(names), marker="o", ax=ax,
             hue_order=[n for n in names if n in set(good["series"])],
         )  # fmt: skip
         floor = good.groupby("ctx")["floor_ms"].first()
         ax.plot(floor.index, floor.values, "k_--", ms=14, lw=1.2, label="roofline floor")
         set_scale(ax, "time")
         ax.set_ylabel("time per layer (ms), page size 1")
-    fig.tight_layout()
     figure_legend(fig, fig.axes)
     return fig
+
+
+ANATOMY_PARTS = [("attention_ms", "attention"), ("gemm_ms", "GEMMs"), ("rest_ms", "rest")]
+
+
+def engine_anatomy(table: pd.DataFrame, title: str) -> Figure:
+    """Stacked attention / GEMMs / rest per context, one panel per engine configuration (its
+    title in its backend's colour), with the floor (weights + KV) and the weights' floor."""
+    configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
+    fig, axes = plt.subplots(1, max(len(configs), 1), figsize=(3.6 * max(len(configs), 1), 3.8))
+    axes = np.atleast_1d(axes)
+    for ax, ((mode, backend, path), df) in zip(axes, configs, strict=False):
+        _anatomy_panel(ax, df.sort_values("context"))
+        ax.set_title(f"{backend}, {path} ({mode})", color=style.color(backend), fontsize=10)
+    if not configs:
+        _empty(axes[0], "no step anatomy measured")
+    axes[0].set_ylabel("time per verify step (ms)")
+    fig.suptitle(title, fontweight="bold")
+    figure_legend(fig, axes[:1])
+    return fig
+
+
+def _anatomy_panel(ax, df: pd.DataFrame) -> None:
+    x = np.arange(len(df))
+    bottom = np.zeros(len(df))
+    for col, label in ANATOMY_PARTS:
+        height = df[col].clip(lower=0).to_numpy()
+        ax.bar(x, height, bottom=bottom, color=style.PART_COLORS[label], label=label, width=0.7)
+        bottom += height
+    ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + KV)")
+    ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
+    ax.set_xticks(x, [ctx_label(c) for c in df["context"]])
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylim(0, bottom.max() * 1.15)  # each panel its own scale: Triton's 185k is ~2 s

@@ -1,73 +1,132 @@
-"""One look for every figure: a seaborn theme, a fixed colour per backend and server config.
+"""One look for every figure: a seaborn theme, one colour per backend and per server.
 
-Colours are keyed by name so a backend or a server configuration has the same colour in every plot
-of every notebook; names the table does not know get a stable colour derived from the name.
+Colours are defined here once, by name, so a backend, a kernel series ("flashinfer (fa3)") or a
+server configuration has the same colour in every figure of every notebook, the README's too. A
+series ``backend (variant)`` not listed takes its backend's colour; a server configuration not
+listed takes its backend's (``register_servers``). A CUDA-graph server is drawn solid, an eager
+one dashed (``linestyle``).
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import matplotlib as mpl
+import pandas as pd
 import seaborn as sns
 
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
-_OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442"]
-
-COLORS: dict[str, str] = {
-    # attention backends (kernel microbenchmark and the servers built on them)
-    "triton": "#D55E00",
+# attention backends: the study's own (custom, triton, torch) and the peers (sglang, flashinfer,
+# cublas); Okabe-Ito and Tol's muted hues, distinguishable with the common colour deficiencies
+BACKEND_COLORS: dict[str, str] = {
     "custom": "#0072B2",
+    "triton": "#D55E00",
     "torch": "#7F7F7F",
-    # server configurations of the default and GPU studies, fixed by name so a configuration
-    # keeps its colour in every report (this run, the published study, the comparison)
-    "custom-graphs": "#009E73",
-    "custom-defrag": "#CC79A7",
-    "custom-graphs-defrag": "#E69F00",
-    "triton-p1": "#D55E00",
-    "triton-graph-p1": "#E69F00",
-    "custom-p1": "#0072B2",
-    "custom-graph-p1": "#009E73",
+    "sglang": "#882255",
+    "flashinfer": "#009E73",
+    "cublas": "#B8860B",
+}
+# kernel series that are peers in their own right get their own colour; any other variant of a
+# backend ("triton (sm90)", "custom (v4)") is drawn in its backend's colour
+SERIES_COLORS: dict[str, str] = {
+    "sglang (extend)": "#882255",  # SGLang's Triton verify kernel, as SGLang runs it
+    "sglang (decode-sglang)": "#882255",
+    "sglang (verify)": "#CC6677",
+    "sglang (decode-s8)": "#CC6677",
+    "sglang (decode-s64)": "#AA4499",
+    "flashinfer (fa2)": "#009E73",
+    "flashinfer (fa3)": "#004D40",
+    "triton (grouped-s8)": "#E69F00",
+    "triton (grouped-s64)": "#8C510A",
+}
+# server configurations of the studies' configs (config.yaml, config/*.yaml, the test studies):
+# a CUDA-graph server in its backend's colour, its eager twin in a lighter tint of it
+SERVER_COLORS: dict[str, str] = {
+    "triton-graph-p1": "#D55E00",
+    "triton-p1": "#E69F00",
+    "sglang-graph-p1": "#882255",
+    "flashinfer-graph-p1": "#009E73",
+    "flashinfer-fa3-graph-p1": "#004D40",
+    "custom-graph-p1": "#0072B2",
+    "custom-p1": "#56B4E9",
     "custom-defrag-p1": "#CC79A7",
     "torch-chain16-p1": "#7F7F7F",
     "triton-chain16-p1": "#D55E00",
-    "torch-chain16-p1-k4": "#56B4E9",
-    # the published RTX PRO 6000 table
-    "reference": "#000000",
+    "torch-chain16-p1-k4": "#333333",
+    "triton": "#D55E00",
+    "custom": "#0072B2",
+    "custom-graphs": "#009E73",
+    "custom-defrag": "#CC79A7",
+    "custom-graphs-defrag": "#E69F00",
 }
-_SERVERS: dict[str, str] = {}  # colours given to server configurations by register_servers()
+REFERENCE_COLOR = "#000000"  # the published RTX PRO 6000 table
+COLORS: dict[str, str] = {**BACKEND_COLORS, **SERIES_COLORS, **SERVER_COLORS}
+COLORS["reference"] = REFERENCE_COLOR
+FALLBACK = "#999999"  # a name no table knows (a test keeps every name a study can produce known)
+# the parts of a verify step in the step anatomy
+PART_COLORS = {"attention": "#0072B2", "GEMMs": "#E69F00", "rest": "#BBBBBB"}
+_SERVERS: dict[str, str] = {}  # colours given to unlisted server configurations
 REFERENCE_LABEL = "published RTX PRO 6000 (Triton, TP8)"
 STATUS_MARKERS = {"failed": "X", "skipped": "s"}
 
 
+def backend_of(name: str) -> str:
+    """'flashinfer (fa3)' -> 'flashinfer'; a plain name is its own backend."""
+    return name.split(" (", 1)[0]
+
+
+def has_color(name: str) -> bool:
+    """Whether ``name`` (a backend, a kernel series or a server) has a colour of its own."""
+    return name in COLORS or name in _SERVERS or backend_of(name) in BACKEND_COLORS
+
+
 def color(name: str) -> str:
-    """The colour of a backend or server configuration (stable for unknown names)."""
+    """The colour of a backend, a kernel series or a server configuration."""
     if name in COLORS:
         return COLORS[name]
     if name in _SERVERS:
         return _SERVERS[name]
-    digest = int(hashlib.sha1(name.encode()).hexdigest(), 16)
-    return _OKABE_ITO[digest % len(_OKABE_ITO)]
+    return BACKEND_COLORS.get(backend_of(name), FALLBACK)
 
 
-def register_servers(sweep) -> None:
-    """Give each server configuration of a sweep table its colour, the same in every notebook.
+def linestyle(cuda_graph: object) -> str:
+    """Solid for a CUDA-graph server, dashed for an eager one."""
+    return "-" if _true(cuda_graph) else "--"
 
-    A configuration takes its backend's colour unless another one already has it, then the first
-    free colour; names are taken in sorted order, so the same table gives the same colours.
+
+def _true(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value) and not pd.isna(value)
+
+
+def graph_servers(sweep: pd.DataFrame) -> dict[str, bool]:
+    """Server -> whether it replays CUDA graphs (False where the table does not say)."""
+    if "cuda_graph" not in sweep:
+        return {s: False for s in dict.fromkeys(sweep["server"])}
+    first = sweep.groupby("server", sort=False)["cuda_graph"].first()
+    return {s: _true(v) for s, v in first.items()}
+
+
+def register_servers(sweep: pd.DataFrame) -> None:
+    """Give each server configuration not listed above a colour, the same in every notebook.
+
+    It takes its backend's colour unless another one already has it, then a colour no listed name
+    uses; names are taken in sorted order, so the same table gives the same colours.
     """
     names = sorted(set(sweep["server"]))
     taken = {COLORS[n] for n in names if n in COLORS} | set(_SERVERS.values())
+    spare = [c for c in _SPARE if c not in COLORS.values()]
     for name in names:
         if name in COLORS or name in _SERVERS:
             continue
         backend = sweep.loc[sweep["server"] == name, "backend"].dropna()
-        pick = COLORS.get(str(backend.iloc[0])) if len(backend) else None
+        pick = BACKEND_COLORS.get(str(backend.iloc[0])) if len(backend) else None
         if pick is None or pick in taken:
-            free = [c for c in _OKABE_ITO if c not in taken and c not in COLORS.values()]
-            pick = free[0] if free else color(name)
+            free = [c for c in spare if c not in taken]
+            pick = free[0] if free else FALLBACK
         _SERVERS[name] = pick
         taken.add(pick)
+
+
+_SPARE = ["#F0E442", "#117733", "#332288", "#DDCC77", "#661100", "#6699CC", "#999933"]
 
 
 def palette(names) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 KERNEL_KEYS = ["heads", "mode", "q_len", "page_size", "batch", "ctx"]
@@ -284,3 +286,29 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> pd.Data
     merged["peer_of_floor"] = merged["floor_ms"] / merged["peer_ms"]
     merged["peer_over_custom"] = merged["peer_ms"] / merged["custom_ms"]
     return merged[cols].sort_values(KERNEL_KEYS).reset_index(drop=True)
+
+
+def fidelity(kernels: pd.DataFrame, contexts: list[int]) -> pd.DataFrame:
+    """The study's Triton baseline beside SGLang's own kernel as SGLang runs it, page size 1, per
+    mode and head count at ``contexts``: ms per layer of each and baseline over SGLang (1 = the
+    same; a table without SGLang's kernels is empty)."""
+    pairs = {"decode": ("triton (grouped-sglang)", "sglang (decode-sglang)")}
+    good = ok(kernels)
+    good = good[(good["page_size"] == 1) & good["ctx"].isin(contexts)]
+    rows = []
+    for (mode, heads), df in good.groupby(["mode", "heads"], sort=False):
+        ours, theirs = pairs.get(mode, (None, "sglang (extend)"))
+        if ours is None:  # the Triton extend kernel in the block config of this GPU
+            arch = sorted(s for s in set(df["series"]) if re.fullmatch(r"triton \(sm\d+\)", s))
+            cap = df["gpu_capability"].dropna() if "gpu_capability" in df else pd.Series()
+            native = f"triton ({str(cap.iloc[0]).replace('_', '')})" if len(cap) else None
+            ours = native if native in arch else (arch[0] if arch else None)
+        a = df[df["series"] == ours].set_index("ctx")["ms"]
+        b = df[df["series"] == theirs].set_index("ctx")["ms"]
+        for ctx in sorted(set(a.index) & set(b.index)):
+            rows.append({
+                "mode": mode, "heads": heads, "context": ctx_label(ctx), "baseline": ours,
+                "baseline ms": a[ctx], "SGLang's kernel": theirs, "SGLang ms": b[ctx],
+                "baseline / SGLang": a[ctx] / b[ctx],
+            })  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,98 @@
+"""One colour per backend, kernel series and server, defined once in analysis/style.py: every name
+a study can produce has one, the servers of one study differ, and the figures keep their legends
+short."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+import yaml
+
+from decodecliff.analysis import figures, style, summarize
+from decodecliff.bench.kernels import DECODE_SPLITS, FLASHINFER_BACKENDS, split_label
+from decodecliff.kernels.custom import VARIANTS
+from decodecliff.kernels.registry import BACKENDS
+from decodecliff.kernels.triton_baseline import ARCH_CONFIGS
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "results" / "published" / "h200"
+CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
+
+
+def kernel_series() -> list[str]:
+    """Every series name the kernel bench can write: backend, or backend (variant)."""
+    splits = [split_label(s) for s in [*DECODE_SPLITS, 8, 16, 32, 64] if s != 0]
+    variants = {
+        "triton": [*ARCH_CONFIGS, *(f"{a}-extend" for a in ARCH_CONFIGS)]
+        + [f"grouped-{s}" for s in splits],
+        "sglang": ["extend", "verify", *(f"decode-{s}" for s in splits)],
+        "flashinfer": FLASHINFER_BACKENDS,
+        "custom": list(VARIANTS),
+    }
+    names = list(BACKENDS)
+    for backend, labels in variants.items():
+        names += [f"{backend} ({label})" for label in labels]
+    return names
+
+
+def config_servers() -> dict[Path, list[str]]:
+    return {
+        path: [s["name"] for s in (yaml.safe_load(path.read_text()).get("sweep") or {}).get(
+            "servers", []
+        )]
+        for path in CONFIGS
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", kernel_series())
+def test_every_backend_and_kernel_series_has_a_colour(name: str) -> None:
+    assert style.has_color(name), f"{name!r} has no colour in analysis/style.py"
+    assert style.color(name) != style.FALLBACK
+
+
+def test_every_backend_of_the_registry_is_listed_by_name() -> None:
+    assert set(BACKENDS) <= set(style.BACKEND_COLORS), set(BACKENDS) - set(style.BACKEND_COLORS)
+    assert len(set(style.BACKEND_COLORS.values())) == len(style.BACKEND_COLORS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_server_of_every_config_has_its_own_colour(path: Path) -> None:
+    names = config_servers()[path]
+    missing = [n for n in names if n not in style.SERVER_COLORS]
+    assert not missing, f"{path.name}: servers without a colour in analysis/style.py: {missing}"
+    colours = [style.color(n) for n in names]
+    assert len(set(colours)) == len(colours), dict(zip(names, colours, strict=True))
+
+
+def test_a_peer_kernel_series_differs_from_the_others_in_its_figure() -> None:
+    """The peers figure draws custom, SGLang's, FlashInfer's and cuBLAS series in one panel."""
+    decode = ["custom", "sglang (decode-sglang)", "flashinfer (fa2)", "flashinfer (fa3)", "cublas"]
+    verify = ["custom", "sglang (extend)", "sglang (verify)", "flashinfer (fa2)"]
+    verify += ["flashinfer (fa3)", "cublas"]
+    for panel in (decode, verify):
+        assert len({style.color(n) for n in panel}) == len(panel), panel
+
+
+def test_eager_servers_are_dashed() -> None:
+    assert style.linestyle(True) == "-" and style.linestyle("True") == "-"
+    assert style.linestyle(False) == "--" and style.linestyle(float("nan")) == "--"
+
+
+def legend_entries(fig) -> int:
+    return sum(len(leg.get_texts()) for leg in [*fig.legends, *(a.get_legend() for a in fig.axes)]
+               if leg is not None)  # fmt: skip
+
+
+@pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published study in this checkout")
+def test_kernel_figures_keep_their_legends_short() -> None:
+    style.apply()
+    kernels = summarize.load_study(PUBLISHED).kernels
+    drawn = {
+        "time_per_layer": figures.kernel_lines(kernels, "ms", "time per layer (ms)"),
+        "peers": figures.kernel_vs_peers(kernels),
+    }
+    for name, fig in drawn.items():
+        assert legend_entries(fig) <= 10, (name, legend_entries(fig))  # 8 + seaborn's subtitles
+        plt.close(fig)
