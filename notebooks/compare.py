@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: title
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -29,7 +30,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from decodecliff.analysis import figures, layout, style, summarize, tables
+from decodecliff.analysis import figures, headline, layout, style, summarize, tables
 
 # %% tags=["parameters"]
 sweep_csv = "results/summary/sweep.csv"  # from the summarize rule
@@ -57,6 +58,19 @@ display(Markdown(f"**Reference:** {source}"))
 display(Markdown(", ".join(f"baseline of {titles[k]}: `{v}`" for k, v in bases.items())))
 
 # %% [markdown]
+# ## The finding: verify steps/s against context
+# The servers that matter (SGLang Triton, FlashInfer, the custom kernel; CUDA graphs solid, eager
+# dashed), the RTX PRO 6000 table overlaid in its own unit, the cliff and the win annotated. The
+# report page and the README open with this figure (this run's, and the published study's).
+
+# %%
+for study, sweep in sweeps.items():
+    fig = headline.figure(sweep, reference, f"{titles[study]}: verify steps/s against context")
+    pub = study != "this run"
+    figures.save(fig, layout.figure_path(results, "compare", "headline", published=pub))
+    plt.show()
+
+# %% [markdown]
 # ## The slowdown along the context, like with like
 
 # %%
@@ -75,7 +89,8 @@ plt.show()
 # %%
 speedups = {k: tables.sweep_speedup(s, bases[k]) for k, s in sweeps.items()}
 speedups["this run"].to_csv(layout.table_path(results, "compare", "speedup"), index=False)
-fig = figures.compare_speedup(speedups, bases, titles)
+graphs = {k: style.graph_servers(s) for k, s in sweeps.items()}
+fig = figures.compare_speedup(speedups, bases, titles, graphs)
 figures.save(fig, layout.figure_path(results, "compare", "speedup"))
 plt.show()
 

@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: title
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -11,24 +12,27 @@
 #     display_name: Python 3
 #     language: python
 #     name: python3
+#   title: 'decodecliff: why MLA verify attention collapses at long context, and what
+#     wins it back'
 # ---
 
 # %% [markdown]
-# # decodecliff: long-context verify decode on MLA
+# # Why MLA verify attention collapses at long context, and what wins it back
 #
-# Why speculative-decoding verify attention collapses at long context with the Triton MLA backend
-# (the "1.4 tok/s cliff"), and how much a custom split-KV kernel wins back. Every number below is
-# computed from the raw result files of the run named in the setup section.
+# Speculative decoding verifies a draft of 16 tokens per step; on MLA models (Kimi K2) SGLang's
+# Triton backend does that ever slower as the context grows (the "1.4 tok/s cliff"). Below: the
+# finding first, then the evidence, then every number; all computed from the run's result files.
 
 # %%
-import html
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
 import yaml
-from IPython.display import HTML, Image, Markdown, display
+from IPython.display import HTML, Markdown, display
 
-from decodecliff.analysis import layout, provenance, summarize, tables, targets
+from decodecliff.analysis import headline, layout, page, provenance, summarize, tables, targets
 
 # %% tags=["parameters"]
 summary_dir = "results/summary"  # kernels.csv and sweep.csv from the summarize rule
@@ -52,47 +56,123 @@ if published and Path(published).is_dir():
     studies["published"] = summarize.load_study(published)
 reference, reference_source = summarize.reference_table(reference_csv)
 layout.table_dir(results, "report").mkdir(parents=True, exist_ok=True)
+study_name = (config.get("study") or {}).get("name", "this-study")
+tau = float((config.get("sweep") or {}).get("acceptance_length", 3.0))
+titles = {"this run": summarize.study_title(study_name, here.sweep)}
+if "published" in studies:
+    titles["published"] = summarize.study_title(
+        Path(published).name, studies["published"].sweep, True
+    )
+engine_json = {"this run": Path(results) / "engine" / "bench.json"}
+engine_json["published"] = Path(published or "-") / "engine" / "bench.json"
+shown: set[str] = set()  # the figures shown so far; the rest follow under "Every figure"
+
+
+def engine(name: str) -> pd.DataFrame | None:
+    path = engine_json[name]
+    return headline.engine_rows(json.loads(path.read_text())) if path.is_file() else None
 
 
 def show(df: pd.DataFrame, table_id: str) -> None:
-    """An HTML table with a stable id (the page's tests and readers can find it)."""
-    display(HTML(df.to_html(table_id=table_id, na_rep="–", border=0, escape=True)))
+    display(HTML(page.table(df, table_id)))
 
 
-env = bench.get("env") or {}
-device = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores)"
-display(
-    Markdown(
-        f"**This run:** {device}, commit `{env.get('git')}`, torch {env.get('torch')}, "
-        f"Triton {env.get('triton')}, CUDA {env.get('cuda_runtime') or 'none'}."
-    )
-)
+def show_figure(key: str, caption: str | None = None) -> None:
+    """A figure of layout.py by key ("kernels/peers"), this run's and the published study's."""
+    analysis, name = key.split("/", 1)
+    for pub in (False, True):
+        path = layout.figure_path(results, analysis, name, published=pub)
+        if not path.is_file():
+            if not pub and layout.figure_dir(results, analysis).is_dir():
+                display(HTML(page.missing(path)))
+            continue
+        text = caption or layout.FIGURES[analysis][name].format(study=titles["this run"], tau=tau)
+        who = titles.get("published" if pub else "this run", "")
+        fig_key = f"{analysis}/{layout.PUBLISHED if pub else ''}{name}"
+        display(HTML(page.figure(path, f"{who}: {text}", fig_key)))
+        shown.add(fig_key)
+
 
 # %% [markdown]
-# ## Headline: end-to-end verify steps per second
+# ## The finding
+
+# %%
+finding = ["published", "this run"] if "published" in studies else ["this run"]
+for name in finding:
+    sweep = studies[name].sweep
+    path = layout.figure_path(results, "compare", "headline", published=name != "this run")
+    if path.is_file():
+        fig_key = f"compare/{layout.PUBLISHED if name != 'this run' else ''}headline"
+        display(HTML(page.figure(path, f"{titles[name]}: {headline.alt_text(sweep)}", fig_key)))
+        shown.add(fig_key)
+    display(Markdown("\n\n".join(headline.sentences(sweep, engine(name), reference))))
+
+# %% [markdown]
+# ## The evidence
+# ### Attention time per layer against context, beside the peers
+# One attention call (one layer of the 61) per context, the custom kernel beside what a user
+# could run instead, timed in the same run on the same inputs; the dashed line is each point's
+# floor (the latent read once at the measured copy rate, or the FLOPs at the matmul rate).
+
+# %%
+show_figure("kernels/peers")
+
+# %% [markdown]
+# ### Where a verify step's time goes
+# One verify step of the served model per context, split into attention, GEMMs and the rest,
+# beside the step's floor (weights and latent KV read once at the measured copy rate).
+
+# %%
+show_figure("engine/anatomy")
+if not layout.figure_dir(results, "engine").is_dir():
+    display(Markdown("*This study measured no step anatomy (no `engine` section in its config).*"))
+
+# %% [markdown]
+# ### How far from the floor
+# Attained TFLOP/s under the measured ceilings, and the effective bandwidth against the measured
+# copy bandwidth.
+
+# %%
+show_figure("kernels/roofline")
+show_figure("kernels/bandwidth")
+
+# %% [markdown]
+# ### Fidelity to SGLang
+# The study's Triton baseline beside SGLang's own kernel as SGLang runs it (extend for a verify,
+# decode at SGLang's split count), page size 1: ms per layer and their ratio (1 = the same time).
+
+# %%
+for name, study in studies.items():
+    contexts = tables.key_contexts(study.kernels["ctx"], key_contexts) if len(study.kernels) else []
+    same = tables.fidelity(study.kernels, contexts) if contexts else pd.DataFrame()
+    display(Markdown(f"**{titles[name]}**"))
+    if same.empty:
+        display(Markdown("*SGLang's kernels did not run beside the Triton baseline here.*"))
+        continue
+    show(
+        same.round(3).set_index(["mode", "heads", "context"]), f"fidelity-{name.replace(' ', '-')}"
+    )
+
+# %% [markdown]
+# ## End to end, every number
 # Verify steps per second on the client's clock, the median over each point's requests (after a
 # warm-up request per server launch) with their min–max in brackets, and each server
 # configuration's speedup over the Triton baseline at the same context. With random weights no
 # draft token is accepted, so tokens/s equal verify steps/s here; a real drafter's acceptance
-# length multiplies every server alike (see the comparison figures).
+# length multiplies every server alike.
 
 # %%
-study_name = (config.get("study") or {}).get("name", "this-study")
-tau = float((config.get("sweep") or {}).get("acceptance_length", 3.0))
-titles = {"this run": summarize.study_title(study_name, here.sweep)}
-for name, study in studies.items():
-    if name != "this run":
-        titles[name] = summarize.study_title(Path(published).name, study.sweep, True)
 for name, study in studies.items():
     base = tables.baseline_server(study.sweep, baseline or None)
-    headline = tables.sweep_headline(study.sweep, base)
+    table = tables.sweep_headline(study.sweep, base)
     if name == "this run":
-        headline.to_csv(layout.table_path(results, "report", "headline"))
+        table.to_csv(layout.table_path(results, "report", "headline"))
     display(Markdown(f"**{titles[name]}** (baseline `{base}`): {tables.counts(study.sweep)}."))
-    show(headline, "headline" if name == "this run" else f"headline-{name}")
+    show(table, "headline" if name == "this run" else f"headline-{name}")
+for key in ("compare/relative", "compare/absolute", "compare/speedup"):
+    show_figure(key)
 
 # %% [markdown]
-# ## Every end-to-end number, and what the servers did
 # Per server configuration and context: verify steps/s from the client's clock and from the
 # server's own step times, tok/s and tok/s at the acceptance length tau of the configuration,
 # TTFT (medians, min–max in brackets), the requests and verify steps each rests on, and the
@@ -104,8 +184,10 @@ for name, study in studies.items():
     long = tables.sweep_long(study.sweep, tau)
     if name == "this run":
         long.to_csv(layout.table_path(results, "report", "sweep"), index=False)
-    display(Markdown(f"**{titles[name]}**"))
-    show(long.set_index(["server", "context"]), "sweep" if name == "this run" else f"sweep-{name}")
+    body = page.table(
+        long.set_index(["server", "context"]), "sweep" if name == "this run" else f"sweep-{name}"
+    )
+    display(HTML(page.details(f"Every end-to-end number: {titles[name]}", body)))
 
 # %% [markdown]
 # ## Targets
@@ -128,10 +210,10 @@ for name, study in studies.items():
     study_notes = targets.notes(study.root)
     if study_notes:
         display(Markdown(f"*Notes on {name} (`NOTES.md`):*"))
-        display(Markdown(study_notes))
+        display(Markdown(re.sub(r"^(#+) ", r"\1## ", study_notes, flags=re.M)))  # under the H2
 
 # %% [markdown]
-# ## Headline: attention time per layer
+# ## Kernels, every number
 # One attention call (one layer) at the key contexts, per backend and page size; "skipped" and
 # "failed" cells say the point did not run (the reasons are listed under *What ran where*).
 
@@ -156,56 +238,55 @@ for name, study in studies.items():
         show(pivot, f"kernel-speedup-{name.replace(' ', '-')}")
 
 # %% [markdown]
-# ## Setup: hardware, versions, commit
-
-# %%
-show(provenance.environment(env, here.sweep, build), "environment")
-for name, study in studies.items():
-    if name != "this run":
-        display(Markdown(f"**{name}**"))
-        show(
-            provenance.environment(study.bench_env, study.sweep, study.build), f"environment-{name}"
-        )
-
-# %% [markdown]
-# ## What ran where
-# Per backend and server configuration: the device it ran on, how many points ran, and why the
-# others did not.
-
-# %%
-for stage, table in provenance.what_ran(here.kernels, here.sweep).items():
-    display(Markdown(f"**{stage}**"))
-    show(table.set_index(table.columns[0]), f"ran-{stage.split()[0]}")
-if build:
-    display(Markdown("**custom kernel build**"))
-    show(provenance.build_facts(build), "build")
-    kernels_built = provenance.build_kernels(build)
-    if len(kernels_built):
-        show(kernels_built, "build-kernels")
-else:
-    display(Markdown("**custom kernel build:** no build record in this run."))
-
-# %% [markdown]
-# ## Figures
+# ## Every other figure
 
 # %%
 for key, title, png in layout.report_figures(results):
-    if not png.is_file():
-        display(Markdown(f"*missing figure: `{png}`*"))
+    if key in shown:
         continue
-    display(Markdown(f"**{key}** — {title.format(study=titles['this run'], tau=tau)}"))
-    display(Image(filename=str(png)))
+    if not png.is_file():
+        display(HTML(page.missing(png)))
+        continue
+    text = title.format(study=titles["this run"], tau=tau)
+    display(HTML(page.figure(png, f"{key}: {text}", key)))
 
 # %% [markdown]
-# ## Configuration of this run
+# ## Setup: hardware, versions, what ran where, configuration
+
+# %%
+env = bench.get("env") or {}
+device = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores)"
+display(
+    Markdown(
+        f"**This run:** {device}, commit `{env.get('git')}`, torch {env.get('torch')}, "
+        f"Triton {env.get('triton')}, CUDA {env.get('cuda_runtime') or 'none'}."
+    )
+)
+parts = [page.table(provenance.environment(env, here.sweep, build), "environment")]
+for name, study in studies.items():
+    if name != "this run":
+        env_table = provenance.environment(study.bench_env, study.sweep, study.build)
+        parts += [f"<p><strong>{name}</strong></p>", page.table(env_table, f"environment-{name}")]
+display(HTML(page.details("Hardware, driver, versions and commits", "".join(parts), "setup")))
+
+# %%
+parts = []
+for stage, table in provenance.what_ran(here.kernels, here.sweep).items():
+    parts += [f"<p><strong>{stage}</strong></p>"]
+    parts += [page.table(table.set_index(table.columns[0]), f"ran-{stage.split()[0]}")]
+if build:
+    parts += ["<p><strong>custom kernel build</strong></p>"]
+    parts += [page.table(provenance.build_facts(build), "build")]
+    kernels_built = provenance.build_kernels(build)
+    if len(kernels_built):
+        parts += [page.table(kernels_built, "build-kernels")]
+else:
+    parts += ["<p><strong>custom kernel build:</strong> no build record in this run.</p>"]
+summary = "What ran where: per backend and server, the device, the points that ran, and why not"
+display(HTML(page.details(summary, "".join(parts), "what-ran")))
 
 # %%
 text = yaml.safe_dump(config, sort_keys=False) if config else "no configuration passed"
-display(HTML(f"<pre id='configuration'>{html.escape(text)}</pre>"))
-
-# %% [markdown]
-# ## The reference table
-
-# %%
-display(Markdown(f"Source: {reference_source}"))
-show(reference, "reference")
+display(HTML(page.details("Configuration of this run", page.pre(text, "configuration"))))
+ref_body = f"<p>Source: {reference_source}</p>" + page.table(reference, "reference")
+display(HTML(page.details("The published RTX PRO 6000 table", ref_body, "reference-table")))

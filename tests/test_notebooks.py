@@ -79,7 +79,9 @@ def test_notebook_executed_with_parameters_and_no_error(study: Path, name: str) 
     assert not [o for o in outputs if o.output_type == "error"]
     if name.startswith("sweep-"):
         assert f'server = "{name.removeprefix("sweep-")}"' in injected[0].source
-    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure shown"
+    html = [str(o.get("data", {}).get("text/html", "")) for o in outputs]
+    shown = any("image/png" in o.get("data", {}) for o in outputs)
+    assert shown or any("data:image/png" in h for h in html), "no figure shown"
 
 
 def test_every_declared_figure_and_table_is_written(study: Path) -> None:
@@ -185,9 +187,16 @@ def test_report_page_is_self_contained(study: Path) -> None:
     assert "import pandas" not in html, "code must be hidden"
     for fact in ("PyTorch", "Triton", "NVIDIA driver", "commit", "What ran where"):
         assert fact in html
-    # every figure of layout.py that this study draws, under its key
+    # every figure of layout.py that this study draws, under its key, its caption as alt text
     for key, _, _ in layout.report_figures(study / "results"):
-        assert f"<strong>{key}</strong>" in html, key
+        assert f'<figure id="{key}"' in html, key
+    assert html.count("<img ") == html.count(' alt="') and "No description has been" not in html
+    # one H1, a real title, the finding (figure and sentences) before any table
+    assert html.count("<h1") == 1 and "<title>report</title>" not in html
+    first_table = html.index("<table")
+    assert html.index('id="compare/published_headline"') < first_table
+    assert html.index("What collapses") < first_table
+    assert html.index('<details id="setup"') > html.index('id="headline-kernels"')
 
 
 def test_report_checks_the_targets_of_both_studies(study: Path) -> None:

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# analysis -> figure name -> its title on the report page ({study}: this run's title, {tau:g}: the
-# acceptance length). Analyses in report-page order.
+# analysis -> figure name -> its caption on the report page, also the figure's alt text
+# ({study}: this run's title, {tau:g}: the acceptance length). The report page shows the headline
+# first, then the evidence in the order of REPORT_EVIDENCE, then the rest in this order.
 FIGURES: dict[str, dict[str, str]] = {
     "kernels": {
-        "time_per_layer": "Attention time per layer vs context, per backend (log-log).",
+        "time_per_layer": "Attention time per layer vs context of the study's own backends "
+        "(log-log; line style: page size).",
         "bandwidth": "Effective bandwidth (latent read once) vs the measured copy bandwidth.",
-        "roofline": "Attained TFLOP/s vs arithmetic intensity under the measured ceilings.",
+        "roofline": "Attained TFLOP/s vs arithmetic intensity under the measured ceilings "
+        "(colour: backend, marker: mode, size: context).",
         "speedup": "Speedup of the custom kernel over the Triton baseline per context.",
-        "peers": "Attention time per layer of the custom kernel beside the peers a user could "
-        "pick instead, with each point's roofline floor.",
+        "peers": "Attention time per layer (page size 1) of the custom kernel beside the peers a "
+        "user could pick instead (SGLang's own kernels as SGLang runs them, FlashInfer, cuBLAS), "
+        "with each point's roofline floor.",
     },
     "compare": {
-        "relative": "Verify steps/s over each server's own at its shortest context; dashed: "
-        "the RTX PRO 6000 table's tok/s over its own (like with like).",
-        "absolute": "Tokens/s at acceptance length tau={tau:g} (verify steps/s x tau) beside "
-        "the RTX PRO 6000 table's measured tok/s.",
+        "headline": "Verify steps/s against context per server (solid: CUDA graphs, dashed: "
+        "eager), the published RTX PRO 6000 table overlaid in its own unit (tok/s), the cliff "
+        "and the custom kernel's win annotated.",
+        "relative": "Verify steps/s over each server's own at its shortest context (legend: "
+        "the absolute rates at the shortest and longest context); dotted: the RTX PRO 6000 "
+        "table's tok/s over its own (like with like).",
+        "absolute": "Tokens/s at an assumed acceptance length tau={tau:g} (verify steps/s x "
+        "{tau:g}; the synthetic model accepts no draft) beside the RTX PRO 6000 table's "
+        "measured tok/s.",
         "speedup": "End-to-end verify steps/s over the Triton baseline server configuration.",
     },
     "sweep": {"metrics": "{study}: end-to-end metrics of one server configuration"},
@@ -41,6 +50,13 @@ TABLES: dict[str, tuple[str, ...]] = {
     "engine": ("anatomy",),
     "report": ("headline", "kernels_at_key_contexts", "targets", "sweep"),
 }
+# the evidence under the headline, in reading order: (heading, figure keys "analysis/name")
+REPORT_EVIDENCE: list[tuple[str, tuple[str, ...]]] = [
+    ("Attention time per layer against context, beside the peers", ("kernels/peers",)),
+    ("Where a verify step's time goes", ("engine/anatomy",)),
+    ("How far from the floor", ("kernels/roofline", "kernels/bandwidth")),
+]
+HEADLINE = "compare/headline"
 PER_SERVER = ("sweep",)  # drawn once per server configuration, in a folder of the server's name
 PUBLISHED = "published_"  # file name prefix of a figure drawn from the published study
 PUBLISHED_TITLE = "the published study"

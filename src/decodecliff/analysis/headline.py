@@ -1,0 +1,328 @@
+"""The study's finding in one figure and three sentences, computed from its files.
+
+The figure: verify steps/s against context (log x), one line per server that matters (the SGLang
+Triton servers, FlashInfer's, the custom kernel's; CUDA-graph servers solid, eager dashed), the
+published RTX PRO 6000 table overlaid in its own units (tok/s), the cliff and the win annotated.
+The sentences: what collapses and why (attention's share of a verify step, from the step
+anatomy), what the custom kernel wins, and which server is fastest at each context. The report
+page and the README both open with them (``analysis/readme.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from . import style
+from .figures import context_axis, median_line, set_scale
+from .tables import PRIMARY, ctx_label, ok
+
+REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
+FAMILY_ORDER = ("sglang", "triton", "flashinfer", "custom")  # legend order: the baseline first
+WHO = {
+    "sglang": "SGLang's Triton backend with its own kernels",
+    "triton": "the Triton verify baseline (SGLang's extend-attention algorithm)",
+}
+PEERS = ("sglang", "flashinfer")  # servers a user could run instead of the custom kernel
+LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1.5}  # annotations over lines
+ALT = (
+    "Verify steps per second against context (log-log) for each server: {servers}; "
+    "the published RTX PRO 6000 table in tok/s; {cliff} {win}"
+)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The numbers the figure annotates and the sentences state."""
+
+    baseline: str | None  # the SGLang Triton server the cliff is measured on
+    short: int  # the baseline's shortest and longest context that ran
+    long: int
+    rate_short: float
+    rate_long: float
+    winner: str | None  # the fastest custom server at the baseline's longest context
+    win_rate: float
+    win_short: float  # its speedup over the baseline at the shortest context
+
+
+def family(server: str, backend: object) -> str:
+    """Which kind of server it is: sglang, triton, flashinfer, custom, or its backend."""
+    for name in FAMILY_ORDER:
+        if server.startswith(name):
+            return name
+    return str(backend)
+
+
+def servers_that_matter(sweep: pd.DataFrame) -> list[str]:
+    """The servers the headline draws: one stream per round, no defragmentation variant; SGLang
+    Triton first, then FlashInfer, then the custom kernel, CUDA-graph servers before eager ones."""
+    good = ok(sweep).dropna(subset=[PRIMARY])
+    if "defrag" in good:
+        good = good[~good["defrag"].map(style._true)]
+    if "concurrency" in good:
+        good = good[good["concurrency"].fillna(1) == 1]
+    meta = good.groupby("server", sort=False)["backend"].first()
+    graphs = style.graph_servers(good)
+
+    def key(server: str) -> tuple:
+        fam = family(server, meta[server])
+        rank = FAMILY_ORDER.index(fam) if fam in FAMILY_ORDER else len(FAMILY_ORDER)
+        return rank, not graphs[server], server
+
+    return sorted(meta.index, key=key)
+
+
+def _rates(sweep: pd.DataFrame, server: str) -> pd.Series:
+    rows = ok(sweep)[lambda d: d["server"] == server].dropna(subset=[PRIMARY])
+    return rows.set_index("requested_ctx")[PRIMARY].sort_index()
+
+
+def baseline_server(sweep: pd.DataFrame) -> str | None:
+    """SGLang Triton as SGLang runs it: SGLang's own kernels with CUDA graphs where they ran,
+    else the Triton baseline with CUDA graphs, else any Triton server."""
+    names = servers_that_matter(sweep)
+    backend = ok(sweep).groupby("server")["backend"].first()
+    graphs = style.graph_servers(sweep)
+    for fam in ("sglang", "triton"):
+        mine = [s for s in names if family(s, backend.get(s)) == fam]
+        if mine:
+            return next((s for s in mine if graphs[s]), mine[0])
+    return None
+
+
+def facts(sweep: pd.DataFrame) -> Facts:
+    base = baseline_server(sweep)
+    rates = _rates(sweep, base) if base else pd.Series(dtype=float)
+    if rates.empty:
+        return Facts(None, 0, 0, np.nan, np.nan, None, np.nan, np.nan)
+    short, long = int(rates.index[0]), int(rates.index[-1])
+    if short == long:  # one context: no cliff, no win to measure
+        return Facts(base, short, long, rates[short], rates[long], None, np.nan, np.nan)
+    backend = ok(sweep).groupby("server")["backend"].first()
+    custom = [s for s in servers_that_matter(sweep) if family(s, backend[s]) == "custom"]
+    at_long = {s: _rates(sweep, s).get(long, np.nan) for s in custom}
+    at_long = {s: v for s, v in at_long.items() if pd.notna(v)}
+    if not at_long:
+        return Facts(base, short, long, rates[short], rates[long], None, np.nan, np.nan)
+    winner = max(at_long, key=at_long.get)
+    win_short = _rates(sweep, winner).get(short, np.nan) / rates[short]
+    return Facts(base, short, long, rates[short], rates[long], winner, at_long[winner], win_short)
+
+
+def num(value: float) -> str:
+    """A rate or a time as people read it: 147, 44.8, 0.546, 1,817."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
+# ---------------------------------------------------------------------------------------------
+# the figure
+
+
+def figure(sweep: pd.DataFrame, reference: pd.DataFrame | None, title: str) -> Figure:
+    """Verify steps/s vs context per server that matters, the reference overlaid, annotated."""
+    fig, ax = plt.subplots(figsize=(9.6, 5.0))
+    fig.subplots_adjust(left=0.08, right=0.66, bottom=0.12, top=0.92)  # the legend goes right
+    ref = _reference(reference)
+    context_axis(ax, sweep["requested_ctx"])  # the reference's contexts lie inside, unlabelled
+    graphs = style.graph_servers(sweep)
+    for server in servers_that_matter(sweep):
+        rows = ok(sweep)[lambda d, s=server: d["server"] == s]
+        rows = rows.assign(ctx=rows["requested_ctx"])
+        line = style.linestyle(graphs[server])
+        median_line(ax, rows, PRIMARY, style.color(server), server, ls=line)
+    if len(ref):
+        ax.plot(
+            ref["actual_ctx"], ref["decode_tok_s"], color=style.REFERENCE_COLOR, ls=":",
+            marker="D", ms=5, label=REFERENCE_LABEL,
+        )  # fmt: skip
+    set_scale(ax, "rate")
+    _annotate(ax, facts(sweep))
+    ax.set(ylabel="verify steps/s (median over requests)", title=title)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == REFERENCE_LABEL)
+    ax.legend(
+        [handles[i] for i in order], [labels[i] for i in order], fontsize=7.5,
+        loc="upper left", bbox_to_anchor=(1.01, 1.0), title="solid: CUDA graphs, dashed: eager",
+        title_fontsize=7.5,
+    )  # fmt: skip
+    return fig
+
+
+def _reference(reference: pd.DataFrame | None) -> pd.DataFrame:
+    if reference is None:
+        return pd.DataFrame(columns=["actual_ctx", "decode_tok_s"])
+    return reference.dropna(subset=["decode_tok_s"]).sort_values("actual_ctx")
+
+
+def _annotate(ax, f: Facts) -> None:
+    """The cliff in the empty lower left corner, the win as an arrow at the longest context."""
+    if f.baseline is None or f.short == f.long:
+        return
+    ax.text(
+        0.03, 0.04, f"the cliff: {f.baseline}\n{num(f.rate_short)} → {num(f.rate_long)} steps/s "
+        f"from {ctx_label(f.short)} to {ctx_label(f.long)} ({_times(f.rate_short / f.rate_long)} "
+        "slower)", transform=ax.transAxes, ha="left", va="bottom", fontsize=8,
+        color=style.color(f.baseline), fontweight="bold", bbox=LABEL_BOX,
+    )  # fmt: skip
+    if f.winner is None:
+        return
+    ax.annotate(
+        "", (f.long, f.win_rate), xytext=(f.long, f.rate_long),
+        arrowprops={"arrowstyle": "->", "color": style.color(f.winner), "lw": 1.6},
+    )  # fmt: skip
+    ax.annotate(
+        f"the win: {f.winner}\n{_times(f.win_rate / f.rate_long)} at {ctx_label(f.long)}",
+        (f.long, float(np.sqrt(f.win_rate * f.rate_long))), xytext=(-8, 0),
+        textcoords="offset points", ha="right", va="center", fontsize=8,
+        color=style.color(f.winner), fontweight="bold", bbox=LABEL_BOX,
+    )  # fmt: skip
+
+
+def alt_text(sweep: pd.DataFrame) -> str:
+    """The figure's alt text: what it shows, with the numbers it annotates."""
+    f = facts(sweep)
+    cliff = win = ""
+    if f.baseline and f.short != f.long:
+        cliff = (
+            f"{f.baseline} falls from {num(f.rate_short)} to {num(f.rate_long)} verify steps/s "
+            f"between {ctx_label(f.short)} and {ctx_label(f.long)}."
+        )
+    if f.winner:
+        win = f"{f.winner} runs {num(f.win_rate)}, {_times(f.win_rate / f.rate_long)} that."
+    return ALT.format(servers=", ".join(servers_that_matter(sweep)), cliff=cliff, win=win).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# the sentences
+
+
+def attention_share(engine: pd.DataFrame | None, backend: str, graphs: bool) -> pd.DataFrame:
+    """Per context: a chain verify step's time and attention's share of it, for one engine
+    configuration of the step anatomy (empty where it was not measured)."""
+    cols = ["context", "step_ms", "attention_ms", "share"]
+    if engine is None or engine.empty or "attention_ms" not in engine:
+        return pd.DataFrame(columns=cols)
+    path = "graphs" if graphs else "eager"
+    rows = engine[(engine["backend"] == backend) & (engine["path"] == path)]
+    rows = rows[rows["mode"] == "chain"] if "mode" in rows else rows
+    rows = rows.dropna(subset=["step_ms", "attention_ms"]).sort_values("context")
+    return rows.assign(share=rows["attention_ms"] / rows["step_ms"])[cols]
+
+
+def _why(engine: pd.DataFrame | None, backend: str, graphs: bool) -> str:
+    share = attention_share(engine, backend, graphs)
+    if share.empty and backend == "sglang":  # the Triton baseline runs SGLang's algorithm
+        backend = "triton"
+        share = attention_share(engine, backend, graphs)
+    if len(share) < 2:
+        return " (the study has no step anatomy of it to say why)"
+    lo, hi = share.iloc[0], share.iloc[-1]
+    how = "with CUDA graphs" if graphs else "eager"
+    return (
+        f", because attention grows from {lo['share']:.0%} of a verify step at "
+        f"{ctx_label(lo['context'])} to {hi['share']:.1%} at {ctx_label(hi['context'])} "
+        f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms; step anatomy, {backend} "
+        f"engine {how})"
+    )
+
+
+def _reference_clause(reference: pd.DataFrame | None) -> str:
+    ref = _reference(reference)
+    if len(ref) < 2:
+        return ""
+    a, b = ref.iloc[0], ref.iloc[-1]
+    return (
+        f"; the published RTX PRO 6000 sweep shows the same cliff, {num(a['decode_tok_s'])} → "
+        f"{num(b['decode_tok_s'])} tok/s from {ctx_label(a['actual_ctx'])} to "
+        f"{ctx_label(b['actual_ctx'])}"
+    )
+
+
+def collapse(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -> str:
+    f = facts(sweep)
+    if f.baseline is None:
+        return "**What collapses:** no SGLang Triton server ran in this study: it shows no cliff."
+    if f.short == f.long:
+        one = ctx_label(f.short)
+        return f"**What collapses:** `{f.baseline}` ran at {one} only: no cliff to measure."
+    backend = str(ok(sweep).groupby("server")["backend"].first()[f.baseline])
+    graphs = style.graph_servers(sweep)[f.baseline]
+    who = WHO.get(family(f.baseline, backend), "the baseline")
+    return (
+        f"**What collapses:** `{f.baseline}`, {who}, falls from "
+        f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
+        f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower"
+        f"{_why(engine, backend, graphs)}{_reference_clause(reference)}."
+    )
+
+
+def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
+    f = facts(sweep)
+    if f.winner is None:
+        return "**What the custom kernel wins:** no custom server ran beside the baseline."
+    graphs = style.graph_servers(sweep)[f.winner]
+    share = attention_share(engine, "custom", graphs)
+    at_long = share[share["context"] >= f.long * 0.95]
+    step = ""
+    if len(at_long):
+        row = at_long.iloc[0]
+        step = f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there"
+    return (
+        f"**What the custom kernel wins:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
+        f"at {ctx_label(f.long)}, {_times(f.win_rate / f.rate_long)} `{f.baseline}` "
+        f"({_times(f.win_short)} at {ctx_label(f.short)}){step}."
+    )
+
+
+def fastest(sweep: pd.DataFrame) -> str:
+    """Which server is fastest at each context, runs of contexts with one winner merged; where a
+    peer beats every custom server, by how much."""
+    names = servers_that_matter(sweep)
+    rates = pd.DataFrame({s: _rates(sweep, s) for s in names}).sort_index()
+    if rates.empty:
+        return "**Fastest:** no end-to-end point ran."
+    best = rates.idxmax(axis=1)
+    runs = (best != best.shift()).cumsum()
+    parts = []
+    for _, group in best.groupby(runs):
+        parts.append(_run_text(group, rates, sweep))
+    return "**Fastest at each context:** " + "; ".join(parts) + "."
+
+
+def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str:
+    server, ctxs = group.iloc[0], list(group.index)
+    span = ctx_label(ctxs[0]) if len(ctxs) == 1 else f"{ctx_label(ctxs[0])}–{ctx_label(ctxs[-1])}"
+    span = f"at every context, {span}" if len(group) == len(rates) else f"at {span}"
+    values = ", ".join(f"{num(rates.loc[c, server])}" for c in ctxs)
+    text = f"`{server}` {span} ({values} steps/s)"
+    backend = ok(sweep).groupby("server")["backend"].first()
+    if family(server, backend[server]) == "custom":
+        return text
+    custom = [s for s in rates.columns if family(s, backend[s]) == "custom"]
+    if not custom:
+        return text
+    c = ctxs[-1]
+    rival = rates.loc[c, custom].idxmax()
+    ratio = rates.loc[c, server] / rates.loc[c, rival]
+    who = "a peer wins" if family(server, backend[server]) in PEERS else "no custom server wins"
+    return f"{text}: {who} there, {ratio:.2g}x `{rival}` at {ctx_label(c)}"
+
+
+def sentences(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -> list[str]:
+    """The three sentences under the headline figure (Markdown)."""
+    return [collapse(sweep, engine, reference), win(sweep, engine), fastest(sweep)]
+
+
+def engine_rows(doc: dict | None) -> pd.DataFrame | None:
+    """The step anatomy's rows of an engine bench document (None without one)."""
+    if not doc or not doc.get("rows"):
+        return None
+    return pd.DataFrame(doc["rows"])

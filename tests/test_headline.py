@@ -1,0 +1,103 @@
+"""The finding in one figure and three sentences (analysis/headline.py), computed from a study's
+files: with the published study's servers, with the peer servers newer studies add, and with
+neither a Triton nor a custom server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from decodecliff.analysis import headline, style, summarize
+from decodecliff.analysis.tables import PRIMARY
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "results" / "published" / "h200"
+REFERENCE = ROOT / "data" / "reference" / "seed-rtx-pro-6000-triton.csv"
+pytestmark = pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published study")
+
+# (name, backend, server whose rates it copies, factor per context in order)
+PEERS = [
+    ("sglang-graph-p1", "sglang", "triton-graph-p1", [1.1] * 6),
+    ("flashinfer-graph-p1", "flashinfer", "custom-graph-p1", [0.8] * 6),
+    ("flashinfer-fa3-graph-p1", "flashinfer", "custom-graph-p1", [0.9, 0.95, 0.99, 1.1, 1.2, 1.3]),
+]
+
+
+@pytest.fixture(scope="module")
+def sweep() -> pd.DataFrame:
+    return summarize.load_study(PUBLISHED).sweep
+
+
+@pytest.fixture(scope="module")
+def engine() -> pd.DataFrame:
+    return headline.engine_rows(json.loads((PUBLISHED / "engine/bench.json").read_text()))
+
+
+def with_peers(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The published sweep plus the peer servers, their rates scaled from a measured server's."""
+    extra = []
+    for name, backend, source, factors in PEERS:
+        rows = sweep[sweep["server"] == source].sort_values("requested_ctx").copy()
+        rows["server"], rows["backend"] = name, backend
+        for col in [c for c in rows.columns if c.startswith(PRIMARY)]:
+            rows[col] = rows[col].to_numpy() * factors
+        extra.append(rows)
+    return pd.concat([sweep, *extra], ignore_index=True)
+
+
+def rate(sweep: pd.DataFrame, server: str, ctx: int) -> float:
+    rows = sweep[(sweep["server"] == server) & (sweep["requested_ctx"] == ctx)]
+    return float(rows[PRIMARY].iloc[0])
+
+
+def test_sentences_state_the_published_numbers(sweep, engine) -> None:
+    ref, _ = summarize.reference_table(REFERENCE)
+    collapse, win, fastest = headline.sentences(sweep, engine, ref)
+    short, long = rate(sweep, "triton-graph-p1", 1024), rate(sweep, "triton-graph-p1", 185000)
+    assert f"from {headline.num(short)} verify steps/s at 1k to {headline.num(long)} at 185k" in (
+        collapse
+    )
+    assert f"{short / long:,.0f}x slower" in collapse and "attention grows from" in collapse
+    assert "1.4 tok/s" in collapse  # the published RTX PRO 6000 table's cliff
+    best = rate(sweep, "custom-graph-p1", 185000)
+    assert f"`custom-graph-p1` runs {headline.num(best)} verify steps/s at 185k" in win
+    assert f"{best / long:,.0f}x `triton-graph-p1`" in win
+    assert "`custom-graph-p1` at every context" in fastest
+
+
+def test_the_peer_servers_are_drawn_and_a_peer_that_wins_is_named(sweep, engine) -> None:
+    both = with_peers(sweep)
+    names = headline.servers_that_matter(both)
+    assert names[0] == "sglang-graph-p1" and "custom-defrag-p1" not in names
+    assert {"flashinfer-graph-p1", "flashinfer-fa3-graph-p1"} <= set(names)
+    assert headline.baseline_server(both) == "sglang-graph-p1"
+    collapse, _, fastest = headline.sentences(both, engine, None)
+    assert "`sglang-graph-p1`, SGLang's Triton backend" in collapse
+    assert "attention grows" in collapse  # the Triton engine's anatomy: the same algorithm
+    assert "`flashinfer-fa3-graph-p1` at 64k–185k" in fastest and "a peer wins there" in fastest
+    style.apply()
+    fig = headline.figure(both, None, "with peers")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == names and len(labels) <= 8
+    handles, drawn = fig.axes[0].get_legend_handles_labels()
+    lines = [h.lines[0] if hasattr(h, "lines") else h for h in handles]  # errorbar: its line
+    styles = {label: line.get_linestyle() for label, line in zip(drawn, lines, strict=True)}
+    assert styles["triton-p1"] == "--" and styles["flashinfer-graph-p1"] == "-"
+    plt.close(fig)
+
+
+def test_a_study_without_triton_or_custom_servers_still_reads(sweep) -> None:
+    only_custom = sweep[sweep["backend"] == "custom"]
+    collapse, win, fastest = headline.sentences(only_custom, None, None)
+    assert "shows no cliff" in collapse and "`custom-graph-p1`" in fastest
+    only_triton = sweep[sweep["backend"] == "triton"]
+    _, win, _ = headline.sentences(only_triton, None, None)
+    assert "no custom server ran" in win
+    style.apply()
+    for part in (only_custom, only_triton):
+        plt.close(headline.figure(part, None, "part"))
+    assert headline.alt_text(only_triton).startswith("Verify steps per second")
