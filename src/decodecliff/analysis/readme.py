@@ -1,10 +1,12 @@
-"""Write the README's headline section from a published study's report tables.
+"""Write the README's headline section from a published study's result files.
 
     python -m decodecliff.analysis.readme results/published/h200 README.md
 
 Replaces what stands between ``<!-- headline:start ... -->`` and ``<!-- headline:end -->``, so the
-README's numbers are always the published study's own: the end-to-end table is computed from its
-raw point files by the functions its report and its rendered NOTES.md use.
+README's numbers are always the published study's own: the headline figure (drawn again into the
+study's figures/compare/headline.png by the function its report uses), the three sentences under
+it and the end-to-end table, computed from its raw point files by the functions its report and
+its rendered NOTES.md use.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import summarize, tables
+from . import figures, headline, layout, style, summarize, tables
 
 START, END = "<!-- headline:start", "<!-- headline:end -->"
+REFERENCE = Path(__file__).resolve().parents[3] / "data/reference/seed-rtx-pro-6000-triton.csv"
 
 
 def markdown_table(df: pd.DataFrame) -> str:
@@ -29,10 +32,12 @@ def markdown_table(df: pd.DataFrame) -> str:
 
 
 def kernel_rows(study: Path, contexts: list[str]) -> pd.DataFrame:
-    """Verify (16-token chain) and decode ms per layer, 8 heads, page size 1, key contexts."""
+    """Verify (16-token chain) and decode ms per layer, 8 heads, page size 1, key contexts (decode
+    at the split count SGLang picks)."""
     table = pd.read_csv(study / "tables/report/kernels_at_key_contexts.csv")
     keep = table[(table["heads"] == 8) & (table["page_size"] == 1)]
     keep = keep[keep["mode"].isin(["chain16", "decode"])]
+    keep = keep[~keep["series"].str.contains(r"-s\d+\)$")]  # fixed split counts: in the report
     cols = [c for c in contexts if c in keep.columns]
     out = keep[["mode", "series", *cols]].rename(columns={"series": "backend"})
     return out.rename(columns={c: f"{c} (ms)" for c in cols})
@@ -55,6 +60,32 @@ def measured_at(commits: list[str], rel: str) -> str:
     return f"commits {shas} (which measured what: [`{rel}/README.md`]({rel}/README.md))"
 
 
+def headline_png(study: Path) -> Path:
+    """Where the study's headline figure lies (its compare notebook draws it there)."""
+    return layout.figure_path(study, "compare", "headline")
+
+
+def draw_headline(study: Path, reference: Path = REFERENCE) -> Path:
+    """Draw the study's headline figure into the study folder, as its compare notebook does."""
+    style.apply()
+    sweep = summarize.load_study(study).sweep
+    ref, _ = summarize.reference_table(reference)
+    title = f"{summarize.study_title(study.name, sweep)}: verify steps/s against context"
+    return figures.save(headline.figure(sweep, ref, title), headline_png(study))
+
+
+def finding(study: Path, rel: str, reference: Path = REFERENCE) -> list[str]:
+    """The headline figure (linked) and the three sentences under it."""
+    sweep = summarize.load_study(study).sweep
+    ref, _ = summarize.reference_table(reference)
+    engine_json = study / "engine/bench.json"
+    doc = json.loads(engine_json.read_text()) if engine_json.is_file() else None
+    png = headline_png(study).relative_to(study).as_posix()
+    alt = headline.alt_text(sweep)
+    sentences = headline.sentences(sweep, headline.engine_rows(doc), ref)
+    return [f"![{alt}]({rel}/{png})", "", *[line for s in sentences for line in (s, "")]]
+
+
 def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
@@ -68,6 +99,7 @@ def section(study: Path, name: str | None = None) -> str:
     return "\n".join(
         [
             f"{START} — generated from {rel} by `python -m decodecliff.analysis.readme` -->",
+            *finding(study, rel),
             f"Measured on one {env['gpu']} ({env['gpu_capability']}), driver {env['driver']}, "
             f"torch {env['torch']}, Triton {env['triton']}, {measured_at(commits, rel)}; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
@@ -98,6 +130,7 @@ def update(readme: Path, study: Path) -> None:
     pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
     if not pattern.search(text):
         raise SystemExit(f"{readme}: no headline markers ({START} ... {END})")
+    draw_headline(study)
     readme.write_text(pattern.sub(lambda _: section(study), text))
 
 
