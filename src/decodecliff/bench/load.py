@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from decodecliff import envinfo
+from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.server.tokenizer import ByteTokenizer
 
 READY = "decodecliff server ready at "
@@ -215,7 +216,7 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
     cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--preset", args.preset]
     cmd += ["--device", args.device, "--port", str(port), "--threads", str(args.threads)]
     cmd += ["--max-total-tokens", str(args.max_total_tokens)]
-    cmd += ["--max-running-requests", str(args.max_running_requests), *args.server_arg]
+    cmd += ["--max-running-requests", str(args.max_running_requests), *(args.server_arg or [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith(READY):
@@ -225,17 +226,25 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="decodecliff bench-load", description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--disconnect-fraction", type=float, default=0.25)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-total-tokens", type=int, default=16384)
-    p.add_argument("--max-running-requests", type=int, default=16)
-    p.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument")
-    p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"))
+    p = argparse.ArgumentParser(
+        prog="decodecliff bench-load",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument("--requests", type=int, default=64, help="streams sent at once")
+    p.add_argument("--disconnect-fraction", type=float, default=0.25,
+                   help="share of clients closing their stream after a few chunks")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="prompts, lengths and who disconnects")
+    p.add_argument("--preset", default="tiny", help="model preset of the served engine")
+    p.add_argument("--device", default="cpu", help="device the server runs on (cpu, cuda)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server")
+    p.add_argument("--max-total-tokens", type=int, default=16384, help="the server's KV pool")
+    p.add_argument("--max-running-requests", type=int, default=16,
+                   help="requests the server runs at once (the rest wait)")  # fmt: skip
+    p.add_argument("--server-arg", action="append", default=None,
+                   help="extra `decodecliff serve` argument (repeat for several)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"),
+                   help="JSON record to write")  # fmt: skip
     return p.parse_args(argv)
 
 
