@@ -42,13 +42,18 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
-def _attention_ms(kernels: pd.DataFrame, backend: str, page: int, ctx: int) -> dict | None:
-    """The kernel benchmark's fastest ``backend`` verify time per layer nearest to ``ctx``."""
+def _attention_ms(
+    kernels: pd.DataFrame, backend: str, page: int, ctx: int, variant: str | None = None
+) -> dict | None:
+    """The kernel benchmark's ``backend`` verify time per layer nearest to ``ctx``: the series of
+    the server's ``variant`` where the bench timed it (flashinfer (fa2)), else the fastest."""
     if kernels.empty:
         return None
     rows = tables.ok(kernels)
     rows = rows[(rows["backend"] == backend) & (rows["mode"] == VERIFY_MODE)]
     rows = rows[(rows["heads"] == 8) & (rows["page_size"] == page)]
+    if variant and (rows["series"] == f"{backend} ({variant})").any():
+        rows = rows[rows["series"] == f"{backend} ({variant})"]
     if rows.empty:
         return None
     near = min(rows["ctx"].unique(), key=lambda c: abs(c / ctx - 1))
@@ -89,7 +94,11 @@ def server_rows(study: summarize.Study) -> list[dict]:
         if r.get("preset") != BENCH_PRESET:  # other shapes than the kernel benchmark's
             out.append(row)
             continue
-        att = _attention_ms(kernels, str(r.get("backend")), int(r.get("page_size") or 1), ctx)
+        variant = r.get("backend_variant")
+        att = _attention_ms(
+            kernels, str(r.get("backend")), int(r.get("page_size") or 1), ctx,
+            variant if isinstance(variant, str) else None,
+        )  # fmt: skip
         if att and pd.notna(layers):
             total = att["ms"] * int(layers)
             share = total / step_ms if pd.notna(step_ms) and step_ms else None

@@ -91,6 +91,8 @@ def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
     for key in SERVER_KEYS:
         value = next((s[key] for s in sources if isinstance(s, dict) and key in s), None)
         meta[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+    detail = info.get("attention_backend_detail")  # what the server's backend says it ran
+    meta["backend_variant"] = detail.get("variant") if isinstance(detail, dict) else None
     return meta
 
 

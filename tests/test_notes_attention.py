@@ -1,0 +1,26 @@
+"""A server's attention per step is its own kernel's time: the variant it ran, not the fastest."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from decodecliff.analysis.notes import _attention_ms
+
+
+def kernels() -> pd.DataFrame:
+    row = {"backend": "flashinfer", "mode": "chain16", "heads": 8, "page_size": 1,
+           "ctx": 185000, "status": "ok"}  # fmt: skip
+    return pd.DataFrame([
+        {**row, "series": "flashinfer (fa2)", "ms": 0.226},
+        {**row, "series": "flashinfer (fa3)", "ms": 0.121},
+    ])  # fmt: skip
+
+
+def test_the_servers_variant_picks_its_series() -> None:
+    assert _attention_ms(kernels(), "flashinfer", 1, 185000, "fa2")["ms"] == 0.226
+    assert _attention_ms(kernels(), "flashinfer", 1, 185000, "fa3")["ms"] == 0.121
+
+
+def test_without_a_variant_the_fastest_series_stands_in() -> None:
+    assert _attention_ms(kernels(), "flashinfer", 1, 185000)["ms"] == 0.121
+    assert _attention_ms(kernels(), "flashinfer", 1, 185000, "v9")["ms"] == 0.121
