@@ -38,7 +38,9 @@ def engine() -> pd.DataFrame:
 
 
 def with_peers(sweep: pd.DataFrame) -> pd.DataFrame:
-    """The published sweep plus the peer servers, their rates scaled from a measured server's."""
+    """The published sweep's own servers plus the peer servers, their rates scaled from a measured
+    server's (in place of the published peers)."""
+    sweep = sweep[~sweep["backend"].isin(["sglang", "flashinfer"])]
     extra = []
     for name, backend, source, factors in PEERS:
         rows = sweep[sweep["server"] == source].sort_values("requested_ctx").copy()
@@ -56,7 +58,7 @@ def rate(sweep: pd.DataFrame, server: str, ctx: int) -> float:
 
 def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     ref, _ = summarize.reference_table(REFERENCE)
-    collapse, win, fastest = headline.sentences(sweep, engine, ref)
+    collapse, win, fastest, sm120 = headline.sentences(sweep, engine, ref)
     short, long = rate(sweep, "triton-graph-p1", 1024), rate(sweep, "triton-graph-p1", 185000)
     assert f"from {headline.num(short)} verify steps/s at 1k to {headline.num(long)} at 185k" in (
         collapse
@@ -66,7 +68,10 @@ def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     best = rate(sweep, "custom-graph-p1", 185000)
     assert f"`custom-graph-p1` runs {headline.num(best)} verify steps/s at 185k" in win
     assert f"{best / long:,.0f}x `triton-graph-p1`" in win
-    assert "`custom-graph-p1` at every context" in fastest
+    at = sweep[sweep["requested_ctx"] == 185000].set_index("server")[PRIMARY]
+    assert f"`{at.idxmax()}` at" in fastest and "a peer wins there" in fastest
+    mma = at.drop(sweep.loc[sweep["backend_variant"] == "fa3", "server"].unique())
+    assert f"`{mma.idxmax()}` at" in sm120
 
 
 def test_the_peer_servers_are_drawn_and_a_peer_that_wins_is_named(sweep, engine) -> None:
@@ -75,7 +80,7 @@ def test_the_peer_servers_are_drawn_and_a_peer_that_wins_is_named(sweep, engine)
     assert names[0] == "sglang-graph-p1" and "custom-defrag-p1" not in names
     assert {"flashinfer-graph-p1", "flashinfer-fa3-graph-p1"} <= set(names)
     assert headline.baseline_server(both) == "sglang-graph-p1"
-    collapse, _, fastest = headline.sentences(both, engine, None)
+    collapse, _, fastest, *_ = headline.sentences(both, engine, None)
     assert "`sglang-graph-p1`, SGLang's Triton backend" in collapse
     assert "attention grows" in collapse  # the Triton engine's anatomy: the same algorithm
     assert "`flashinfer-fa3-graph-p1` at 64k–185k" in fastest and "a peer wins there" in fastest
@@ -92,12 +97,22 @@ def test_the_peer_servers_are_drawn_and_a_peer_that_wins_is_named(sweep, engine)
 
 def test_a_study_without_triton_or_custom_servers_still_reads(sweep) -> None:
     only_custom = sweep[sweep["backend"] == "custom"]
-    collapse, win, fastest = headline.sentences(only_custom, None, None)
+    collapse, win, fastest, *_ = headline.sentences(only_custom, None, None)
     assert "shows no cliff" in collapse and "`custom-graph-p1`" in fastest
     only_triton = sweep[sweep["backend"] == "triton"]
-    _, win, _ = headline.sentences(only_triton, None, None)
+    _, win, *_ = headline.sentences(only_triton, None, None)
     assert "no custom server ran" in win
     style.apply()
     for part in (only_custom, only_triton):
         plt.close(headline.figure(part, None, "part"))
     assert headline.alt_text(only_triton).startswith("Verify steps per second")
+
+
+def test_a_fourth_sentence_names_the_fastest_server_on_what_sm120_has(sweep, engine) -> None:
+    """FlashInfer's fa3 needs Hopper's wgmma: the RTX PRO 6000's race is told without it."""
+    fa3 = sweep["backend_variant"] == "fa3"
+    assert fa3.any(), "the published study holds a fa3 server"
+    text = headline.sentences(sweep, engine)
+    assert len(text) == 4 and "flashinfer-fa3-graph-p1" not in text[3]
+    assert "sm_120" in text[3]
+    assert len(headline.sentences(sweep[~fa3], engine)) == 3  # no Hopper-only server, no fourth

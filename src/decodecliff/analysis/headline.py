@@ -282,7 +282,7 @@ def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
     )
 
 
-def fastest(sweep: pd.DataFrame) -> str:
+def fastest(sweep: pd.DataFrame, title: str = "**Fastest at each context:**") -> str:
     """Which server is fastest at each context, runs of contexts with one winner merged; where a
     peer beats every custom server, by how much."""
     names = servers_that_matter(sweep)
@@ -294,7 +294,19 @@ def fastest(sweep: pd.DataFrame) -> str:
     parts = []
     for _, group in best.groupby(runs):
         parts.append(_run_text(group, rates, sweep))
-    return "**Fastest at each context:** " + "; ".join(parts) + "."
+    return f"{title} " + "; ".join(parts) + "."
+
+
+# Backend variants that need Hopper's wgmma: sm_120 (the RTX PRO 6000 this study is about) lacks it
+HOPPER_ONLY = {"fa3"}
+
+
+def on_sm120(sweep: pd.DataFrame) -> pd.DataFrame | None:
+    """The points of servers whose kernels sm_120 can run; None when every server can."""
+    if "backend_variant" not in sweep.columns:
+        return None
+    hopper = sweep["backend_variant"].isin(HOPPER_ONLY)
+    return sweep[~hopper] if hopper.any() else None
 
 
 def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str:
@@ -318,7 +330,14 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
 
 def sentences(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -> list[str]:
     """The three sentences under the headline figure (Markdown)."""
-    return [collapse(sweep, engine, reference), win(sweep, engine), fastest(sweep)]
+    out = [collapse(sweep, engine, reference), win(sweep, engine), fastest(sweep)]
+    sm120 = on_sm120(sweep)
+    if sm120 is not None:
+        title = (
+            "**Fastest on the instructions sm_120 has** (mma.sync; FlashInfer's fa3 needs wgmma):"
+        )
+        out.append(fastest(sm120, title))
+    return out
 
 
 def engine_rows(doc: dict | None) -> pd.DataFrame | None:
