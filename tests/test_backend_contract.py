@@ -13,7 +13,13 @@ import torch
 
 from decodecliff.kernels.api import AttentionBackend
 from decodecliff.kernels.reference import reference_attention
-from decodecliff.kernels.registry import BACKENDS, get_backend, parse_spec, unavailable
+from decodecliff.kernels.registry import (
+    BACKENDS,
+    get_backend,
+    parse_spec,
+    spec_label,
+    unavailable,
+)
 from decodecliff.kernels.synthetic import random_batch, relative_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,6 +120,8 @@ def test_backend_specs_name_options() -> None:
     assert parse_spec("custom:variant=v4,num_splits=8") == (
         "custom", {"variant": "v4", "num_splits": 8},
     )  # fmt: skip
+    assert spec_label("flashinfer:backend=fa3") == "flashinfer (fa3)"
+    assert spec_label("custom") == "custom"
     with pytest.raises(ValueError, match="unknown attention backend"):
         parse_spec("flashinfr")
     with pytest.raises(ValueError, match="KEY=VALUE"):

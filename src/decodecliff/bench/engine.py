@@ -44,7 +44,7 @@ from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter
 from decodecliff.kernels.api import NoAttention
-from decodecliff.kernels.registry import BACKENDS, parse_spec
+from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
 from . import roofline
 
@@ -248,7 +248,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
         step_ms, noattn_ms = statistics.median(step_all), statistics.median(rest_all)
         floor = floors(engine.model, step.input_ids.shape[0], args.batch, context, q, ceil)
         row = {
-            "backend": backend,
+            "backend": spec_label(backend),
             "path": path,
             "mode": mode,
             "context": context,
@@ -305,7 +305,7 @@ def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int
     wall = time.perf_counter() - t0
     done = len(req.verify_ms) - before
     row = {
-        "backend": backend,
+        "backend": spec_label(backend),
         "path": path,
         "context": context,
         "q_len": q,

@@ -71,6 +71,13 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
     return name, options
 
 
+def spec_label(spec: str) -> str:
+    """How results name a backend spec, as the kernel bench names its series:
+    "flashinfer:backend=fa3" -> "flashinfer (fa3)"; a plain name stays as it is."""
+    name, options = parse_spec(spec)
+    return f"{name} ({','.join(map(str, options.values()))})" if options else name
+
+
 def get_backend(name: str, **options) -> AttentionBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
