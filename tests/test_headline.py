@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from decodecliff.analysis import headline, style, summarize
+from decodecliff.analysis import headline, style, summarize, tables
 from decodecliff.analysis.tables import PRIMARY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,15 +59,19 @@ def rate(sweep: pd.DataFrame, server: str, ctx: int) -> float:
 def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     ref, _ = summarize.reference_table(REFERENCE)
     collapse, win, fastest, sm120 = headline.sentences(sweep, engine, ref)
-    short, long = rate(sweep, "triton-graph-p1", 1024), rate(sweep, "triton-graph-p1", 185000)
-    assert f"from {headline.num(short)} verify steps/s at 1k to {headline.num(long)} at 185k" in (
+    base = headline.baseline_server(sweep)  # SGLang's own server where it ran, else the baseline
+    ctxs = sorted(sweep.loc[(sweep["server"] == base) & (sweep["status"] == "ok"), "requested_ctx"])
+    short, long = rate(sweep, base, ctxs[0]), rate(sweep, base, ctxs[-1])
+    span = f"at 1k to {headline.num(long)} at {tables.ctx_label(ctxs[-1])}"
+    assert f"`{base}`" in collapse and f"from {headline.num(short)} verify steps/s {span}" in (
         collapse
     )
     assert f"{short / long:,.0f}x slower" in collapse and "attention grows from" in collapse
     assert "1.4 tok/s" in collapse  # the published RTX PRO 6000 table's cliff
-    best = rate(sweep, "custom-graph-p1", 185000)
-    assert f"`custom-graph-p1` runs {headline.num(best)} verify steps/s at 185k" in win
-    assert f"{best / long:,.0f}x `triton-graph-p1`" in win
+    best = rate(sweep, "custom-graph-p1", ctxs[-1])
+    where = tables.ctx_label(ctxs[-1])
+    assert f"`custom-graph-p1` runs {headline.num(best)} verify steps/s at {where}" in win
+    assert f"{best / long:,.0f}x `{base}`" in win
     at = sweep[sweep["requested_ctx"] == 185000].set_index("server")[PRIMARY]
     assert f"`{at.idxmax()}` at" in fastest and "a peer wins there" in fastest
     mma = at.drop(sweep.loc[sweep["backend_variant"] == "fa3", "server"].unique())
