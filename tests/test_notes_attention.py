@@ -24,3 +24,12 @@ def test_the_servers_variant_picks_its_series() -> None:
 def test_without_a_variant_the_fastest_series_stands_in() -> None:
     assert _attention_ms(kernels(), "flashinfer", 1, 185000)["ms"] == 0.121
     assert _attention_ms(kernels(), "flashinfer", 1, 185000, "v9")["ms"] == 0.121
+
+
+def test_a_servers_variant_comes_from_its_backends_description() -> None:
+    from decodecliff.analysis.summarize import _variant
+
+    assert _variant({"backend": "flashinfer", "variant": "fa2"}) == "fa2"
+    assert _variant({"backend": "sglang", "kernel": "extend"}) == "extend"  # recorded before
+    assert _variant({"backend": "triton", "arch_config": "sm90"}) == "sm90"
+    assert _variant({"backend": "torch"}) is None

@@ -92,8 +92,14 @@ def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
         value = next((s[key] for s in sources if isinstance(s, dict) and key in s), None)
         meta[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
     detail = info.get("attention_backend_detail")  # what the server's backend says it ran
-    meta["backend_variant"] = detail.get("variant") if isinstance(detail, dict) else None
+    meta["backend_variant"] = _variant(detail) if isinstance(detail, dict) else None
     return meta
+
+
+def _variant(detail: dict) -> str | None:
+    """The kernel-bench label of what a backend ran: its ``variant``, else the older fields that
+    named it (sglang's ``kernel``, triton's ``arch_config``)."""
+    return detail.get("variant") or detail.get("kernel") or detail.get("arch_config")
 
 
 def point_requests(point: dict) -> list[dict]:

@@ -268,8 +268,16 @@ class SGLangAttention(AttentionBackend):
         return None
 
     def describe(self) -> dict:
-        return {"backend": self.name, "kernel": self.kernel, "num_kv_splits": self.resolved_splits,
-                "index_dtype": self.index_dtype, "sglang": self.ops.version}  # fmt: skip
+        label = self.kernel
+        if self.kernel == "decode":
+            label = (
+                f"decode-{'sglang' if self.num_kv_splits == 'sglang' else f's{self.num_kv_splits}'}"
+            )
+        if self.index_dtype != SGLANG_KV_INDEX_DTYPE:
+            label += f"-{self.index_dtype}"  # as the kernel bench labels it
+        return {"backend": self.name, "variant": label, "kernel": self.kernel,
+                "num_kv_splits": self.resolved_splits, "index_dtype": self.index_dtype,
+                "sglang": self.ops.version}  # fmt: skip
 
     def _fill(self, name: str, values: torch.Tensor, size: int) -> torch.Tensor:
         """``values`` copied into the head of a fixed buffer of at least ``size`` elements."""
