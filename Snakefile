@@ -34,6 +34,8 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    message:
+        "the study is complete"
     input:
         STUDY.final_outputs(),
     default_target: True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from decodecliff import __version__
+from decodecliff import __version__, helpformat
 from decodecliff.cli import COMMANDS
 
 
@@ -45,3 +45,29 @@ def test_no_command_is_a_usage_error() -> None:
 def test_a_command_answers_its_own_help() -> None:
     done = decodecliff("build-kernel", "--help")
     assert done.returncode == 0 and "usage: decodecliff build-kernel" in done.stdout
+
+
+def test_a_mistyped_name_is_one_line_with_the_valid_ones_closest_first() -> None:
+    done = decodecliff("bench-kernel")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "did you mean 'bench-kernels'? (valid: bench-kernels," in done.stderr
+    done = decodecliff("serve", "--backend", "trtion")  # parsed before anything imports torch
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "'trtion'; did you mean 'triton'? (valid: triton, " in done.stderr
+    assert "see decodecliff serve --help" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_one_line_reads_the_commands_own_choice_errors() -> None:
+    choices = "['cublas', 'custom', 'torch', 'triton']"
+    for message in (
+        f"unknown backend 'trtion'; choose from {choices}",
+        f"argument --backends: unknown attention backend 'trtion'; choose one of {choices}",
+    ):
+        line = helpformat.one_line(message)
+        assert line.endswith(
+            "'trtion'; did you mean 'triton'? (valid: triton, cublas, custom, torch)"
+        )
+    assert helpformat.one_line("the following arguments\n are required: --out") == (
+        "the following arguments are required: --out"
+    )
+    assert helpformat.did_you_mean("zzz", ["a", "b"]) == "(valid: a, b)"

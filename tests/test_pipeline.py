@@ -282,6 +282,29 @@ def test_bad_config_stops_before_any_work(tmp_path: Path, change, key: str) -> N
     assert not (workdir / "results").exists(), "nothing may run before the config is valid"
 
 
+def test_a_mistyped_target_is_one_line_with_the_valid_names(tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path, small_config())
+    done = snakemake(workdir, "-n", "results/sweep/torch-aa/ctx64.json", timeout=120)
+    assert done.returncode != 0
+    assert "no server 'torch-aa' in the config; did you mean 'torch-a'?" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    done = snakemake(workdir, "-n", "results/sweep/torch-a/ctx60.json", timeout=120)
+    assert done.returncode != 0 and "did you mean 64?" in done.stderr, done.stderr
+
+
+def test_a_dry_run_is_one_line_per_job_and_p_adds_the_commands(tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path, small_config())
+    quiet = snakemake(workdir, "-n", timeout=120)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    jobs = sum(job_counts(quiet.stdout).values()) // 2  # the total is a row of the table too
+    lines = (quiet.stdout + quiet.stderr).splitlines()
+    assert sum(bool(re.match(r"Job \d+: ", line)) for line in lines) == jobs
+    assert len(lines) < 4 * jobs + 60, len(lines)
+    assert "Shell command" not in quiet.stdout and "SNAKEMAKE" not in quiet.stdout
+    shown = snakemake(workdir, "-n", "-p", timeout=120).stdout
+    assert "exec decodecliff sweep" in shown and "--name torch-a --contexts 64 " in shown
+
+
 def test_lint_is_clean() -> None:
     done = snakemake(ROOT, "--lint", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

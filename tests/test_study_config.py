@@ -290,10 +290,17 @@ def test_point_lookups() -> None:
     assert s.point("torch-chain16-p1", 256).requests == 3  # the sweep's
     priorities = [s.point(n, c).priority for n, c in s.order()]
     assert priorities == sorted(priorities, reverse=True)  # config order first
-    with pytest.raises(PointError, match=r"context 999 is not a point .*its points: 256, 1024\)"):
+    with pytest.raises(
+        PointError, match=r"context 999 .* did you mean 1024\? \(its points: 256, 1024;"
+    ):
         s.point("triton-chain16-p1", 999)
     with pytest.raises(PointError, match="no server 'nope'"):
         s.point("nope", 256)
+    # a mistyped name: the valid ones, the closest first
+    with pytest.raises(
+        PointError, match=r"did you mean 'triton-chain16-p1'\? \(valid: triton-chain16-p1, "
+    ):
+        s.point("trition-chain16-p1", 256)
 
 
 def test_final_outputs_and_server_names() -> None:
@@ -344,3 +351,49 @@ def test_every_server_command_is_a_valid_serve_command_line(preset: str | None) 
         args = serve_cli.parse_args(argv[2:])
         assert args.backend == server["backend"] and args.cuda_graph == server["cuda_graph"]
         assert dict(args.backend_option) == server["backend_options"], name
+
+
+def test_a_config_mistake_names_the_file_and_line_that_set_it(tmp_path: Path) -> None:
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(
+        "kernels:\n  device: cpu\n  heads: [8,\n    eight]\nsweep:\n  gen_tokens: 6\n"
+    )
+    with pytest.raises(config.ConfigError) as err:
+        config.load([REPO / "config.yaml", preset])
+    assert str(err.value).startswith(
+        f"invalid study config at config.kernels.heads[1] ({preset}, line 4): 'eight' is not of"
+    ), str(err.value)
+    # a key the preset does not set: the file that does (the later one wins, as in the merge)
+    cfg = config.merge(raw(), yaml.safe_load(preset.read_text()))
+    cfg["kernels"]["heads"] = [8]
+    cfg["sweep"]["servers"][1]["spec"]["mode"] = "beam"
+    with pytest.raises(config.ConfigError, match=r"\(.*config\.yaml, line \d+\)") as err:
+        config.validate(cfg, files=[REPO / "config.yaml", preset])
+    line = int(str(err.value).split(", line ")[1].split(")")[0])
+    assert "spec:" in (REPO / "config.yaml").read_text().splitlines()[line - 1]
+    # where the schema wants a missing key, its parent's line
+    where = config.locate("config.sweep.servers[0].nope", [REPO / "config.yaml"])
+    assert (
+        where
+        and "- name: torch-chain16-p1"
+        in (REPO / "config.yaml").read_text().splitlines()[int(where.rsplit(" ", 1)[1]) - 1]
+    )
+    assert config.locate("config.nothing", [preset]) is None
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kernels:\n  device: cpu\n  heads: [8\n")
+    with pytest.raises(config.ConfigError, match=rf"at {bad}, line 4: not valid YAML"):
+        config.load([bad])
+
+
+def test_a_gpu_config_without_a_gpu_says_what_fails_here() -> None:
+    s = study("h200")
+    assert s.cuda_sections() == ["kernels.device", "engine.device", "sweep.device"]
+    assert s.gpu_warning(have_gpu=True) is None
+    warning = s.gpu_warning(have_gpu=False)
+    assert warning and "\n" not in warning
+    assert "bench_kernels fails" in warning and "bench_engine fails" in warning
+    assert f"the sweep's {len(s.order())} points are recorded as failed" in warning
+    assert study().gpu_warning(have_gpu=False) is None  # the CPU study asks for no GPU

@@ -1,7 +1,8 @@
 """`decodecliff <command> ...`: each command lives in the module that owns the concept.
 
 The top level only dispatches: a command's own options are parsed by its module's ``cli(argv)``,
-imported when the command runs, so `decodecliff --help` never imports torch.
+imported when the command runs, so `decodecliff --help` never imports torch. An option error
+(a mistyped command, backend or preset) is one line naming the valid values, the closest first.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from decodecliff import __version__
+from decodecliff import __version__, helpformat
 
 COMMANDS = {
     "build-kernel": ("decodecliff.kernels.build", "build the custom CUDA kernel library (nvcc)"),
@@ -45,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    helpformat.install()  # an option error in one line: a mistyped name gets the valid ones
     args, rest = parser().parse_known_args(argv[:1])  # exits 2 on an unknown command
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.cli(argv[1:] + rest) or 0)

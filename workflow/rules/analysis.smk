@@ -2,6 +2,8 @@
 
 
 rule summarize:
+    message:
+        "summarise the raw files into {params.outdir}/"
     input:
         bench=KERNEL_BENCH,
         points=STUDY.point_files(),

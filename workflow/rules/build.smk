@@ -1,4 +1,6 @@
 rule build_kernel:
+    message:
+        "build the custom kernel for sm_{params.archs} (log: {log})"
     output:
         lib=KERNEL_LIB,
         info=report(

@@ -7,6 +7,7 @@ without Snakemake); the functions here only hand it the wildcards and wrap Snake
 import json
 import os
 import shlex
+import sys
 
 import yaml
 from snakemake.exceptions import WorkflowError
@@ -27,15 +28,26 @@ from decodecliff.study.paths import (
     SUMMARY_KERNELS,
     SUMMARY_SWEEP,
 )
-from decodecliff.study.plan import Study, gpus_for, triton_interpret
+from decodecliff.study.plan import PointError, Study, gpu_present, gpus_for, triton_interpret
 
 SCHEMA = os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")
 
-# A config mistake stops `snakemake` (and `-n`) here, before any job, naming the key.
+# The YAML files merged into `config`, in the order they apply: the Snakefile's configfile,
+# then those given with --configfile (which Snakemake applies over it).
+CONFIG_FILES = [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]
+CONFIG_FILES += list(workflow.overwrite_configfiles)
+
+# A config mistake stops `snakemake` (and `-n`) here, before any job, naming the key and the
+# file and line that set it.
 try:
-    STUDY = Study(config, SCHEMA)  # fills in the schema's defaults, as validate() does
+    STUDY = Study(config, SCHEMA, CONFIG_FILES)  # fills in the schema's defaults, as validate() does
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+
+# A GPU config on a machine without one says so once, before anything runs (a warning: dry runs,
+# publishing and cluster executors render GPU configs where no GPU is; README "GPU configs").
+if workflow.is_main_process and (warning := STUDY.gpu_warning(gpu_present())):
+    print(f"warning: {warning}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,11 +55,14 @@ except ConfigError as exc:
 
 
 def point(wildcards):
-    """The point of results/sweep/{server}/ctx{ctx}.json (an error if the config has none)."""
+    """The point of results/sweep/{server}/ctx{ctx}.json. A target the config has no point for
+    (a mistyped server or context) stops Snakemake with one line naming the valid ones: the
+    exit is before any job, and Snakemake would wrap an exception in a traceback."""
     try:
         return STUDY.point(wildcards.server, wildcards.ctx)
-    except LookupError as exc:
-        raise WorkflowError(str(exc)) from None
+    except PointError as exc:
+        print(f"error: results/sweep/{wildcards.server}/ctx{wildcards.ctx}.json: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def sweep_point_input(wildcards) -> dict[str, str]:

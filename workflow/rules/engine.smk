@@ -6,6 +6,8 @@
 if "engine" in config:
 
     rule bench_engine:
+        message:
+            "time one verify step's anatomy (log: {log})"
         input:
             **({"lib": KERNEL_LIB} if STUDY.engine_needs_kernel_lib() else {}),
         output:

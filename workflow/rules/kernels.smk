@@ -1,4 +1,6 @@
 rule bench_kernels:
+    message:
+        "time the attention backends on {params.device} (log: {log})"
     input:
         lib=KERNEL_LIB,
     output:
@@ -38,6 +40,8 @@ rule bench_kernels:
 
 
 rule flashinfer_sm120:
+    message:
+        "read the shared memory of FlashInfer's MLA kernel built for sm_120 (log: {log})"
     # Compiles FlashInfer's MLA kernel for sm_120 (~15 s of CPU) to read its shared memory per
     # block; without the flashinfer-python package files the JSON records the step as skipped.
     output:

@@ -13,6 +13,8 @@ for name in NOTEBOOKS:
     rule:
         name:
             f"notebook_{name}"
+        message:
+            f"run notebooks/{name}.ipynb into {{output.notebook}} (log: {{log}})"
         input:
             notebook=f"notebooks/{name}.ipynb",
             **NOTEBOOKS[name].inputs,

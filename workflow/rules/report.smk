@@ -3,6 +3,8 @@
 # hidden, figures embedded as data URIs, no script fetched from the network).
 
 rule render_report:
+    message:
+        "render {output}"
     input:
         notebook=nb.output("report"),
         template="notebooks/report.html.j2",
@@ -23,6 +25,8 @@ rule render_report:
 # The study's NOTES.md: the targets and the arithmetic of a verify step, rendered from the result
 # files through a template (published with the study; never typed).
 rule notes:
+    message:
+        "render {output}"
     input:
         kernels=rules.summarize.output.kernels,
         sweep=rules.summarize.output.sweep,

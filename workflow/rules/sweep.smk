@@ -4,6 +4,12 @@
 
 
 rule sweep_point:
+    message:
+        "sweep {wildcards.server} at {wildcards.ctx} tokens (log: {log})"
+    # Any server name here (the Snakefile's constraint allows only the config's), so a mistyped
+    # target reaches point(), which names the valid servers instead of "No rule to produce".
+    wildcard_constraints:
+        server=r"[^/]+",
     input:
         unpack(sweep_point_input),
     output:

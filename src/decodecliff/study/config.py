@@ -2,14 +2,17 @@
 
 The schema (workflow/schemas/config.schema.yaml) is the one definition of the keys, their limits
 and their defaults: validation fills every missing key that has a default, as Snakemake's
-``validate(..., set_default=True)`` does. A failure is a ConfigError naming the offending key,
-e.g. ``invalid study config at config.sweep.servers[0].spec.mode: 'beam' is not one of ...``.
+``validate(..., set_default=True)`` does. A failure is a ConfigError naming the offending key
+and, given the YAML files the config was merged from, the file and line that set it (the last
+file that sets the key, else its nearest parent), e.g. ``invalid study config at
+config.sweep.servers[0].spec.mode (config/h200.yaml, line 57): 'beam' is not one of ...``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import jsonschema
@@ -24,10 +27,72 @@ SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.
 
 
 class ConfigError(ValueError):
-    """A config mistake, found before any job runs; the message names the key."""
+    """A config mistake, found before any job runs; the message names the key (and, where known,
+    the file and line that set it)."""
 
-    def __init__(self, where: str, why: str) -> None:
-        super().__init__(f"invalid study config at {where}: {why}")
+    def __init__(self, where: str, why: str, source: str | None = None) -> None:
+        self.where, self.why, self.source = where, why, source
+        at = f"{where} ({source})" if source else where
+        super().__init__(f"invalid study config at {at}: {why}")
+
+    def located(self, files: Sequence[str | Path]) -> ConfigError:
+        """The same error with the file and line of its key among ``files`` (merged in order)."""
+        return ConfigError(self.where, self.why, locate(self.where, files) or self.source)
+
+
+def _parts(where: str) -> list[str | int]:
+    """[sweep, servers, 0, spec, mode] of `config.sweep.servers[0].spec.mode`."""
+    return [
+        int(index) if index else key
+        for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where.removeprefix("config"))
+    ]
+
+
+def _depth(node: yaml.Node | None, parts: list[str | int]) -> tuple[int, int]:
+    """(how many of ``parts`` the YAML node tree holds, the line of the deepest one)."""
+    depth, line = 0, 0
+    for part in parts:
+        if isinstance(node, yaml.MappingNode):
+            found = [(k, v) for k, v in node.value if k.value == part]
+            if not found:
+                break
+            key, node = found[-1]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+        depth += 1
+    return depth, line
+
+
+def locate(where: str, files: Sequence[str | Path]) -> str | None:
+    """'config/h200.yaml, line 57': where the key at ``where`` (or its nearest parent) is set,
+    the later of ``files`` winning as in the merge; None where no file sets any of it."""
+    parts, best = _parts(where), (0, None, 0)
+    for path in files:
+        try:
+            node = yaml.compose(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        depth, line = _depth(node, parts)
+        if depth and depth >= best[0]:
+            best = (depth, path, line)
+    depth, path, line = best
+    return f"{path}, line {line}" if path else None
+
+
+def check_syntax(path: str | Path) -> None:
+    """ConfigError naming the file and line of a YAML syntax error in ``path``."""
+    try:
+        yaml.safe_load(Path(path).read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}, line {mark.line + 1}" if mark else str(path)
+        raise ConfigError(where, f"not valid YAML: {exc.problem or exc}") from None
 
 
 def load_schema(path: str | Path = SCHEMA) -> dict:
@@ -46,11 +111,14 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
-    """The validated config of YAML files given in order (config.yaml, then presets)."""
+    """The validated config of YAML files given in order (config.yaml, then presets); an error
+    names the file and line that set the offending key."""
     cfg: dict = {}
+    paths = list(paths)
     for path in paths:
+        check_syntax(path)
         cfg = merge(cfg, yaml.safe_load(Path(path).read_text()) or {})
-    return validate(cfg, schema)
+    return validate(cfg, schema, paths)
 
 
 def _with_defaults(validator_class: type) -> type:
@@ -93,14 +161,18 @@ def explain(err: jsonschema.ValidationError) -> ConfigError:
     return ConfigError(where, err.message)
 
 
-def validate(cfg: dict, schema: str | Path = SCHEMA) -> dict:
+def validate(cfg: dict, schema: str | Path = SCHEMA, files: Sequence[str | Path] = ()) -> dict:
     """Fill in the schema's defaults (in place), validate, then run the checks a schema cannot
-    express; returns ``cfg``. ConfigError names the first offending key."""
+    express; returns ``cfg``. ConfigError names the first offending key, and the file and line
+    that set it where ``files`` (the YAML files merged into ``cfg``, in order) are given."""
     try:
-        _with_defaults(Draft202012Validator)(load_schema(schema)).validate(cfg)
-    except jsonschema.ValidationError as err:
-        raise explain(err) from None
-    check(cfg)
+        try:
+            _with_defaults(Draft202012Validator)(load_schema(schema)).validate(cfg)
+        except jsonschema.ValidationError as err:
+            raise explain(err) from None
+        check(cfg)
+    except ConfigError as err:
+        raise err.located(files) if files else err from None
     return cfg
 
 

@@ -7,9 +7,12 @@ import glob
 import math
 import os
 import re
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from decodecliff.helpformat import did_you_mean
 from decodecliff.study import config as study_config
 from decodecliff.study import paths
 from decodecliff.study import servers as srv
@@ -48,8 +51,11 @@ class Point:
 class Study:
     """A validated config (defaults filled in) and the lookups the workflow needs."""
 
-    def __init__(self, cfg: dict, schema: str | Path = study_config.SCHEMA) -> None:
-        self.config = study_config.validate(cfg, schema)
+    def __init__(
+        self, cfg: dict, schema: str | Path = study_config.SCHEMA, files: Sequence[str | Path] = ()
+    ) -> None:
+        """``files``: the YAML files merged into ``cfg``, in order, so an error names its line."""
+        self.config = study_config.validate(cfg, schema, files)
         self.sweep = self.config["sweep"]
         self.servers = {server["name"]: server for server in self.sweep["servers"]}
 
@@ -73,12 +79,16 @@ class Study:
         """The point results/sweep/<name>/ctx<ctx>.json; PointError if the config has none."""
         ctx = int(ctx)
         if name not in self.servers:
-            raise PointError(f"no server {name!r} in the config (servers: {list(self.servers)})")
+            raise PointError(
+                f"no server {name!r} in the config; {did_you_mean(name, self.servers)}"
+            )
         chunks = {c: chunk for c, chunk in self.server_points(name)}
         if ctx not in chunks:
+            near = min(chunks, key=lambda c: abs(math.log(c / ctx)))
             raise PointError(
-                f"context {ctx} is not a point of server {name!r} in the config (its points: "
-                f"{', '.join(map(str, chunks))}); add it to one of the server's chunks first"
+                f"context {ctx} is not a point of server {name!r} in the config; did you mean "
+                f"{near}? (its points: {', '.join(map(str, chunks))}; add a new one to one of "
+                "the server's chunks first)"
             )
         server, chunk, order = self.servers[name], chunks[ctx], self.order()
         skip = srv.skip_reason(self.sweep, server)
@@ -103,6 +113,31 @@ class Study:
             paths.REPORT,
             paths.NOTES,
         ]
+
+    # -- the device ------------------------------------------------------------------------------
+
+    def cuda_sections(self) -> list[str]:
+        """The config keys that put a stage on a CUDA GPU (kernels.device, ...)."""
+        sections = ("kernels", "engine", "sweep")
+        return [f"{s}.device" for s in sections if self.config.get(s, {}).get("device") == "cuda"]
+
+    def gpu_warning(self, have_gpu: bool) -> str | None:
+        """One line where the config runs stages on a GPU this machine lacks: what fails here.
+
+        A warning, not an error: a GPU config is also rendered where no GPU is (a dry run that
+        prints the GPU jobs' commands, publishing measured files, a cluster executor's login node).
+        """
+        keys = self.cuda_sections()
+        if have_gpu or not keys:
+            return None
+        fails = [f"{rule} fails" for rule, key in BENCH_RULES if f"{key}.device" in keys]
+        if "sweep.device" in keys:
+            fails.append(f"the sweep's {len(self.order())} points are recorded as failed")
+        return (
+            f"no NVIDIA GPU on this machine, but {', '.join(keys)} = cuda: a job run here "
+            f"fails ({'; '.join(fails)}); fine for a dry run (-n), publishing measured files "
+            "(--touch) or an executor that sends the jobs to GPU nodes"
+        )
 
     # -- the benches -----------------------------------------------------------------------------
 
@@ -159,6 +194,15 @@ class Study:
         root = self.published_dir()
         path = f"{root}/engine/bench.json"
         return [path] if root and os.path.isfile(path) else []
+
+
+# The timing jobs on a device, and the config section that names it.
+BENCH_RULES = (("bench_kernels", "kernels"), ("bench_engine", "engine"))
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU driver (read without importing torch)."""
+    return os.path.exists("/proc/driver/nvidia/version") or bool(shutil.which("nvidia-smi"))
 
 
 def gpus_for(device: str) -> int:
