@@ -13,6 +13,7 @@ copy rate), so the reader can check every product and ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -152,10 +153,139 @@ def kernel_rows(study: summarize.Study) -> list[dict]:
     ]
 
 
+def _floor_term(row: pd.Series) -> str:
+    """Which term sets a kernel point's floor: its bytes at the copy rate, or its FLOPs at the
+    matmul rate (each recovered from the point's attained rate: bytes = GB/s x ms)."""
+    by_bytes = row["gbs"] * row["ms"] / row["copy_gbs"]
+    by_flops = row["tflops"] * row["ms"] / row["matmul_tflops"]
+    if by_flops > by_bytes:
+        return f"FLOPs at {_num(row['matmul_tflops'], ',.0f')} TFLOP/s"
+    return f"bytes at {_num(row['copy_gbs'], ',.0f')} GB/s"
+
+
+def _kernel_text(row: pd.Series) -> str:
+    """'0.26 ms, 25% of its floor (0.0659 ms, set by bytes at 4,228 GB/s)'."""
+    frac = row["floor_ms"] / row["ms"]
+    return (
+        f"{row['series']} {_num(row['ms'])} ms, {frac:.0%} of its floor "
+        f"({_num(row['floor_ms'])} ms, set by {_floor_term(row)})"
+    )
+
+
+def _kernel_why(kernels: pd.DataFrame, t: targets.Target) -> str | None:
+    """What limits a missed kernel target, from the kernel table."""
+    good = tables.ok(kernels)
+    if good.empty:
+        return None
+    good = good[(good["heads"] == t.heads) & (good["page_size"] == t.page_size)]
+    if t.mode:
+        good = good[good["mode"] == t.mode]
+    if t.kind in ("kernel_ms", "kernel_copy_fraction"):
+        rows = good[good["backend"] == t.backend]
+        if rows.empty:
+            return None
+        near = min(rows["ctx"].unique(), key=lambda c: abs(c / t.ctx - 1))
+        row = rows[rows["ctx"] == near].sort_values("ms").iloc[0]
+        text = _kernel_text(row)
+        if t.kind == "kernel_ms" and t.threshold < row["floor_ms"]:
+            text += f"; the target ({_num(t.threshold)} ms) is below the floor"
+        return text
+    speed = tables.kernel_speedup(good, t.baseline, t.backend)
+    if t.ctx:
+        near = min(speed["ctx"].unique(), key=lambda c: abs(c / t.ctx - 1), default=None)
+        speed = speed[speed["ctx"] == near]
+    else:
+        speed = speed[speed["ctx"] >= t.from_ctx]
+    if speed.empty:
+        return None
+    per_point = speed.loc[speed.groupby(tables.KERNEL_KEYS)["speedup"].idxmin()]
+    worst = per_point.loc[per_point["speedup"].idxmin()]
+    at = good[(good["mode"] == worst["mode"]) & (good["ctx"] == worst["ctx"])]
+    cand = at[at["series"] == worst["candidate"]].iloc[0]
+    base = at[at["series"] == worst["baseline"]].iloc[0]
+    bound = base["ms"] / cand["floor_ms"]
+    reach = "" if bound >= t.threshold else f", short of the target's {_num(t.threshold)}x"
+    return (
+        f"the worst point, {worst['mode']} at {tables.ctx_label(worst['ctx'])}: "
+        f"{_kernel_text(cand)}; {_kernel_text(base)}; {t.backend} at its floor would be "
+        f"{bound:.3g}x over it{reach}"
+    )
+
+
+def engine_rows(root: Path) -> list[dict]:
+    """The engine bench's step anatomy rows (engine/bench.json), [] where the study has none."""
+    path = Path(root) / "engine" / "bench.json"
+    if not path.is_file():
+        return []
+    return [r for r in json.loads(path.read_text()).get("rows", []) if "step_ms" in r]
+
+
+def _anatomy(rows: list[dict], backend: str, graphs: bool, ctx: int) -> str | None:
+    """'custom, CUDA graphs, 185k: step 21.1 ms (floor 6.27) = attention 15.8 (4.02) + ...'."""
+    path = "graphs" if graphs else "eager"
+    mine = [
+        r for r in rows
+        if str(r.get("backend", "")).split(" ")[0] == backend and r.get("path") == path
+    ]  # fmt: skip
+    if not mine:
+        return None
+    near = min({r["context"] for r in mine}, key=lambda c: abs(c / ctx - 1))
+    if abs(near / ctx - 1) > 0.1:
+        return None
+    r = next(r for r in mine if r["context"] == near)
+    parts = [
+        f"{what} {_ms(r[f'{key}_ms'])} ({_ms(r[f'{key}_floor_ms'])})"
+        for what, key in (("attention", "attention"), ("GEMMs", "gemm"), ("rest", "rest"))
+    ]
+    return (
+        f"{r['backend']} {'CUDA graphs' if graphs else 'eager'} at {tables.ctx_label(near)}: "
+        f"step {_ms(r['step_ms'])} ({_ms(r['step_floor_ms'])}) = {' + '.join(parts)} ms"
+    )
+
+
+def _ms(value: float) -> str:
+    """Three significant digits, without an exponent (1,290 rather than 1.29e+03)."""
+    return _num(value, ",.0f") if abs(value) >= 100 else _num(value)
+
+
+def _server_anatomy(study: summarize.Study, rows: list[dict], server: str, ctx: int) -> str:
+    sweep = study.sweep[study.sweep["server"] == server]
+    if sweep.empty or not rows:
+        return ""
+    first = sweep.iloc[0]
+    graphs = str(first.get("cuda_graph")).strip().lower() in ("true", "1", "1.0")
+    text = _anatomy(rows, str(first.get("backend")), graphs, ctx)
+    return f"`{server}`: {text}" if text else ""
+
+
+def why_rows(study: summarize.Study, checked: pd.DataFrame, specs: list) -> list[dict]:
+    """Per missed target, what limits it: a kernel target's point against its floor (and the term
+    that sets the floor); an end-to-end target's step anatomy from the engine bench."""
+    rows, out = engine_rows(study.root), []
+    for spec, (_, row) in zip(specs, checked.iterrows(), strict=True):
+        if row["status"] != targets.MISSED:
+            continue
+        if spec.kind.startswith("kernel"):
+            why = _kernel_why(study.kernels, spec)
+        else:
+            server = spec.server or targets.candidate_server(study.sweep, spec.backend)
+            found = [_server_anatomy(study, rows, server, spec.ctx)]
+            if spec.kind == "decode_speedup":
+                base = tables.baseline_server(study.sweep, spec.baseline_server)
+                found.append(_server_anatomy(study, rows, base, spec.ctx) if base else "")
+            if spec.kind == "verify_steps_per_s":
+                found.append(f"the target's {_num(spec.threshold)} steps/s is a step of "
+                             f"{_ms(1e3 / spec.threshold)} ms")  # fmt: skip
+            why = "; ".join(f for f in found if f) or None
+        out.append({"target": row["target"], "why": why or "no measurement to explain it"})
+    return out
+
+
 def context(study: summarize.Study, name: str, cfg: dict) -> dict:
     """Everything the template shows, as text."""
     sweep = study.sweep
-    checked = targets.evaluate(study, targets.parse(cfg.get("targets")))
+    specs = targets.parse(cfg.get("targets"))
+    checked = targets.evaluate(study, specs)
     env = study.bench_env or {}
     servers = server_rows(study)
     gits = tables.short_commits(sweep.get("git", pd.Series(dtype=str)))
@@ -167,6 +297,7 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
         "counts": tables.counts(sweep),
         "targets": markdown(targets.display_table(checked).drop(columns=["measured on"])),
         "missed": checked[checked["status"] != targets.MET].to_dict("records"),
+        "why": why_rows(study, checked, specs),
         "kernels": kernel_rows(study),
         "servers": servers,
         "over_100": any(s.get("attention_over", False) for s in servers),

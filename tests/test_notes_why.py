@@ -1,0 +1,57 @@
+"""NOTES' "what limits each missed target": computed from the result files, never typed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from decodecliff.analysis import notes, summarize, targets
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = REPO / "results/published/h200"
+CONFIG = STUDY / "gpu-logs/study/h200-publish.yaml"
+
+pytestmark = pytest.mark.skipif(not CONFIG.is_file(), reason="no published H200 study here")
+
+
+@pytest.fixture(scope="module")
+def why() -> dict[str, str]:
+    study = summarize.load_study(STUDY)
+    specs = targets.parse(yaml.safe_load(CONFIG.read_text())["targets"])
+    checked = targets.evaluate(study, specs)
+    rows = notes.why_rows(study, checked, specs)
+    assert [r["target"] for r in rows] == list(checked[checked["status"] == "missed"]["target"])
+    return {r["target"]: r["why"] for r in rows}
+
+
+def test_a_kernel_target_names_its_floor_and_the_term_that_sets_it(why) -> None:
+    kernels = summarize.load_study(STUDY).kernels
+    row = kernels[(kernels["series"] == "custom") & (kernels["mode"] == "chain16")]
+    row = row[(row["ctx"] == 185000) & (row["heads"] == 8) & (row["page_size"] == 1)].iloc[0]
+    text = why["chain16 at 185k: custom time per layer"]
+    assert f"custom {row['ms']:.3g} ms, {row['floor_ms'] / row['ms']:.0%} of its floor" in text
+    assert "set by FLOPs at" in text  # 16 rows x 8 heads: the matmul rate sets the floor
+    assert "set by bytes at" in why["decode at 185k: custom effective bandwidth"]
+    assert "short of the target's 20x" in why["every point from 16k up: custom over triton kernel"]
+
+
+def test_an_end_to_end_target_gives_the_step_anatomy_of_its_server(why) -> None:
+    bench = json.loads((STUDY / "engine/bench.json").read_text())
+    row = next(
+        r for r in bench["rows"]
+        if r["backend"] == "custom" and r["path"] == "graphs" and r["context"] == 185000
+    )  # fmt: skip
+    text = why["verify steps per second at 185k: custom-graph-p1"]
+    assert f"attention {row['attention_ms']:.3g} ({row['attention_floor_ms']:.3g})" in text
+    assert f"GEMMs {row['gemm_ms']:.3g} ({row['gemm_floor_ms']:.3g})" in text
+    assert "a step of 10 ms" in text
+    both = why["end-to-end decode at 128k: custom-p1 over triton-p1"]
+    assert "`custom-p1`: custom eager at 128k" in both and "`triton-p1`: triton eager" in both
+
+
+def test_the_notes_render_the_section() -> None:
+    text = notes.render(STUDY, yaml.safe_load(CONFIG.read_text()), "h200")
+    assert "## What limits each missed target" in text
