@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from decodecliff.bench import check_kernel as ck
+from decodecliff.bench import core
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.kernels.planted import PLANTED_TOL
 from decodecliff.kernels.reference import TorchAttention, reference_attention
@@ -120,7 +121,7 @@ def test_the_random_check_on_the_torch_backend() -> None:
     for case in cases:
         for res in ck.run_case(case, ["v1"], lines.append, torch_backend):
             assert res["ok"] and res["finite"] and res["deterministic"], res
-            assert res["rel_err"] < ck.TOL and res["splits"] is None
+            assert res["rel_err"] < core.REL_TOL and res["splits"] is None
     assert not lines  # nothing failed, nothing diagnosed
 
 
@@ -128,8 +129,8 @@ def test_a_case_without_hints_plans_from_the_tensors() -> None:
     case = {"kv_lens": [40, 3], "q_len": 3, "heads": 2, "page_size": 16, "tree": False}
     batch = ck.case_batch({**case, "seed": 1, "drop_hints": True}, "cpu")
     assert batch.meta.max_q_len is None and batch.meta.max_kv_len is None
-    assert batch.kv_cache.shape[0] == 3 + 1 + ck.SPARE_PAGES  # 40 and 3 tokens in 16-token pages
-    assert torch.equal(ck.reference(batch), reference_attention(batch))
+    assert batch.kv_cache.shape[0] == 3 + 1 + core.SPARE_PAGES  # 40 and 3 tokens in 16-token pages
+    assert torch.equal(core.reference(batch), reference_attention(batch))
 
 
 def test_the_planted_check_on_the_torch_backend() -> None:
@@ -163,18 +164,21 @@ def test_summary_and_verdict() -> None:
     assert ck.passed(report)
 
 
+CEILINGS = {"copy_gbs": 4000.0, "matmul_tflops": 700.0}  # as roofline.measure_ceilings returns
+
+
 def test_timing_table_and_floor() -> None:
     # decode: 185k tokens x 576 x 2 bytes at 4000 GB/s; chain16 x 8 heads: its FLOPs at the
-    # mma.sync peak take longer
-    assert ck.point_floor_ms(185000, 1, 8, 4000.0) == pytest.approx(185000 * 576 * 2 / 4e9)
+    # measured matmul rate take longer
+    assert ck.point_floor_ms(185000, 1, 8, CEILINGS) == pytest.approx(185000 * 576 * 2 / 4e9)
     flops = 16 * 8 * 185000 * (576 + 512) * 2
-    assert ck.point_floor_ms(185000, 16, 8, 4000.0) == pytest.approx(flops / 648e9)
+    assert ck.point_floor_ms(185000, 16, 8, CEILINGS) == pytest.approx(flops / 700e9)
     timed = {"splits": 66, "ms": 0.1, "GBps": 2131.0, "TFLOPs": 32.0, "of_floor": 0.53}
     row = {"ctx": 185000, "L": 16, "heads": 8, "tree": False, "page": 1, "floor_ms": 0.053}
     row["variants"] = {"v1": timed, "v3": {**timed, "ms": 0.05}}
     row["triton_ms"] = 1.0
-    lines = ck.timing_table([row], ["v1", "v3"], 4000.0)
-    assert lines[0].startswith("copy bandwidth 4000 GB/s") and len(lines) == 3
+    lines = ck.timing_table([row], ["v1", "v3"], CEILINGS)
+    assert lines[0].startswith("copy bandwidth 4000 GB/s, matmul 700 TFLOP/s") and len(lines) == 3
     assert "2.00x" in lines[2] and lines[2].endswith(" 10.0")
 
 
@@ -192,8 +196,9 @@ def test_a_timing_point_on_the_torch_backend() -> None:
     batch = ck.point_batch(point, "cpu")
     m = batch.meta
     assert m.max_kv_len == 256 and m.tree_mask is not None and m.page_size == 16
-    row = ck.time_point(point, batch, ["v1", "v3"], 50.0, (2, 0), torch_backend)
-    assert row["floor_ms"] == ck.point_floor_ms(256, 4, 2, 50.0)
+    ceilings = {"copy_gbs": 50.0, "matmul_tflops": 0.5}
+    row = ck.time_point(point, batch, ["v1", "v3"], ceilings, (2, 0), torch_backend)
+    assert row["floor_ms"] == ck.point_floor_ms(256, 4, 2, ceilings)
     assert list(row["variants"]) == ["v1", "v3"]
     for timed in row["variants"].values():
         assert timed["ms"] > 0 and timed["splits"] is None

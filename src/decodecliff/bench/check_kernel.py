@@ -9,8 +9,12 @@ mask decision. A CUDA-graph case per variant replays one captured launch at seve
 lengths. With --sanitize a few small cases rerun under compute-sanitizer (memcheck, racecheck).
 The timing pass (bench/timing.py: CUDA events, L2 flushed, the median) times the variants side by
 side on the same batch and puts each point against its floor (bench/roofline.py): the latent KV
-at the copy bandwidth measured in the same run, or the FLOPs at the mma.sync peak, whichever is
-larger. Tables print last; the JSON (check.json) and the log (check.log) go to --out.
+at the copy bandwidth, or the FLOPs at the dense bf16 matmul rate, whichever is larger, both
+measured in the same run. On sm_90 that matmul rate is cuBLAS's (wgmma), above the mma.sync peak
+the kernel is limited to (648 TFLOP/s on an H200, ../shared/reference/h200-sglang-kernels.md), so a
+compute-bound point's floor is the lower of the two and its fraction of the floor conservative.
+The problems, the checks and their tolerance, and the timing are the ones `bench-kernels` uses
+(core.py). Tables print last; the JSON (check.json) and the log (check.log) go to --out.
 """
 
 from __future__ import annotations
@@ -30,19 +34,14 @@ import torch
 
 from .. import envinfo
 from ..helpformat import DefaultsHelpFormatter
-from ..kernels import planted as planting
-from ..kernels.api import AttnBatch
-from ..kernels.custom import VARIANTS, CustomAttention
-from ..kernels.reference import TorchAttention, reference_attention
-from ..kernels.synthetic import random_batch, relative_error
-from . import roofline
-from .kernels import float64_batch, make_step
-from .timing import median_ms
+from ..jsonio import write_json
+from ..kernels.api import AttentionBackend, AttnBatch
+from ..kernels.custom import VARIANTS
+from ..kernels.registry import get_backend
+from ..kernels.synthetic import relative_error
+from . import core, roofline
+from .timing import sync
 
-TOL = 1e-2  # relative L2 error against the float64 reference: bf16 inputs and output
-MMA_PEAK_TFLOPS = 648.0  # mma.sync bf16 peak measured on H200: the custom kernel's matmul ceiling
-CPU_REFERENCE_WORK = 2e6  # kv tokens x query rows up to which the reference runs on the CPU
-SPARE_PAGES = 3  # pool pages no request owns, so pages scatter as in a churned pool
 DEFAULT_VARIANTS = ["v1", "v2", "v3", "v4"]
 DEFAULT_OUT = Path("results/kernel-check")
 # (repeats, warmup) of the timing pass, per variant and point; the Triton baseline's
@@ -70,7 +69,12 @@ SANITIZER_CASES = [
 ]
 
 Log = Callable[[str], None]
-MakeBackend = Callable[..., object]  # (num_splits=, variant=) -> an attention backend
+MakeBackend = Callable[..., AttentionBackend]  # (num_splits=, variant=) -> an attention backend
+
+
+def custom(**options) -> AttentionBackend:
+    """The custom kernel, built through the registry as the benches build every backend."""
+    return get_backend("custom", **options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,57 +187,42 @@ def parse_shape(text: str) -> dict:
 
 
 def case_batch(case: dict, device: torch.device | str) -> AttnBatch:
-    """The case's random problem (kernels/synthetic.py) on ``device``."""
+    """The case's random problem (core.problem) on ``device``."""
     kw = {k: case[k] for k in ("kv_lens", "q_len", "heads", "page_size", "tree")}
-    batch = random_batch(**kw, device=device, seed=case["seed"], spare_pages=SPARE_PAGES)
+    batch = core.problem(**kw, device=device, seed=case["seed"])
     if case.get("drop_hints"):  # the kernel must plan from the tensors alone
         batch.meta.max_q_len = None
         batch.meta.max_kv_len = None
     return batch
 
 
-def reference(batch: AttnBatch) -> torch.Tensor:
-    """The float64 reference on the CPU: computed there for small problems, else on the batch's
-    device (the same code, kernels/reference.py)."""
-    q_len = batch.meta.num_tokens // batch.meta.batch_size  # every request verifies the same count
-    work = sum(batch.meta.kv_lens.tolist()) * q_len * batch.meta.num_heads
-    if work < CPU_REFERENCE_WORK:
-        return reference_attention(batch)
-    return TorchAttention(torch.float64)(float64_batch(batch)).cpu()
-
-
-def poisoned_output(batch: AttnBatch) -> torch.Tensor:
-    return batch.new_output().fill_(float("nan"))
+def check_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def run_case(
-    case: dict, variants: list[str], log: Log, make_backend: MakeBackend = CustomAttention
+    case: dict, variants: list[str], log: Log, make_backend: MakeBackend = custom
 ) -> list[dict]:
     """One random problem, one float64 reference, every variant run twice on NaN-poisoned output."""
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    batch = case_batch(case, device)
-    ref = reference(batch)
+    batch = case_batch(case, check_device())
+    ref = core.reference(batch)
     results = []
     for variant in variants:
         backend = make_backend(num_splits=case.get("num_splits"), variant=variant)
-        first = backend(batch, poisoned_output(batch))
-        out = backend(batch, poisoned_output(batch))
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        err = relative_error(out, ref)
+        first = core.run_once(backend, batch)
+        out = core.run_once(backend, batch)
+        err, why = core.output_error(out, ref)
         res = {
             "variant": variant,
             **{k: v for k, v in case.items() if k != "kv_lens"},
             "kv_lens": case["kv_lens"][:4],
             "batch": len(case["kv_lens"]),
-            "splits": backend.plan(batch).num_splits
-            if isinstance(backend, CustomAttention)
-            else None,
+            "splits": backend.describe().get("num_splits"),
             "rel_err": err,
             "finite": bool(torch.isfinite(out).all()),
             "deterministic": bool(torch.equal(first, out)),
         }
-        res["ok"] = res["finite"] and res["deterministic"] and err < TOL
+        res["ok"] = res["deterministic"] and why is None
         if not res["ok"]:
             log(f"FAIL {res}")
             diagnose(out, ref, log)
@@ -257,18 +246,15 @@ def planted_checks(
     variants: list[str],
     seed: int,
     log: Log,
-    make_backend: MakeBackend = CustomAttention,
+    make_backend: MakeBackend = custom,
 ) -> list[dict]:
     """One planted problem, every variant: each row must return its visible token, not its hidden
     one (the per-row error against the float64 reference within planted.PLANTED_TOL)."""
     kv_lens, q_len, heads, page_size, tree = shape
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    plant = planting.planted_batch(kv_lens, q_len, heads, page_size, tree, device=device, seed=seed)
-    ref = TorchAttention(torch.float64)(float64_batch(plant.batch))
+    plant, ref = core.planted_problem(*shape, device=check_device(), seed=seed)
     results = []
     for variant in variants:
-        out = make_backend(variant=variant)(plant.batch, poisoned_output(plant.batch))
-        worst = planting.worst_row(plant, out, ref)
+        worst = core.planted_error(make_backend(variant=variant), plant, ref)
         res = {
             "variant": variant,
             "kv_lens": kv_lens[:4],
@@ -281,7 +267,7 @@ def planted_checks(
             "row_err": worst["max_err"],
             "worst_row": f"token {worst['token']} head {worst['head']}: shows {worst['visible']}, "
             f"hides {worst['hidden']}",
-            "ok": worst["max_err"] <= planting.PLANTED_TOL,
+            "ok": worst["ok"],
         }
         log(f"{'ok  ' if res['ok'] else 'FAIL'} planted {json.dumps(res)}")
         results.append(res)
@@ -290,11 +276,11 @@ def planted_checks(
 
 def graph_case(variant: str, log: Log) -> dict:
     """One captured launch (fixed splits), replayed after kv_lens change on the device."""
-    batch = random_batch([150_000, 40_000], 16, 8, device="cuda", seed=7, spare_pages=SPARE_PAGES)
-    backend = CustomAttention(num_splits=16, variant=variant)
+    batch = core.problem([150_000, 40_000], 16, 8, device="cuda", seed=7)
+    backend = custom(num_splits=16, variant=variant)
     out = batch.new_output()
     backend(batch, out)  # sizes the workspace before capture
-    torch.cuda.synchronize()
+    sync(batch.device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         backend(batch, out)
@@ -303,14 +289,14 @@ def graph_case(variant: str, log: Log) -> dict:
         batch.meta.kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
-        torch.cuda.synchronize()
-        errs.append(relative_error(out, reference(batch)))
+        sync(batch.device)
+        errs.append(relative_error(out, core.reference(batch)))
     res = {
         "variant": variant,
         "case": "cuda_graph_replay",
         "rel_errs": errs,
         "rel_err": max(errs),
-        "ok": all(e < TOL for e in errs),
+        "ok": all(e < core.REL_TOL for e in errs),
     }
     log(f"graph: {res}")
     return res
@@ -324,13 +310,13 @@ def sanitizer_child(variants: list[str]) -> int:
     """Small cases to run under compute-sanitizer (inputs on the GPU before the kernels)."""
     for case in SANITIZER_CASES:
         batch = case_batch({"tree": False, **case, "seed": 3}, "cuda")
-        ref = reference_attention(batch)
+        ref = core.reference(batch)
         for variant in variants:
-            out = CustomAttention(num_splits=3, variant=variant)(batch)
-            torch.cuda.synchronize()
-            err = relative_error(out, ref)
+            err, why = core.output_error(
+                core.run_once(custom(num_splits=3, variant=variant), batch), ref
+            )
             print(f"sanitizer case {variant} {case}: rel_err {err:.2e}")
-            if not err < TOL:
+            if why:
                 return 3
     return 0
 
@@ -378,91 +364,85 @@ def run_sanitizers(out_dir: Path, variants: list[str], log: Log) -> list[dict]:
 # timing
 
 
-def point_floor_ms(ctx: int, q_len: int, heads: int, copy_gbs: float) -> float:
-    """The roofline floor of one point: the latent read once at the copy bandwidth, or the FLOPs
-    at the mma.sync peak."""
-    nbytes = roofline.attention_bytes(ctx)
-    flops = roofline.attention_flops(ctx, q_len, heads)
-    return roofline.floor_ms(nbytes, flops, copy_gbs, MMA_PEAK_TFLOPS)
-
-
-def time_step(backend, batch: AttnBatch, calls: tuple[int, int]) -> float:
-    """Median ms of the backend's launch-only step on ``batch`` (L2 flushed on a GPU)."""
-    repeats, warmup = calls
-    return median_ms(make_step(backend, batch, batch.new_output()), batch.device, repeats, warmup)
+def point_floor_ms(ctx: int, q_len: int, heads: int, ceilings: dict) -> float:
+    """The roofline floor of one point (one request) from the measured ceilings (core.floor_ms)."""
+    return core.floor_ms(ctx, q_len, heads, 1, ceilings)
 
 
 def point_batch(point: tuple, device: torch.device | str) -> AttnBatch:
     """The random problem of one timing point (one request)."""
     ctx, q_len, heads, tree, ps, _ = point
-    seed = ctx + q_len
-    return random_batch(
-        [ctx], q_len, heads, ps, tree, device=device, seed=seed, spare_pages=SPARE_PAGES
-    )
+    return core.problem([ctx], q_len, heads, ps, tree, device=device, seed=ctx + q_len)
 
 
 def time_point(
     point: tuple,
     batch: AttnBatch,
     variants: list[str],
-    copy_gbs: float,
+    ceilings: dict,
     calls: tuple[int, int],
-    make_backend: MakeBackend = CustomAttention,
+    make_backend: MakeBackend = custom,
 ) -> dict:
     """One timing point, every variant on the same batch, against the point's floor."""
     ctx, q_len, heads, tree, ps, splits = point
-    floor = point_floor_ms(ctx, q_len, heads, copy_gbs)
-    nbytes, flops = roofline.attention_bytes(ctx), roofline.attention_flops(ctx, q_len, heads)
     row = {
         "ctx": ctx, "L": q_len, "heads": heads, "tree": tree, "page": ps,
-        "fixed_splits": splits, "floor_ms": floor, "variants": {},
+        "fixed_splits": splits, "floor_ms": point_floor_ms(ctx, q_len, heads, ceilings),
+        "variants": {},
     }  # fmt: skip
     for variant in variants:
         backend = make_backend(num_splits=splits, variant=variant)
-        ms = time_step(backend, batch, calls)
+        ms = core.time_step(backend, batch, *calls)
+        r = core.rates(ms, ctx, q_len, heads, 1, ceilings)
         row["variants"][variant] = {
-            "splits": backend.plan(batch).num_splits
-            if isinstance(backend, CustomAttention)
-            else None,
+            "splits": backend.describe().get("num_splits"),
             "ms": ms,
-            "GBps": nbytes / ms / 1e6,
-            "TFLOPs": flops / ms / 1e9,
-            "of_floor": floor / ms,
+            "GBps": r["gbs"],
+            "TFLOPs": r["tflops"],
+            "of_floor": r["roofline_frac"],
         }
     return row
 
 
+def triton_baseline(quick: bool, log: Log) -> AttentionBackend | None:
+    """The Triton baseline from the registry, timed beside the kernel on a few points (not with
+    --quick); None when it cannot run here."""
+    if quick:
+        return None
+    try:
+        return get_backend("triton")
+    except Exception as exc:  # the baseline is optional here: not importable on this host
+        log(f"triton baseline unavailable: {exc!r}")
+        return None
+
+
 def timing(
-    log: Log, copy_gbs: float, variants: list[str], quick: bool, grid: bool = False
+    log: Log, ceilings: dict, variants: list[str], quick: bool, grid: bool = False
 ) -> list[dict]:
     """Each point once per variant on the same batch; the Triton baseline on a few (not quick)."""
-    triton = None
-    if not quick:
-        try:
-            from ..kernels.triton_baseline import TritonAttention
-
-            triton = TritonAttention
-        except Exception as exc:  # the baseline is optional here
-            log(f"triton baseline unavailable: {exc!r}")
+    triton = triton_baseline(quick, log)
     triton_points = {(16384, 16, 8), (185000, 16, 8), (185000, 1, 8), (1024, 16, 8)}
     calls = TIMING_CALLS["quick" if quick else "full"]
     rows = []
     for point in timing_points(quick, grid):
         batch = point_batch(point, "cuda")
-        row = time_point(point, batch, variants, copy_gbs, calls)
+        row = time_point(point, batch, variants, ceilings, calls)
         ctx, q_len, heads, tree, ps, splits = point
         baseline = (ctx, q_len, heads) in triton_points and not tree and ps == 1 and not splits
         if triton is not None and baseline:
-            row["triton_ms"] = time_step(triton(), batch, TRITON_CALLS)
+            row["triton_ms"] = core.time_step(triton, batch, *TRITON_CALLS)
         log(json.dumps(row))
         rows.append(row)
         del batch
     return rows
 
 
-def timing_table(rows: list[dict], variants: list[str], copy_gbs: float) -> list[str]:
+def timing_table(rows: list[dict], variants: list[str], ceilings: dict) -> list[str]:
     """The timing pass as text lines: per variant splits, ms, GB/s and % of the floor."""
-    lines = [f"copy bandwidth {copy_gbs:.0f} GB/s; per variant: splits, ms, GB/s, % of floor"]
+    lines = [
+        f"copy bandwidth {ceilings['copy_gbs']:.0f} GB/s, matmul {ceilings['matmul_tflops']:.0f} "
+        "TFLOP/s (measured); per variant: splits, ms, GB/s, % of floor"
+    ]
     head = f"{'ctx':>7} {'L':>3} {'H':>3} {'tree':>5} {'pg':>3} {'floor':>7}"
     for v in variants:
         head += f" | {v + ' S':>6} {'ms':>8} {'GB/s':>6} {'%fl':>5}"
@@ -600,11 +580,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def launch(shape: dict, variant: str, launches: int) -> int:
     """Launch one variant on one shape a few times, nothing else (what a profiler records)."""
-    batch = random_batch(**shape, device="cuda", seed=1, spare_pages=SPARE_PAGES)
-    step = CustomAttention(variant=variant).prepare(batch, batch.new_output())
+    batch = core.problem(**shape, device="cuda", seed=1)
+    step = custom(variant=variant).prepare(batch, batch.new_output())
     for _ in range(launches):
         step()
-    torch.cuda.synchronize()
+    sync(batch.device)
     return 0
 
 
@@ -632,8 +612,9 @@ def run(args: argparse.Namespace, log: Log) -> dict:
     log(f"correctness done in {time.time() - start:.0f} s")
     report["sanitizers"] = run_sanitizers(args.out, variants, log) if args.sanitize else []
     if not args.no_timing:
-        report["copy_GBps"] = roofline.copy_bandwidth_gbs(torch.device("cuda"))
-        report["timing"] = timing(log, report["copy_GBps"], variants, args.quick, args.grid)
+        ceilings = roofline.measure_ceilings(torch.device("cuda"))
+        report["ceilings"], report["copy_GBps"] = ceilings, ceilings["copy_gbs"]
+        report["timing"] = timing(log, ceilings, variants, args.quick, args.grid)
     report["seconds"] = time.time() - start
     return report
 
@@ -661,10 +642,10 @@ def cli(argv: list[str]) -> int:
             f.write(msg + "\n")
 
     report = run(args, log)
-    (args.out / "check.json").write_text(json.dumps(report, indent=1, default=str))
+    write_json(args.out / "check.json", report, default=str)
     print()
     print("\n".join(summary_lines(report)))
     if "timing" in report:
-        print("\n".join(timing_table(report["timing"], args.variants, report["copy_GBps"])))
+        print("\n".join(timing_table(report["timing"], args.variants, report["ceilings"])))
     print(f"total {report['seconds']:.0f} s")
     return 0 if passed(report) else 1

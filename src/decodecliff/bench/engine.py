@@ -27,13 +27,11 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import json
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -43,11 +41,14 @@ from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter
+from decodecliff.jsonio import write_json
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
 from . import roofline
+from .timing import sync, wall_ms, wall_times_ms
 
+HOST = torch.device("cpu")  # the drafter is host work: timed without a device sync
 MODES = {"decode": "none", "chain": "chain", "tree": "tree"}
 PARTS = ("anatomy", "loop", "drafter", "host")
 GEMM_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
@@ -100,24 +101,11 @@ def make_step(engine: Engine, reqs: list[Request], mode: str, q: int) -> StepInp
     )
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_step(
     device: torch.device, forward: Callable[[], torch.Tensor], warmup: int, repeats: int
 ) -> list[float]:
-    for _ in range(warmup):
-        forward().argmax(-1).tolist()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        forward().argmax(-1).tolist()  # the sampler's host read ends the step, as in serving
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+    """Wall ms of each timed step; the sampler's host read ends the step, as in serving."""
+    return wall_times_ms(lambda: forward().argmax(-1).tolist(), device, repeats, warmup)
 
 
 def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> dict:
@@ -297,12 +285,8 @@ def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int
     engine.running.append(req)
     for _ in range(args.warmup):
         engine.step()
-    sync(engine.device)
-    before, t0 = len(req.verify_ms), time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync(engine.device)
-    wall = time.perf_counter() - t0
+    before = len(req.verify_ms)
+    wall = wall_ms(lambda: [engine.step() for _ in range(steps)], engine.device) / 1e3
     done = len(req.verify_ms) - before
     row = {
         "backend": spec_label(backend),
@@ -328,30 +312,19 @@ def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int
 # drafter and host cost (tiny preset, CPU)
 
 
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1e3
-
-
 def bench_drafter(context: int, mode: str, size: int, steps: int, vocab: int, seed: int) -> dict:
     """Index a history once, draft from a fresh state, then median draft of a running request."""
     rng = random.Random(seed)
     history = [rng.randrange(1, vocab) for _ in range(context)]
     drafter = NgramDrafter()
     draft = drafter.draft_chain if mode == "chain" else drafter.draft_tree
-    state = drafter.new_state()
-    t0 = time.perf_counter()
-    state.update(history)
-    index_ms = _ms(t0)
-    fresh = drafter.new_state()
-    t0 = time.perf_counter()
-    draft(fresh, history, size)
-    first_ms = _ms(t0)
+    state, fresh = drafter.new_state(), drafter.new_state()
+    index_ms = wall_ms(lambda: state.update(history), HOST)
+    first_ms = wall_ms(lambda: draft(fresh, history, size), HOST)
     step_ms = []
     for _ in range(steps):
         history.extend(rng.randrange(1, vocab) for _ in range(rng.randint(1, 3)))  # accepted
-        t0 = time.perf_counter()
-        draft(state, history, size)
-        step_ms.append(_ms(t0))
+        step_ms.append(wall_ms(lambda: draft(state, history, size), HOST))
     return {
         "context": context,
         "mode": mode,
@@ -505,13 +478,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def write(path: str, doc: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
-
-
 def run_guarded(doc: dict, what: str, fn: Callable[[], object]) -> object | None:
     """One point; a failure is recorded with its reason and the bench goes on."""
     try:
@@ -547,7 +513,7 @@ def cli(argv: list[str]) -> int:
                 for mode in args.modes:
                     fn = functools.partial(anatomy, args, backend, path, mode, doc["ceilings"])
                     doc["rows"] += run_guarded(doc, f"anatomy {backend} {path} {mode}", fn) or []
-                    write(args.out, doc)
+                    write_json(args.out, doc)
     if "loop" in args.parts:
         for ctx in args.loop_contexts or [max(args.contexts)]:
             for backend in args.backends:
@@ -555,7 +521,7 @@ def cli(argv: list[str]) -> int:
                     fn = functools.partial(serving_loop, args, backend, path, ctx)
                     row = run_guarded(doc, f"loop {backend} {path} {ctx}", fn)
                     doc["loop"] += [row] if row else []
-                    write(args.out, doc)
+                    write_json(args.out, doc)
     for mode in ("chain", "tree") if "drafter" in args.parts else ():
         size = args.draft_len - 1 if mode == "chain" else args.tree_nodes
         for ctx in args.contexts:
@@ -569,7 +535,7 @@ def cli(argv: list[str]) -> int:
     for t in doc["targets"]:
         verdict = "met" if t["met"] else f"missed by {t['missed_by']:.2f}x"
         print(f"target {t['target']} ({t['subject']}): {t['value']:.3g} vs {t['limit']}: {verdict}")
-    write(args.out, doc)
+    write_json(args.out, doc)
     return 1 if doc["errors"] and not (doc["rows"] or doc["loop"]) else 0
 
 

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from decodecliff.jsonio import write_json
+
 SCHEMA = "decodecliff.flashinfer-sm120/1"
 SM120_SMEM_PER_SM = 102_400  # cudaDevAttrMaxSharedMemoryPerMultiprocessor on sm_120
 SM120_SMEM_PER_BLOCK = 101_376  # the most one block may opt in to (99 KB)
@@ -133,8 +135,7 @@ def run(out: Path) -> dict:
         doc["seconds"] = round(time.perf_counter() - start, 1)
         doc["status"] = "ok" if doc.get("builds") else "failed"
         doc["reason"] = doc.pop("error", None)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(out, doc)
     return doc
 
 

@@ -4,11 +4,12 @@ Backends are this repository's (torch, triton, custom) and the peers a user coul
 (sglang, flashinfer, cublas: kernels/peers.py), all timed in the same run on the same inputs.
 For every (heads, page size, mode, context, backend, variant) point it builds one random problem
 (scattered pages) and, before timing, checks the backend twice (NaN-poisoned output buffers, so a
-kernel that writes nothing fails): its relative error against the `torch` backend on the random
+kernel that writes nothing fails): its relative error against the float64 reference on the random
 problem, and its per-row maximum error against a float64 reference on a planted problem of the same
 shape (kernels/planted.py), which fails on any wrong mask decision. Then it times the launch-only
 step (plan / metadata built outside the timed region) and reports ms per layer, effective GB/s,
-TFLOP/s and the fraction of the roofline floor (see roofline.py for the exact definitions). A
+TFLOP/s and the fraction of the roofline floor (see roofline.py for the exact definitions). The
+problem, the checks, their tolerance and the timing are the ones `check-kernel` uses (core.py). A
 backend that cannot serve a point (no GPU, not installed, no tree mask) records it as skipped with
 the reason. The JSON is rewritten atomically after every point, so an interrupted run keeps what it
 measured; a progress bar on stderr shows points done / total, elapsed time and an estimate.
@@ -17,33 +18,28 @@ measured; a progress bar on stderr shows points done / total, elapsed time and a
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import math
 import re
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import envinfo
+from ..jsonio import write_json
 from ..kernels import planted as planting
 from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
 from ..kernels.peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
-from ..kernels.reference import TorchAttention
 from ..kernels.registry import BACKENDS, get_backend, unavailable
-from ..kernels.synthetic import random_batch, relative_error
-from . import roofline
-from .timing import median_ms
+from . import core, roofline
+from .timing import wall_ms
 
 SCHEMA = "decodecliff.kernel-bench/1"
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 32768, 65536, 131072, 185000]
-REL_ERR_TOL = 2e-2  # bf16 inputs and output, fp32 accumulation
-CPU_GUARD_FLOPS = 2e10  # above this the CPU skips the correctness guard (torch reference too slow)
+CPU_GUARD_FLOPS = 2e10  # above this the CPU skips the correctness guard (reference too slow)
 CPU_PLANTED_FLOPS = 2e9  # the planted check on a CPU (backend + float64 reference) up to this size
 DECODE_SPLITS = ["sglang", 8, 64]  # "sglang": the count SGLang's Triton backend picks for MLA
 FLASHINFER_BACKENDS = ["fa2", "fa3"]
@@ -132,25 +128,15 @@ class Backends:
     """Backends constructed once per variant, so their workspaces persist across points."""
 
     def __init__(self) -> None:
-        self._made: dict[Variant, object] = {}
+        self._made: dict[Variant, AttentionBackend | Exception] = {}
 
-    def get(self, variant: Variant):
+    def get(self, variant: Variant) -> AttentionBackend | Exception:
         if variant not in self._made:
             try:
                 self._made[variant] = get_backend(variant.backend, **dict(variant.options))
             except Exception as exc:  # unavailable: not built, no GPU, missing module
                 self._made[variant] = exc
         return self._made[variant]
-
-
-def make_step(backend: AttentionBackend, batch: AttnBatch, out: torch.Tensor) -> Callable[[], None]:
-    """The launch-only step: checked and planned here, outside any timed region."""
-    return backend.prepare(batch, out)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 class Point(dict):
@@ -193,36 +179,30 @@ class Runner:
             )
             if self.device.type == "cpu" and flops > CPU_GUARD_FLOPS:
                 return None
-            self.reference = get_backend("torch")(batch)
+            self.reference = core.reference(batch)
         return self.reference
 
     def planted_problem(self) -> tuple[planting.Planted, torch.Tensor]:
         """This shape's planted problem and its float64 reference, built once per shape."""
         if self.planted is None:
             sh = self.shape
-            plant = planting.planted_batch(
+            self.planted = core.planted_problem(
                 sh["kv_lens"], sh["q_len"], sh["heads"], sh["page_size"], sh["tree"],
                 device=self.device, seed=self.args.seed,
             )  # fmt: skip
-            ref = TorchAttention(torch.float64)(float64_batch(plant.batch))
-            self.planted = (plant, ref)
         return self.planted
 
-    def check_planted(self, point: Point, backend, batch: AttnBatch) -> bool:
+    def check_planted(self, point: Point, backend: AttentionBackend, batch: AttnBatch) -> bool:
         """The planted mask check; False (with the point failed) when a mask decision is wrong."""
         flops = roofline.attention_flops(
             point["ctx"], point["q_len"], point["heads"], batch.meta.batch_size
         )
         if self.device.type == "cpu" and flops > CPU_PLANTED_FLOPS:
             return True
-        plant, ref = self.planted_problem()
-        out = plant.batch.new_output().fill_(float("nan"))
-        make_step(backend, plant.batch, out)()
-        sync(self.device)
-        worst = planting.worst_row(plant, out, ref)
+        worst = core.planted_error(backend, *self.planted_problem())
         point["planted_err"] = worst["max_err"]
         point["planted_row"] = f"{worst['visible']} vs {worst['hidden']}"
-        if worst["max_err"] > planting.PLANTED_TOL:
+        if not worst["ok"]:
             point.update(
                 status="failed",
                 reason=f"planted mask check: row error {worst['max_err']:.3g} at token "
@@ -251,76 +231,37 @@ class Runner:
         if est is not None and est * (self.calls() + 1) > limit:
             point["reason"] = f"estimated {est * (self.calls() + 1):.0f} s > {limit:g} s per point"
             return point
-        out = batch.new_output().fill_(float("nan"))
-        step = make_step(backend, batch, out)
-        first = self.call_seconds(step)  # on a GPU this call also compiles
-        if not self.check_output(point, variant, batch, out):
+        out = core.poisoned_output(batch)
+        first = wall_ms(backend.prepare(batch, out), self.device) / 1e3  # a GPU also compiles
+        if not self.check_output(point, batch, out):
             return point
         if not self.check_planted(point, backend, batch):
             return point
-        step = make_step(backend, batch, out)  # re-planned on the timed problem
+        step = backend.prepare(batch, out)  # re-planned on the timed problem
         point["detail"] = backend.describe()
         if self.device.type == "cuda":
-            first = self.call_seconds(step)
+            first = wall_ms(step, self.device) / 1e3
         self.seconds_per_call.setdefault(key, (point["ctx"], first))
         if first * self.calls() > limit:
             point["reason"] = f"one call took {first:.1f} s; {self.calls()} would pass {limit:g} s"
             return point
-        ms = median_ms(step, self.device, self.args.repeats, self.args.warmup)
+        ms = core.time_step(backend, batch, self.args.repeats, self.args.warmup)
         self.seconds_per_call[key] = (point["ctx"], ms / 1e3)
-        self.fill_rates(point, ms)
+        shape = (point["ctx"], point["q_len"], point["heads"], point["batch"])
+        point.update(ms=ms, status="ok", **core.rates(ms, *shape, self.ceilings))
         return point
 
-    def call_seconds(self, step: Callable[[], None]) -> float:
-        start = time.perf_counter()
-        step()
-        sync(self.device)
-        return time.perf_counter() - start
-
-    def check_output(self, point: Point, variant: Variant, batch, out: torch.Tensor) -> bool:
+    def check_output(self, point: Point, batch: AttnBatch, out: torch.Tensor) -> bool:
         """The once-per-point correctness guard; False (with the point failed) on a bad output."""
-        if not bool(torch.isfinite(out).all()) or float(out.abs().amax()) == 0.0:
-            point.update(status="failed", reason="output has NaN/inf or is all zeros")
-            return False
-        if variant.backend == "torch":
-            return True
         ref = self.reference_output(batch)
+        err, why = core.output_error(out, ref)
+        point["rel_err"] = err if err is not None and math.isfinite(err) else None
+        if why:
+            point.update(status="failed", reason=why)
+            return False
         if ref is None:
             point["reason"] = "correctness guard skipped on CPU at this size"
-            return True
-        point["rel_err"] = relative_error(out, ref)
-        if point["rel_err"] > REL_ERR_TOL:
-            point.update(status="failed", reason=f"rel err {point['rel_err']:.3g} vs torch")
-            return False
         return True
-
-    def fill_rates(self, point: Point, ms: float) -> None:
-        nbytes = roofline.attention_bytes(point["ctx"], point["batch"])
-        flops = roofline.attention_flops(
-            point["ctx"], point["q_len"], point["heads"], point["batch"]
-        )
-        floor = roofline.floor_ms(
-            nbytes, flops, self.ceilings["copy_gbs"], self.ceilings["matmul_tflops"]
-        )
-        point.update(
-            ms=ms, gbs=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12,
-            floor_ms=floor, roofline_frac=floor / ms, status="ok",
-        )  # fmt: skip
-
-
-def float64_batch(batch: AttnBatch) -> AttnBatch:
-    """The same problem with q and the cache in float64 (the reference's input), same device."""
-    return batch.meta.batch(batch.q.double(), batch.kv_cache.double())
-
-
-def write_json(path: Path, doc: dict) -> None:
-    """Write atomically: a temporary file in the same folder, then rename over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def print_table(points: list[dict], ceilings: dict) -> None:
@@ -660,9 +601,7 @@ def run_shape(
             record(doc, point, args, progress)
         return
     kv_lens = [ctx] * args.batch
-    batch = random_batch(
-        kv_lens, q_len, heads, page_size, tree, scattered=True, device=device, seed=args.seed
-    )
+    batch = core.problem(kv_lens, q_len, heads, page_size, tree, device=device, seed=args.seed)
     runner.reference, runner.planted = None, None
     runner.shape = dict(kv_lens=kv_lens, q_len=q_len, heads=heads, page_size=page_size, tree=tree)
     for v in todo:
@@ -680,7 +619,7 @@ def run_shape(
 
 def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProgress) -> None:
     doc["points"].append(dict(point))
-    write_json(args.out, doc)
+    write_json(args.out, doc, default=str)
     ms = "-" if point["ms"] is None else f"{point['ms']:.4g} ms"
     label = point["triton_config"] or ""
     line = f"{point['backend']:<7} {label:<12} h{point['heads']} ps{point['page_size']} "

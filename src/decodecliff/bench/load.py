@@ -27,6 +27,7 @@ import httpx
 
 from decodecliff import envinfo
 from decodecliff.helpformat import DefaultsHelpFormatter
+from decodecliff.jsonio import write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 
 READY = "decodecliff server ready at "
@@ -278,8 +279,7 @@ def cli(argv: list[str]) -> int:
             for j in jobs
         ],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_json(args.out, record)
     s = summary
     print(
         f"{s['completed']} completed, {s['disconnected']} disconnected in {s['wall_s']:.2f} s: "

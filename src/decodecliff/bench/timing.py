@@ -1,6 +1,8 @@
-"""Timing a step: CUDA events with the L2 flushed before every repeat, or a synchronised CPU clock.
+"""Timing a step, the one place the benches sync the device and read a clock.
 
-Both return the median of ``repeats`` timed calls in milliseconds, after ``warmup`` untimed calls.
+``median_ms``: CUDA events with the L2 flushed before every repeat (a kernel's device time), or the
+synchronised wall clock on a CPU. ``wall_ms`` / ``wall_times_ms``: the synchronised wall clock on
+either device (a step whose host work counts, or a first call that also compiles).
 """
 
 from __future__ import annotations
@@ -12,6 +14,31 @@ from collections.abc import Callable
 import torch
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H200: 50 MB), as triton.testing
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (nothing to wait for on a CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall_ms(step: Callable[[], object], device: torch.device | str) -> float:
+    """Milliseconds of one call of ``step``, the device synchronised before and after."""
+    sync(device)
+    start = time.perf_counter()
+    step()
+    sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def wall_times_ms(
+    step: Callable[[], object], device: torch.device | str, repeats: int, warmup: int = 0
+) -> list[float]:
+    """``wall_ms`` of ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    return [wall_ms(step, device) for _ in range(repeats)]
 
 
 def _cuda_median_ms(step: Callable[[], None], repeats: int, warmup: int, flush: bool) -> float:
@@ -31,17 +58,6 @@ def _cuda_median_ms(step: Callable[[], None], repeats: int, warmup: int, flush: 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def _cpu_median_ms(step: Callable[[], None], repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def median_ms(
     step: Callable[[], None],
     device: torch.device,
@@ -54,4 +70,4 @@ def median_ms(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if device.type == "cuda":
         return _cuda_median_ms(step, repeats, warmup, flush)
-    return _cpu_median_ms(step, repeats, warmup)
+    return statistics.median(wall_times_ms(step, device, repeats, warmup))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -39,18 +38,6 @@ class DraftTree:
                 mask[i] = mask[parent]
             mask[i, i] = True
         return torch.from_numpy(mask)
-
-
-class Drafter(Protocol):
-    """Proposes draft tokens from a request's committed tokens; state is per request."""
-
-    def new_state(self) -> object: ...
-
-    def observe(self, state: object, history: list[int], end: int) -> None: ...
-
-    def draft_chain(self, state: object, history: list[int], n: int) -> list[int]: ...
-
-    def draft_tree(self, state: object, history: list[int], num_nodes: int) -> DraftTree: ...
 
 
 class NgramIndex:

@@ -252,7 +252,7 @@ def skip_all(runner: Runner, reason: str) -> list[dict]:
     return results
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
+def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
-import os
 import re
 import signal
 import threading
@@ -47,6 +45,7 @@ from rich.progress import (
 )
 
 from decodecliff import envinfo
+from decodecliff.jsonio import write_json
 from decodecliff.sweep import client, launcher, metrics, point, prompts
 from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point files are defined)
 
@@ -134,21 +133,6 @@ class SweepConfig:
 
 def point_path(out: Path, ctx: int) -> Path:
     return out / f"ctx{ctx}.json"
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write ``obj`` to ``path`` so a reader sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _now() -> str:
@@ -587,7 +571,7 @@ class Runner:
         # A record that breaks the schema is a bug: PointError ends the sweep, the file unwritten.
         point.check(res)
         path = point_path(self.cfg.out, res["requested_ctx"])
-        write_json_atomic(path, res)
+        write_json(path, res, allow_nan=False)  # strict JSON: a NaN is a bug here
         self.written.append(path)
 
     def _summary(self, res: dict) -> None:

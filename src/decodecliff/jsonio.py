@@ -1,0 +1,35 @@
+"""One way to write a JSON result: atomically, so a reader (a notebook, a resumed run, a rule that
+checks for the file) sees the old file or the new one, never half of one. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def write_json(
+    path: str | os.PathLike,
+    doc: Any,
+    *,
+    allow_nan: bool = True,
+    default: Callable[[Any], Any] | None = None,
+) -> None:
+    """Write ``doc`` (indent 1, a final newline) to a temporary file in the target's folder, flush
+    it to disk, then rename it over ``path``. ``allow_nan=False`` refuses NaN/inf (strict JSON);
+    ``default`` as in ``json.dump`` (``str`` writes paths and devices as text)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # unique per writer
+    try:
+        with open(tmp, "x") as f:  # the umask's permissions, unlike mkstemp's 0600
+            json.dump(doc, f, indent=1, allow_nan=allow_nan, default=default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
