@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -209,10 +210,14 @@ def test_unknown_parameters_and_chat_features_are_refused(srv):
 
 
 def test_models_as_openai_and_vllm_read_them(client, srv):
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    # the model's name is its tokenizer's folder: what a benchmark client loads as the tokenizer
+    [name] = [m.id for m in client.models.list()]
+    assert Path(name).name == "tiny" and (Path(name) / "tokenizer.json").is_file()
     card = srv.get("/v1/models").json()["data"][0]
-    assert card["root"] == "tiny" and card["max_model_len"] == 4096 and card["owned_by"]
-    assert client.models.retrieve("tiny").id == "tiny"
+    assert card["root"] == name and card["max_model_len"] == 4096 and card["owned_by"]
+    assert client.models.retrieve(name).id == name == client.models.retrieve("tiny").id
+    info = srv.get("/get_model_info").json()
+    assert info["model_path"] == info["tokenizer_path"] == name
 
 
 # SGLang's native API -----------------------------------------------------------------------------
@@ -293,6 +298,7 @@ BENCH_SHAPES = {
             "stream": True,
             "lora_path": None,
             "return_logprob": False,
+            "return_routed_experts": False,
             "logprob_start_len": -1,
         },
     ),
@@ -384,6 +390,96 @@ def test_benchmark_clients_request_shapes(srv, name):
         assert chunks[-1]["meta_info"]["completion_tokens"] == 7
     else:
         assert _usage_of(chunks) == 7 and chunks[-1]["choices"] == []
+
+
+def test_generate_takes_every_field_of_sglangs_request(srv):
+    # what `bench_serving --backend sglang` sends, with SGLang's routing and tracing fields set
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True},
+        "stream": True,
+        "lora_path": None,
+        "return_logprob": False,
+        "return_routed_experts": True,
+        "logprob_start_len": -1,
+        "rid": "bench-1",
+        "priority": 3,
+        "custom_labels": {"team": "a"},
+        "log_metrics": True,
+    }
+    with httpx.stream("POST", srv.url + "/generate", json=body, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        warning = resp.headers["warning"]
+        resp.read()
+    assert "return_routed_experts" in warning and "rid" in warning and "log_metrics" not in warning
+    bad = srv.post("/generate", {**body, "return_routed_expertz": True})
+    assert bad.status_code == 400 and "return_routed_expertz" in bad.json()["error"]["message"]
+
+
+def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({"store": False}, {"store": True, "metadata": {"run": "1"}, "user": "u"}):
+        resp = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=msgs, max_tokens=3, **extra
+        )
+        assert resp.parse().usage.completion_tokens <= 3
+        assert ("store" in resp.headers.get("warning", "")) == extra["store"]
+
+
+def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
+    # Admission books a request's worst case: without max_tokens a chat request books its fair
+    # share of the pool (pool / max running requests), not the whole pool, so short requests
+    # run beside it instead of waiting for it.
+    done: list[str] = []
+    msgs = [{"role": "user", "content": "tell me everything"}]
+
+    def long_chat() -> None:
+        body = {"messages": msgs, "ignore_eos": True, "stream": True}
+        chunks = events(srv, "/v1/chat/completions", body)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        done.append("chat")
+
+    def short(i: int) -> None:
+        native(srv, IDS[i:], 4)
+        done.append("short")
+
+    chat = threading.Thread(target=long_chat)
+    chat.start()
+    while srv.get("/get_server_info").json()["running_requests"] == 0 and chat.is_alive():
+        time.sleep(0.01)
+    shorts = [threading.Thread(target=short, args=(i,)) for i in range(16)]
+    for t in shorts:
+        t.start()
+    for t in [*shorts, chat]:
+        t.join(120)
+    assert done == ["short"] * 16 + ["chat"]
+    body = {"messages": msgs, "ignore_eos": True}
+    out = srv.post("/v1/chat/completions", body).json()
+    assert out["usage"]["completion_tokens"] == 4096 // 8  # the fair share of this pool
+
+
+def test_the_served_tokenizer_round_trips_the_servers_ids(srv):
+    tokenizers = pytest.importorskip("tokenizers")
+    name = srv.get("/v1/models").json()["data"][0]["id"]
+    tok = tokenizers.Tokenizer.from_file(str(Path(name) / "tokenizer.json"))
+    out = native(srv, IDS, 40)
+    assert tok.decode(out["output_ids"]) == out["text"]
+    assert tok.encode(out["text"]).ids == out["output_ids"]
+    assert (
+        len(tok.encode(PROMPT).ids)
+        == srv.post("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 1}}).json()[
+            "meta_info"
+        ]["prompt_tokens"]
+    )
+
+
+def test_auto_tokenizer_loads_the_model_name(srv):
+    transformers = pytest.importorskip("transformers")  # what GuideLLM, AIPerf, bench_serving use
+    name = srv.get("/v1/models").json()["data"][0]["id"]
+    tok = transformers.AutoTokenizer.from_pretrained(name)
+    out = native(srv, IDS, 40)
+    assert tok.decode(out["output_ids"]) == out["text"]
+    assert tok.encode(out["text"], add_special_tokens=False) == out["output_ids"]
 
 
 def test_bench_one_batch_server_flow(srv):

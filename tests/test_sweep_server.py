@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
 
@@ -311,3 +312,72 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _start_sweep(out: Path) -> tuple[subprocess.Popen, int, str]:
+    """A sweep of one long point; (its process, its server's pid, the server's URL) once the
+    server runs a request."""
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
+    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
+    argv += ["--stop-grace", "3", "--out", str(out)]
+    sweep = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        server = _child(sweep.pid)
+        if server is None:
+            continue
+        argv = Path(f"/proc/{server}/cmdline").read_text().split("\0")
+        url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/get_server_info", timeout=5).json()["running_requests"]:
+                return sweep, server, url
+    sweep.kill()
+    raise AssertionError("the server never ran a request")
+
+
+def _gone(pid: int, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_a_killed_sweep_takes_its_server_along(tmp_path):
+    sweep, server, _ = _start_sweep(tmp_path)
+    try:
+        sweep.kill()  # SIGKILL: no cleanup runs in the sweep
+        sweep.wait(10)
+        assert _gone(server), "the server outlived the killed sweep"
+    finally:
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.slow  # a sweep and its server
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupted_point_is_written_as_interrupted(tmp_path, sig):
+    sweep, server, _ = _start_sweep(tmp_path)
+    try:
+        sweep.send_signal(sig)
+        assert sweep.wait(timeout=30) == 128 + sig
+        assert "Traceback" not in sweep.stderr.read()
+        point = _points(tmp_path)[64]
+        assert point["status"] == "failed" and point["reason"] == f"interrupted by {sig.name}"
+        assert _gone(server), "the server outlived the interrupted sweep"
+    finally:
+        for pid in (server, sweep.pid):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_the_fit_check_counts_the_draft_tokens_of_a_verify_step(tmp_path):
+    # 190 + 8 tokens fit a 200-token pool; with a chain of 8 drafts the step needs 7 more
+    server_cmd = SERVE + " --max-total-tokens 200 --spec chain --draft-len 8"
+    cfg = _config(tmp_path, [32, 190], server_cmd=server_cmd, gen_tokens=8, warmup_tokens=16)
+    small, big = Runner(cfg).run()
+    assert small["status"] == "ok"
+    assert big["status"] == "skipped" and "7 draft tokens" in big["reason"]
+    assert launcher.info_field(small["server_info"], "speculative_num_draft_tokens") == 8

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from decodecliff.engine.config import PRESETS
-from decodecliff.server.tokenizer import MAX_VOCAB, ByteTokenizer
+from decodecliff.server.tokenizer import MAX_VOCAB, ByteTokenizer, write_hf
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -41,3 +42,19 @@ def test_text_encodes_to_bytes_beyond_the_vocabulary():
     assert tok.encode("é") == [0xE9]  # a token of its own (code point < 512)
     assert tok.encode("€") == list("€".encode())  # U+20AC is no token: its UTF-8 bytes
     assert tok.representable("hé") and not tok.representable("€")
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_hugging_face_files_round_trip_every_id(preset, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = PRESETS[preset].vocab_size
+    folder = write_hf(tmp_path / preset, vocab, 4096)
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ours = ByteTokenizer(vocab)
+    ids = list(range(vocab))
+    assert tok.decode(ids) == ours.decode(ids)
+    assert tok.encode(ours.decode(ids)).ids == ids
+    assert tok.encode("a\n\nb").ids == ours.encode("a\n\nb")  # newlines are tokens too
+    assert write_hf(tmp_path / preset, vocab, 4096) == folder  # rewriting is harmless
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"

@@ -3,12 +3,16 @@ the same streaming sweep (and SGLang's, vLLM's and GuideLLM's benchmark clients)
 server or a real SGLang one.
 
 Endpoints: POST /generate (one prompt or a batch), POST /v1/completions, POST /v1/chat/completions,
-GET /v1/models, GET /health, GET /health_generate, GET /get_server_info (/server_info),
-GET /get_model_info, GET|POST /flush_cache, GET /metrics (Prometheus, SGLang's names).
+GET /v1/models, GET /health, GET /health_generate, GET|POST /ping, GET /get_server_info
+(/server_info), GET /get_model_info, GET|POST /flush_cache, GET /metrics (Prometheus, SGLang's
+names). The served model's name is the path of a Hugging Face tokenizer the server writes at start
+(tokenizer.write_hf), so a client that loads "the model's tokenizer" needs nothing else.
 Errors are JSON in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, 404 and 405
-included: 400 for bad input (naming the parameter), 413 for a body over the size limit, 503 when the
-server is shutting down or device memory runs out inside a request (its memory is given back
-first), 500 for internal errors. A stream that fails after it began ends with an error chunk and
+included: 400 for bad input (naming the parameter, values truncated), 401 without the API key, 403
+for a foreign Host or Origin, 408 for an upload slower than its deadline, 413 for a body over the
+size limit, 415 for a body that is not JSON, 503 when the server is shutting down or device memory
+runs out inside a request (its memory is given back first), 500 for internal errors (guard.py
+bounds what a request may cost). A stream that fails after it began ends with an error chunk and
 ``data: [DONE]``. Requests are admitted while the KV pool can hold their worst case and queue
 otherwise; one that could never fit is a 400 at once. A client that disconnects cancels its
 requests. Unlike SGLang, temperature defaults to 0 (greedy) so runs are deterministic.
@@ -16,13 +20,14 @@ requests. Unlike SGLang, temperature defaults to 0 (greedy) so runs are determin
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import codecs
-import json
 import logging
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 from aiohttp import web
@@ -32,7 +37,8 @@ from decodecliff.engine.config import EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import SamplingParams
 
-from .jobs import Batch, Choice, error_body, error_response, respond
+from .guard import Settings, access_middleware, is_loopback, parse_body
+from .jobs import Batch, Choice, check_fits, error_body, error_response, respond
 from .metrics import Metrics
 from .openai_api import OpenAIResponder
 from .protocol import (
@@ -42,20 +48,21 @@ from .protocol import (
     parse_chat,
     parse_completions,
     parse_generate,
+    show,
 )
-from .tokenizer import ByteTokenizer, decode
+from .tokenizer import ByteTokenizer, decode, write_hf
 
 log = logging.getLogger("decodecliff.server")
 ENGINE = web.AppKey("engine", Engine)
 INFO = web.AppKey("info", dict)
 METRICS = web.AppKey("metrics", Metrics)
 LIMITS = web.AppKey("limits", Limits)
+SETTINGS = web.AppKey("settings", Settings)
+MODEL = web.AppKey("model", str)  # the served model's name: its tokenizer's path
 STARTED = web.AppKey("started", int)
-
-# A 185k-token prompt as JSON is ~1.5 MB; bigger bodies are refused (413) while being read, so a
-# huge upload never sits in memory, and bodies over PARSE_OFF_LOOP are parsed off the event loop.
-MAX_BODY = 16 * 2**20
-PARSE_OFF_LOOP = 2**20
+# Seconds a connection whose body was not read (408, 413) stays open so the client reads the
+# answer before the close (aiohttp's default, 10, keeps a stalled upload for that long).
+LINGER = 2.0
 
 
 @web.middleware
@@ -70,35 +77,29 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
             raise
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
         resp = error_response(exc.status, f"{message} ({request.method} {request.path})")
-        if "Allow" in exc.headers:
-            resp.headers["Allow"] = exc.headers["Allow"]
+        for name in ("Allow", "WWW-Authenticate"):
+            if name in exc.headers:
+                resp.headers[name] = exc.headers[name]
+        if exc.status in (408, 413):  # no keep-alive after a body that was not read
+            resp.force_close()
         return resp
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:
         log.exception("request failed: %s %s", request.method, request.path)
-        return error_response(500, f"internal error: {exc!r}")
+        return error_response(500, f"internal error: {show(exc)}")
 
 
-async def read_json(request: web.Request) -> object:
-    """The body as JSON: size-limited, charset-checked, nesting-safe, big ones parsed off-loop."""
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=request.content_length)
-    raw = await request.read()  # raises 413 past client_max_size without reading further
-    charset = request.charset or "utf-8"
-    try:
-        codecs.lookup(charset)
-    except LookupError:
-        raise BadRequest(f"unsupported charset {charset!r} in Content-Type") from None
-    try:
-        text = raw.decode(charset)
-        if len(raw) > PARSE_OFF_LOOP:
-            return await asyncio.get_running_loop().run_in_executor(None, json.loads, text)
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON body: {exc}") from None
-    except RecursionError:
-        raise BadRequest("malformed JSON body: nested too deeply") from None
+async def read_request(request: web.Request, parse) -> tuple[dict, ParsedRequest]:
+    """(body, parsed request), checked against the engine; big bodies handled in a thread."""
+    engine, limits = request.app[ENGINE], request.app[LIMITS]
+
+    def work(body: object) -> ParsedRequest:
+        parsed = parse(body, limits)
+        check_fits(engine, parsed)
+        return parsed
+
+    return await parse_body(request, request.app[SETTINGS], work)
 
 
 def _check_alive(engine: Engine) -> None:
@@ -108,10 +109,19 @@ def _check_alive(engine: Engine) -> None:
 
 
 def _batch(request: web.Request, parsed: ParsedRequest) -> Batch:
-    try:
-        return Batch(request.app[ENGINE], parsed, request.app[METRICS])
-    except ValueError as exc:  # can never fit this engine
-        raise BadRequest(str(exc)) from None
+    if parsed.ignored:
+        _log_ignored(parsed.ignored)
+    return Batch(request.app[ENGINE], parsed, request.app[METRICS])
+
+
+_warned: set[str] = set()
+
+
+def _log_ignored(names: list[str]) -> None:
+    new = [n for n in names if n not in _warned]
+    if new:  # once per field: a benchmark sends the same fields with every request
+        _warned.update(new)
+        log.warning("accepted and ignored (they change no output here): %s", ", ".join(new))
 
 
 # SGLang's native API -----------------------------------------------------------------------------
@@ -134,7 +144,7 @@ def sglang_meta(choice: Choice, parsed: ParsedRequest) -> dict:
 async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     _check_alive(engine)
-    parsed = parse_generate(await read_json(request), request.app[LIMITS])
+    _, parsed = await read_request(request, parse_generate)
     batch = _batch(request, parsed)
     multi = parsed.batched or parsed.n > 1
 
@@ -168,17 +178,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     engine = request.app[ENGINE]
     _check_alive(engine)
-    body = await read_json(request)
-    parse = parse_chat if chat else parse_completions
-    parsed = parse(body, request.app[LIMITS])
+    body, parsed = await read_request(request, parse_chat if chat else parse_completions)
     batch = _batch(request, parsed)
-    model = str(body.get("model") or engine.cfg.preset)
+    model = str(body.get("model") or request.app[MODEL])
     return await OpenAIResponder(parsed, model, chat).run(request, batch)
 
 
 async def health(request: web.Request) -> web.Response:
     _check_alive(request.app[ENGINE])
     return web.Response(text="OK")
+
+
+async def ping(request: web.Request) -> web.Response:
+    """Liveness of the HTTP server alone (vLLM's and SageMaker's /ping)."""
+    return web.Response(text="pong")
 
 
 async def health_generate(request: web.Request) -> web.Response:
@@ -223,8 +236,9 @@ async def model_info(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     return web.json_response(
         {
-            "model_path": engine.cfg.preset,
-            "tokenizer_path": None,
+            "model_path": request.app[MODEL],
+            "tokenizer_path": request.app[MODEL],
+            "preset": engine.cfg.preset,
             "is_generation": True,
             "vocab_size": engine.mcfg.vocab_size,
         }
@@ -233,7 +247,7 @@ async def model_info(request: web.Request) -> web.Response:
 
 def _model_card(app: web.Application) -> dict:
     engine = app[ENGINE]
-    name = engine.cfg.preset
+    name = app[MODEL]
     return {
         "id": name,
         "object": "model",
@@ -252,7 +266,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     card = _model_card(request.app)
-    if request.match_info["model"] != card["id"]:
+    if request.match_info["model"] not in (card["id"], request.app[ENGINE].cfg.preset):
         raise web.HTTPNotFound(text=f"model {request.match_info['model']!r} does not exist")
     return web.json_response(card)
 
@@ -302,10 +316,14 @@ def static_info(engine: Engine) -> dict:
     }
 
 
-def make_app(engine: Engine) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[json_errors])
+def make_app(engine: Engine, settings: Settings, model: str) -> web.Application:
+    """The application; ``model`` is the served model's name (its tokenizer's path)."""
+    middlewares = [json_errors, access_middleware(settings)]
+    app = web.Application(client_max_size=settings.max_body, middlewares=middlewares)
     app[ENGINE] = engine
-    app[INFO] = static_info(engine)
+    app[SETTINGS] = settings
+    app[MODEL] = model
+    app[INFO] = static_info(engine) | {"model_path": model, "tokenizer_path": model}
     app[METRICS] = Metrics(engine, engine.cfg.preset)
     app[STARTED] = int(time.time())
     app[LIMITS] = Limits(
@@ -313,14 +331,19 @@ def make_app(engine: Engine) -> web.Application:
         max_tokens=engine.max_total_num_tokens,
         tokenizer=ByteTokenizer(engine.mcfg.vocab_size),
         draft_reserve=engine.cfg.spec_tokens - 1,
+        max_choices=settings.max_choices,
+        # a request without max_tokens: its share of the pool among a full running batch
+        fair_share=engine.max_total_num_tokens // engine.cfg.max_running_requests,
     )
     routes = [
         web.post("/generate", generate),
         web.post("/v1/completions", completions),
         web.post("/v1/chat/completions", chat_completions),
         web.get("/v1/models", list_models),
-        web.get("/v1/models/{model}", get_model),
+        web.get("/v1/models/{model:.+}", get_model),
         web.get("/health", health),
+        web.get("/ping", ping),
+        web.post("/ping", ping),
         web.get("/health_generate", health_generate),
         web.get("/get_server_info", server_info),
         web.get("/server_info", server_info),
@@ -334,19 +357,26 @@ def make_app(engine: Engine) -> web.Application:
     return app
 
 
-async def serve(engine: Engine, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT; then in-flight requests end with "server shutting down"."""
+async def serve(engine: Engine, host: str, port: int, settings: Settings, model: str) -> None:
+    """Serve until SIGTERM, SIGINT or SIGHUP; then in-flight requests end with "server shutting
+    down" and the server exits within seconds."""
     # handler_cancellation: a client that disconnects cancels its handler and so its requests
     runner = web.AppRunner(
-        make_app(engine), access_log=None, handler_cancellation=True, shutdown_timeout=5
+        make_app(engine, settings, model),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=5,
+        lingering_time=LINGER,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
+    if not is_loopback(host) and settings.api_key is None:
+        log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     print(f"decodecliff server ready at http://{host}:{port}", flush=True)
     await stop.wait()
     log.warning("shutting down: ending requests in flight")
@@ -354,18 +384,47 @@ async def serve(engine: Engine, host: str, port: int) -> None:
     await runner.cleanup()  # lets those handlers answer (at most shutdown_timeout), then closes
 
 
-def run(cfg: EngineConfig, host: str, port: int) -> int:
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(
+        max_body=int(args.max_request_mb * 2**20),
+        max_depth=args.max_json_depth,
+        max_choices=args.max_generations,
+        upload_timeout=args.upload_timeout,
+        api_key=args.api_key or None,
+        host=args.host,
+        tokenizer_dir=args.tokenizer_dir,
+    )
+
+
+def tokenizer_dir(settings: Settings, preset: str) -> Path:
+    if settings.tokenizer_dir is not None:
+        return settings.tokenizer_dir.resolve()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (cache / "decodecliff" / "models" / preset).resolve()
+
+
+def _error(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines() or [repr(exc)]
+    return lines[-1] if "enforce fail" not in lines[0] else lines[0].split("] ", 1)[-1]
+
+
+def run(cfg: EngineConfig, host: str, port: int, settings: Settings | None = None) -> int:
     """Build the engine and serve it (see serve); the exit code of `decodecliff serve`."""
+    settings = settings or Settings(host=host)
     try:
         engine = Engine(cfg)
-    except ValueError as exc:
-        print(f"decodecliff serve: error: {exc}", file=sys.stderr)
+        folder = write_hf(
+            tokenizer_dir(settings, cfg.preset), engine.mcfg.vocab_size, engine.max_total_num_tokens
+        )
+    except (ValueError, RuntimeError, MemoryError, OverflowError, OSError) as exc:
+        # a pool or batch too big to allocate, an unwritable tokenizer folder: one line
+        print(f"decodecliff serve: error: {_error(exc)}", file=sys.stderr)
         return 2
     engine.start()
     try:
-        asyncio.run(serve(engine, host, port))
-    except OSError as exc:  # port in use, bad host
-        print(f"decodecliff serve: error: {exc}", file=sys.stderr)
+        asyncio.run(serve(engine, host, port, settings, str(folder)))
+    except (OSError, OverflowError) as exc:  # port in use, bad host
+        print(f"decodecliff serve: error: {_error(exc)}", file=sys.stderr)
         return 1
     finally:
         engine.shutdown()

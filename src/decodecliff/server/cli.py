@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from decodecliff.engine.config import EngineConfig, add_options
 from decodecliff.helpformat import DefaultsHelpFormatter
@@ -29,10 +32,11 @@ def parser() -> argparse.ArgumentParser:
         help="where the engine runs (auto: CUDA when a GPU is visible)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=30000, help="port to listen on")
+    p.add_argument("--port", type=port, default=30000, help="port to listen on (1-65535)")
     p.add_argument(
         "--log-level", default="warning", help="logging level: debug, info, warning or error"
     )
+    add_limits(p)
     add_options(p)
     p.add_argument(
         "--backend-option",
@@ -44,6 +48,66 @@ def parser() -> argparse.ArgumentParser:
         "variant=v4 (custom), index_dtype=int32 (triton, sglang)",
     )
     return p
+
+
+def add_limits(p: argparse.ArgumentParser) -> None:
+    """Who may call, and what one request may cost (server.guard.Settings)."""
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("DECODECLIFF_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health, /ping and /metrics, "
+        "as SGLang's --api-key; set it when listening beyond loopback (default: "
+        "$DECODECLIFF_API_KEY, else no key)",
+    )
+    p.add_argument(
+        "--max-request-mb",
+        type=positive(float),
+        default=16.0,
+        help="largest request body in MiB (a 185k-token prompt as JSON is about 1.5)",
+    )
+    p.add_argument(
+        "--max-json-depth", type=positive(int), default=32, help="deepest nesting of a JSON body"
+    )
+    p.add_argument(
+        "--max-generations",
+        type=positive(int),
+        default=256,
+        help="generations one request may start: prompts of a batch times n",
+    )
+    p.add_argument(
+        "--upload-timeout",
+        type=positive(float),
+        default=30.0,
+        help="seconds a client has to send a request body (then 408 and the connection closes)",
+    )
+    p.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        default=None,
+        help="where to write the Hugging Face tokenizer, whose path is then the served model "
+        "name (default: $XDG_CACHE_HOME/decodecliff/models/PRESET, ~/.cache without it)",
+    )
+
+
+def positive(kind: type) -> Callable[[str], float]:
+    """An argparse type: ``kind`` (int or float) greater than 0."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port one can listen on."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text} is not in 1-65535")
+    return value
 
 
 def backend_option(text: str) -> tuple[str, object]:
@@ -80,4 +144,4 @@ def cli(argv: list[str]) -> int:
         return 2
     from decodecliff.server import app  # torch, the engine, aiohttp
 
-    return app.run(cfg, args.host, args.port)
+    return app.run(cfg, args.host, args.port, app.settings_from_args(args))

@@ -20,12 +20,15 @@ from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import Request, TokenLogprob, Update
 
 from .metrics import Metrics
-from .protocol import ParsedRequest
+from .protocol import BadRequest, ParsedRequest
 
 ERROR_TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestEntityTooLargeError",
     415: "UnsupportedMediaTypeError",
     499: "ClientClosedRequest",
@@ -39,8 +42,26 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    return web.json_response(error_body(status, message, param), status=status)
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict | None = None
+) -> web.Response:
+    return web.json_response(error_body(status, message, param), status=status, headers=headers)
+
+
+def warning_headers(parsed: ParsedRequest) -> dict[str, str]:
+    """A Warning header (code 299) naming the accepted fields that were ignored, if any."""
+    if not parsed.ignored:
+        return {}
+    return {"Warning": f'299 decodecliff "ignored: {", ".join(parsed.ignored)}"'}
+
+
+def check_fits(engine: Engine, parsed: ParsedRequest) -> None:
+    """BadRequest when a prompt can never be served by the engine (its n copies check once)."""
+    for prompt, params in zip(parsed.prompts, parsed.params, strict=True):
+        try:
+            engine.check(prompt, params)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
 
 
 def sse(payload: object) -> bytes:
@@ -89,10 +110,10 @@ class Batch:
         self.loop = asyncio.get_running_loop()
         self.inbox: asyncio.Queue[tuple[int, Update]] = asyncio.Queue()
         self.choices: list[Choice] = []
-        for index, prompt, params in parsed.choices():
-            engine.check(prompt, params)  # ValueError (a 400) before anything is submitted
+        for index, prompt, params in parsed.choices():  # checked by check_fits beforehand
             req = Request(prompt=prompt, params=params, on_update=self._pusher(index))
             self.choices.append(Choice(index, prompt, req))
+        self.unfinished = len(self.choices)  # counted, not scanned: a batch can be large
 
     def _pusher(self, index: int) -> Callable[[Update], None]:
         def push(update: Update) -> None:  # engine thread
@@ -113,7 +134,7 @@ class Batch:
 
     @property
     def done(self) -> bool:
-        return all(c.finished for c in self.choices)
+        return self.unfinished == 0
 
     async def next(self) -> Choice:
         """Wait for the next update of any choice and fold it in."""
@@ -121,6 +142,7 @@ class Batch:
         choice = self.choices[index]
         now = self.loop.time()
         if update.new_ids:
+            self.metrics.generated(len(update.new_ids))
             if choice.last_token_at is None and update.meta_info.get("ttft") is not None:
                 self.metrics.ttft.observe(update.meta_info["ttft"])
             elif choice.last_token_at is not None:
@@ -134,6 +156,7 @@ class Batch:
         choice.error, choice.status = update.error, update.status
         if update.finished and not choice.finished:
             choice.finished = True
+            self.unfinished -= 1
             self.metrics.finished(update.meta_info, update.error is None)
         return choice
 
@@ -155,18 +178,19 @@ async def respond(
     choice that failed, then tail() and [DONE]. A failure before anything was sent is a plain HTTP
     error, for streams too.
     """
+    headers = warning_headers(batch.parsed)
     with batch:
         if not batch.parsed.stream:
             while not batch.done:
                 await batch.next()
             if (bad := batch.first_error()) is not None:
-                return error_response(bad.status, bad.error)
-            return web.json_response(body(batch.choices))
+                return error_response(bad.status, bad.error, headers=headers)
+            return web.json_response(body(batch.choices), headers=headers)
         first = await batch.next()
         if first.error is not None:
-            return error_response(first.status, first.error)
+            return error_response(first.status, first.error, headers=headers)
         resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
         )
         await resp.prepare(request)
         choice: Choice | None = first

@@ -2,14 +2,20 @@
 
 Gauges are read from the engine when /metrics is scraped; counters and histograms are fed by the
 server as requests stream (time to first token, inter-token latency, end-to-end latency).
+gen_throughput is the output tokens per second over the last THROUGHPUT_WINDOW seconds;
+cache_hit_rate is 0, as there is no prefix cache (every prompt token is computed).
 """
 
 from __future__ import annotations
+
+import time
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from decodecliff.engine.engine import Engine
 
+THROUGHPUT_WINDOW = 10.0  # seconds
 LATENCY_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
@@ -37,6 +43,13 @@ class Metrics:
         self.accept_length = gauge(
             "sglang:spec_accept_length", "Mean tokens emitted per verify step (incl. the bonus)"
         )
+        self.gen_throughput = gauge(
+            "sglang:gen_throughput",
+            f"Output tokens per second over the last {THROUGHPUT_WINDOW:g} s",
+        )
+        self.cache_hit_rate = gauge(
+            "sglang:cache_hit_rate", "Fraction of prompt tokens served from a prefix cache (none)"
+        )
         self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
         self.requests = counter("sglang:num_requests", "Finished requests")
@@ -46,6 +59,21 @@ class Metrics:
         self.e2e = hist("sglang:e2e_request_latency_seconds", "Request latency, arrival to end")
         self.verify_steps = 0
         self.verify_tokens = 0
+        self.recent: deque[tuple[float, int]] = deque()  # (time, output tokens) in the window
+
+    def generated(self, tokens: int) -> None:
+        """Output tokens just streamed (for gen_throughput)."""
+        now = time.monotonic()
+        self.recent.append((now, tokens))
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        while self.recent and self.recent[0][0] < now - THROUGHPUT_WINDOW:
+            self.recent.popleft()
+
+    def throughput(self) -> float:
+        self._prune(time.monotonic())
+        return sum(n for _, n in self.recent) / THROUGHPUT_WINDOW
 
     def finished(self, meta: dict, ok: bool) -> None:
         self.requests.inc()
@@ -68,4 +96,6 @@ class Metrics:
         self.used_tokens.set(stats.used_tokens)
         self.token_usage.set(stats.token_usage)
         self.accept_length.set(self.avg_accept_length or 0.0)
+        self.gen_throughput.set(self.throughput())
+        self.cache_hit_rate.set(0.0)
         return generate_latest(self.registry)

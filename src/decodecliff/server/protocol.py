@@ -1,15 +1,18 @@
 """Request validation for SGLang's /generate and OpenAI's /v1/completions and /v1/chat/completions.
 
-Every parameter a client may send is either honoured or refused: a problem raises BadRequest with a
-message naming the offending field (and `param`), which the server answers with a 400 JSON error.
-A parameter the server cannot honour is accepted only at its neutral value (a penalty of 0, an
-empty logit_bias); an unknown parameter is refused, as OpenAI's API does. Nothing here touches the
-engine.
+Every parameter of SGLang's GenerateReqInput and of OpenAI's requests is accepted: honoured where
+it applies; one that changes no token of the output (store, metadata, rid, return_routed_experts)
+is ignored and named in the request's `ignored` list (the server says so in a Warning header);
+one that would change the output but cannot be honoured is accepted only at its neutral value (a
+penalty of 0, an empty logit_bias). An unknown parameter is refused, as OpenAI's API does. A
+problem raises BadRequest with a short message naming the offending field (and `param`), which the
+server answers with a 400 JSON error; values are shown truncated. Nothing here touches the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from dataclasses import dataclass, field
 
 from decodecliff.engine.request import SamplingParams
@@ -20,6 +23,16 @@ MAX_TEMPERATURE = 100.0
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
+MAX_CHOICES = 256  # engine requests one HTTP request may start (prompts x n)
+
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother = 2, 60, 60
+_short.maxlist = _short.maxdict = _short.maxtuple = 4
+
+
+def show(value: object) -> str:
+    """A value for an error message: short, and safe for any nesting or size."""
+    return _short.repr(value)
 
 
 class BadRequest(ValueError):
@@ -44,6 +57,7 @@ class ParsedRequest:
     echo: bool = False
     include_usage: bool = False  # a final usage chunk with no choices
     continuous_usage: bool = False  # usage on every chunk (vLLM's continuous_usage_stats)
+    ignored: list[str] = field(default_factory=list)  # accepted fields that change nothing
 
     def choices(self) -> list[tuple[int, list[int], SamplingParams]]:
         """(index, prompt, params) of every choice, seeds spread over a prompt's choices."""
@@ -63,6 +77,8 @@ class Limits:
     max_tokens: int  # the KV pool: no prompt + output may exceed it
     tokenizer: ByteTokenizer
     draft_reserve: int = 0  # KV slots a verify step's drafts take beyond the output
+    max_choices: int = MAX_CHOICES
+    fair_share: int | None = None  # output tokens of a chat request that names no max_tokens
 
 
 # value checks ----------------------------------------------------------------------------------
@@ -74,7 +90,7 @@ def _int(value: object, name: str, lo: int, hi: int) -> int:
     if not _is_int(value):
         raise BadRequest(f"{name} must be an integer, got {type(value).__name__}", name)
     if not lo <= value <= hi:
-        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {value}", name)
+        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {show(value)}", name)
     return value
 
 
@@ -82,13 +98,13 @@ def _number(value: object, name: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{name} must be a number, got {type(value).__name__}", name)
     if not lo <= float(value) <= hi:  # also refuses NaN
-        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {value}", name)
+        raise BadRequest(f"{name} must be in [{lo}, {hi}], got {show(value)}", name)
     return float(value)
 
 
 def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be true or false, got {value!r}", name)
+        raise BadRequest(f"{name} must be true or false, got {show(value)}", name)
     return value
 
 
@@ -103,7 +119,7 @@ def _token_ids(value: object, name: str, vocab_size: int) -> list[int]:
         raise BadRequest(f"{name} must be a list of token ids", name)
     for tok in value:
         if not _is_int(tok):
-            raise BadRequest(f"{name} must hold integers, got {tok!r}", name)
+            raise BadRequest(f"{name} must hold integers, got {show(tok)}", name)
         if not 0 <= tok < vocab_size:
             raise BadRequest(
                 f"{name}: token id {tok} is outside the vocabulary [0, {vocab_size})", name
@@ -155,16 +171,38 @@ def _stop(value: object, name: str, lim: Limits) -> dict[tuple[int, ...], str]:
     return {tuple(tok.encode(s)): s for s in items if tok.representable(s)}
 
 
-def _refuse(body: dict, known: set[str], neutral: dict[str, object], where: str = "") -> None:
-    """Unknown keys, and known ones the server cannot honour at a non-neutral value, are 400s."""
-    unknown = sorted(k for k in body if k not in known and k not in neutral)
+def _refuse(
+    body: dict,
+    known: set[str],
+    neutral: dict[str, object],
+    ignored: dict[str, object] | None = None,
+    where: str = "",
+) -> list[str]:
+    """Unknown keys, and known ones the server cannot honour at a non-neutral value, are 400s.
+
+    Returns the keys of `ignored` given a value other than their default (they change nothing).
+    """
+    ignored = ignored or {}
+    unknown = sorted(k for k in body if k not in known and k not in neutral and k not in ignored)
     if unknown:
-        raise BadRequest(f"unsupported parameter(s): {', '.join(where + k for k in unknown)}")
+        names = ", ".join(show(where + k) for k in unknown[:8])
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise BadRequest(f"unsupported parameter(s): {names}{more}")
     for key, ok in neutral.items():
         value = body.get(key)
         if value is None or value == ok or (ok == () and not value):
             continue
-        raise BadRequest(f"{where}{key} = {value!r} is not supported", where + key)
+        raise BadRequest(f"{where}{key} = {show(value)} is not supported", where + key)
+    return [where + k for k, default in ignored.items() if body.get(k) not in (None, default)]
+
+
+def _fan_out(prompts: list, n: int, lim: Limits) -> None:
+    if len(prompts) * n > lim.max_choices:
+        raise BadRequest(
+            f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} generations; "
+            f"at most {lim.max_choices} per request",
+            "n",
+        )
 
 
 def _sampling(
@@ -207,11 +245,9 @@ GENERATE_KEYS = {
     "input_ids",
     "sampling_params",
     "stream",
-    "rid",
     "return_logprob",
     "logprob_start_len",
     "top_logprobs_num",
-    "return_text_in_logprobs",
 }
 GENERATE_NEUTRAL = {
     "lora_path": (),
@@ -223,7 +259,61 @@ GENERATE_NEUTRAL = {
     "return_hidden_states": False,
     "session_params": (),
     "modalities": (),
-    "bootstrap_host": (),
+    "positional_embed_overrides": (),
+    "multi_item_delimiter_indices": (),
+    "require_reasoning": False,
+}
+# GenerateReqInput's fields that change no output token (routing, tracing, disaggregation,
+# extra outputs this model has not), with their defaults: accepted and ignored.
+GENERATE_IGNORED: dict[str, object] = {
+    "rid": None,
+    "session_id": None,
+    "return_text_in_logprobs": False,
+    "return_routed_experts": False,
+    "routed_experts_start_len": 0,
+    "return_indexer_topk": False,
+    "return_entropy": False,
+    "return_bytes": False,
+    "return_prompt_token_ids": False,
+    "return_sampling_mask": False,
+    "return_flat_raw_top_logprobs": False,
+    "return_flat_raw_top_logprobs_b64": False,
+    "token_ids_logprob": None,
+    "log_metrics": True,
+    "lora_id": None,
+    "bootstrap_host": None,
+    "bootstrap_port": None,
+    "bootstrap_room": None,
+    "bootstrap_pair_key": None,
+    "decode_tp_size": None,
+    "routed_dp_rank": None,
+    "data_parallel_rank": None,
+    "disagg_prefill_dp_rank": None,
+    "kv_router_hint": None,
+    "routing_key": None,
+    "conversation_id": None,
+    "http_worker_ipc": None,
+    "background": False,
+    "priority": None,
+    "extra_key": None,
+    "cache_salt": None,
+    "no_logs": False,
+    "custom_labels": None,
+    "external_trace_header": None,
+    "received_time": None,
+    "max_thinking_tokens": None,
+    "mm_hashes": None,
+    "mm_content_hashes": None,
+    "use_audio_in_video": False,
+    "video_config": None,
+    "need_wait_for_mm_inputs": None,
+    "num_items_assigned": None,
+    "encoder_urls": None,
+    "max_dynamic_patch": None,
+    "min_dynamic_patch": None,
+    "image_max_dynamic_patch": None,
+    "video_max_dynamic_patch": None,
+    "images_config": None,
 }
 SAMPLING_KEYS = {
     "max_new_tokens",
@@ -251,13 +341,15 @@ SAMPLING_NEUTRAL = {
     "structural_tag": (),
     "custom_params": (),
     "logit_bias": (),
+    "stop_regex": (),
 }
+SAMPLING_IGNORED: dict[str, object] = {"stream_interval": None}
 
 
 def parse_generate(body: object, lim: Limits) -> ParsedRequest:
     """SGLang /generate: input_ids or text (one or a batch), sampling_params (one or per input)."""
     body = _object(body)
-    _refuse(body, GENERATE_KEYS, GENERATE_NEUTRAL)
+    ignored = _refuse(body, GENERATE_KEYS, GENERATE_NEUTRAL, GENERATE_IGNORED)
     has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
     if has_ids == has_text:
         raise BadRequest("give exactly one of input_ids or text", "input_ids")
@@ -274,7 +366,9 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         sps = [sps] * len(prompts)
     sps = [_object(sp, "sampling_params") for sp in sps]
     for sp in sps:
-        _refuse(sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, "sampling_params.")
+        ignored += _refuse(
+            sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, SAMPLING_IGNORED, "sampling_params."
+        )
     logprob = _bool(body.get("return_logprob", False), "return_logprob")
     top = _int(body.get("top_logprobs_num") or 0, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
     start = body.get("logprob_start_len")
@@ -294,14 +388,17 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         trims.add(not _bool(sp.get("no_stop_trim", False), "sampling_params.no_stop_trim"))
     if len(ns) > 1 or len(trims) > 1:
         raise BadRequest("sampling_params: n and no_stop_trim must agree across the batch")
+    n = ns.pop()
+    _fan_out(prompts, n, lim)
     return ParsedRequest(
         prompts,
         params,
         _bool(body.get("stream", False), "stream"),
-        n=ns.pop(),
+        n=n,
         batched=batched,
         stop_strings=stops,
         trim_stop=trims.pop(),
+        ignored=sorted(set(ignored)),
     )
 
 
@@ -320,10 +417,10 @@ OPENAI_KEYS = {
     "stop_token_ids",
     "seed",
     "ignore_eos",
-    "user",
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "include_stop_str_in_output",
+    "no_stop_trim",
 }
 OPENAI_NEUTRAL = {
     "presence_penalty": 0.0,
@@ -337,6 +434,38 @@ OPENAI_NEUTRAL = {
     "guided_choice": (),
     "guided_grammar": (),
     "structured_outputs": (),
+    "json_schema": (),
+    "regex": (),
+    "ebnf": (),
+    "stop_regex": (),
+    "lora_path": (),
+    "session_params": (),
+    "custom_params": (),
+    "custom_logit_processor": (),
+    "return_hidden_states": False,
+}
+# OpenAI's (and SGLang's OpenAI-API) fields that change no output token, with their defaults.
+OPENAI_IGNORED: dict[str, object] = {
+    "user": None,
+    "store": False,
+    "metadata": None,
+    "service_tier": None,
+    "prompt_cache_key": None,
+    "safety_identifier": None,
+    "reasoning_effort": None,
+    "verbosity": None,
+    "rid": None,
+    "priority": None,
+    "extra_key": None,
+    "cache_salt": None,
+    "return_routed_experts": False,
+    "routed_dp_rank": None,
+    "data_parallel_rank": None,
+    "bootstrap_host": None,
+    "bootstrap_port": None,
+    "bootstrap_room": None,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
 }
 COMPLETION_KEYS = OPENAI_KEYS | {"prompt", "logprobs", "echo", "best_of"}
 COMPLETION_NEUTRAL = {**OPENAI_NEUTRAL, "suffix": ()}
@@ -353,12 +482,17 @@ CHAT_NEUTRAL = {
     **OPENAI_NEUTRAL,
     "tools": (),
     "functions": (),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "modalities": ["text"],
     "echo": False,
     "continue_final_message": False,
     "chat_template": (),
     "chat_template_kwargs": (),
     "documents": (),
 }
+CHAT_IGNORED = {**OPENAI_IGNORED, "function_call": None}  # there are no functions to call
 CHAT_ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -390,6 +524,7 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
 
 def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int | None, **kw):
     n = _int(body.get("n", 1) if body.get("n") is not None else 1, "n", 1, MAX_N)
+    _fan_out(prompts, n, lim)
     stream = _bool(body.get("stream", False) or False, "stream")
     usage, every = _stream_options(body, stream)
     stop = _stop(body.get("stop"), "stop", lim)
@@ -402,6 +537,7 @@ def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int
     )
     params = dataclasses.replace(params, stop_sequences=tuple(stop))
     keep = _bool(body.get("include_stop_str_in_output", False), "include_stop_str_in_output")
+    keep |= _bool(body.get("no_stop_trim", False), "no_stop_trim")  # SGLang's name for it
     return ParsedRequest(
         prompts,
         [params] * len(prompts),
@@ -419,7 +555,7 @@ def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int
 def parse_completions(body: object, lim: Limits) -> ParsedRequest:
     """OpenAI /v1/completions: a prompt in any form, n, stop, logprobs, echo, sampling."""
     body = _object(body)
-    _refuse(body, COMPLETION_KEYS, COMPLETION_NEUTRAL)
+    ignored = _refuse(body, COMPLETION_KEYS, COMPLETION_NEUTRAL, OPENAI_IGNORED)
     if body.get("prompt") is None:
         raise BadRequest("prompt is required", "prompt")
     prompts, batched = _prompts(body["prompt"], "prompt", lim, text=True, ids=True)
@@ -431,7 +567,7 @@ def parse_completions(body: object, lim: Limits) -> ParsedRequest:
     echo = _bool(body.get("echo", False) or False, "echo")
     if echo and lp is not None:
         raise BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo")
-    return _openai(body, lim, prompts, batched, lp, echo=echo, default_max=16)
+    return _openai(body, lim, prompts, batched, lp, echo=echo, default_max=16, ignored=ignored)
 
 
 def chat_prompt(messages: object, lim: Limits) -> list[int]:
@@ -444,7 +580,7 @@ def chat_prompt(messages: object, lim: Limits) -> list[int]:
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
             raise BadRequest(
-                f"messages: role must be one of {CHAT_ROLES}, got {role!r}", "messages"
+                f"messages: role must be one of {CHAT_ROLES}, got {show(role)}", "messages"
             )
         extra = sorted(set(m) - {"role", "content", "name"})
         if extra:
@@ -471,7 +607,7 @@ def _content(content: object) -> str:
 def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     """OpenAI /v1/chat/completions over the plain chat template."""
     body = _object(body)
-    _refuse(body, CHAT_KEYS, CHAT_NEUTRAL)
+    ignored = _refuse(body, CHAT_KEYS, CHAT_NEUTRAL, CHAT_IGNORED)
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise BadRequest("response_format other than text is not supported", "response_format")
@@ -486,5 +622,8 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     if top is not None and not want:
         raise BadRequest("top_logprobs needs logprobs = true", "top_logprobs")
     logprobs = (top or 0) if want else None
-    room = max(1, lim.max_tokens - len(prompt) - lim.draft_reserve)  # as vLLM: up to the context
-    return _openai(body, lim, [prompt], False, logprobs, default_max=room)
+    # Up to the context, as vLLM and SGLang, but at most a fair share of the KV pool: requests are
+    # admitted on their worst case, so one without a bound would hold the pool alone.
+    room = lim.max_tokens - len(prompt) - lim.draft_reserve
+    room = max(1, min(room, lim.fair_share or room))
+    return _openai(body, lim, [prompt], False, logprobs, default_max=room, ignored=ignored)

@@ -10,6 +10,10 @@ per byte. The weights are random, so the text has no meaning; it exists so that 
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 _SURROGATES = 0xD800
 _GAP = 0x800  # size of the surrogate block 0xD800..0xDFFF
 MAX_VOCAB = 0x110000 - _GAP
@@ -51,3 +55,51 @@ class ByteTokenizer:
 def decode(ids: list[int]) -> str:
     """Decode with no vocabulary bound (every id has its own character)."""
     return "".join(map(_char, ids))
+
+
+def hf_files(vocab_size: int, max_length: int) -> dict[str, dict]:
+    """tokenizer.json and tokenizer_config.json of this tokenizer in Hugging Face's format.
+
+    Every character is a word of a WordLevel model, so the ids of a decoded text round-trip. A
+    character beyond the vocabulary, which `encode` spells as its UTF-8 bytes, has no equivalent
+    there: it becomes the unknown token "?".
+    """
+    vocab = {_char(t): t for t in range(vocab_size)}
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"Regex": "[\\s\\S]"},  # one piece per character, newlines included
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        "post_processor": None,
+        "decoder": {"type": "Fuse"},  # no spaces between tokens
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"},
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": config}
+
+
+def write_hf(folder: Path, vocab_size: int, max_length: int) -> Path:
+    """Write the Hugging Face files into ``folder`` (atomically: servers may start together)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in hf_files(vocab_size, max_length).items():
+        text = json.dumps(content, ensure_ascii=False, indent=None)
+        path = folder / name
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return folder

@@ -1,12 +1,15 @@
 """The server under test: launched from a command template in its own process group, or a URL.
 
 A launched server is stopped as a whole process group (SIGCONT so a stopped one can die, SIGTERM,
-SIGKILL after a grace period), so nothing it spawned outlives the sweep.
+SIGKILL after a grace period), so nothing it spawned outlives the sweep. A sweep that dies without
+stopping it (SIGKILL) takes it along too: the server gets SIGTERM as its parent-death signal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -16,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,6 +45,24 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"number {text} out of range in the server's JSON")
     return value
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if os.name == "posix" else None
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A preexec_fn: the child gets SIGTERM when ``parent`` dies (Linux; elsewhere None)."""
+    prctl = getattr(_LIBC, "prctl", None)  # looked up before the fork: the child only calls it
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def strict_json(text: str) -> object:
@@ -175,6 +197,7 @@ class Server:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **env},
                 start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),  # prctl and kill only: safe after fork
             )
         except OSError as exc:
             raise ServerError(f"cannot launch {argv[0]!r}: {exc}") from exc

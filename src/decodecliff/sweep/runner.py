@@ -131,6 +131,16 @@ class SweepConfig:
         return d
 
 
+def draft_reserve(info: dict) -> int:
+    """KV slots a verify step takes beyond a request's output: its draft tokens but one (the
+    speculative server's speculative_num_draft_tokens - 1; 0 without speculation)."""
+    algorithm = launcher.info_field(info, "speculative_algorithm")
+    drafts = launcher.info_field(info, "speculative_num_draft_tokens")
+    if str(algorithm).lower() in ("none", "") or not isinstance(drafts, int) or drafts < 1:
+        return 0
+    return drafts - 1
+
+
 def point_path(out: Path, ctx: int) -> Path:
     return out / f"ctx{ctx}.json"
 
@@ -146,6 +156,20 @@ def _exit_text(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _as_exit(exc: BaseException) -> SystemExit:
+    """Ctrl-C as the exit a shell reports for it (130); SystemExit as it is."""
+    if isinstance(exc, SystemExit):
+        return exc
+    return SystemExit(128 + signal.SIGINT)
+
+
+def _signal_name(code: object) -> str:
+    if isinstance(code, int) and code > 128:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(code - 128).name
+    return f"exit {code}"
 
 
 def _salt(index: int) -> int:
@@ -250,7 +274,10 @@ class Runner:
 
     def _run_point_safely(self, res: dict, chunk: Chunk, deadline: float) -> None:
         """Run and write the point; an unexpected error fails this point only (hours of sweep
-        stay). Only an OSError of the write itself (a full disk) ends the sweep."""
+        stay). Only an OSError of the write itself (a full disk) ends the sweep. A signal that
+        ends the sweep (SIGINT, or SIGTERM/SIGHUP as SystemExit) writes the point as interrupted
+        first; then the sweep exits with 128 + the signal's number, without a traceback."""
+        interrupted: SystemExit | None = None
         try:
             if time.monotonic() >= deadline:
                 self._fail(res, f"chunk timeout ({chunk.timeout_s:g} s) before the point")
@@ -258,6 +285,10 @@ class Runner:
                 self._run_point(res, chunk, deadline)
         except Exception as exc:  # noqa: BLE001 (recorded in the point, not swallowed)
             self._fail(res, f"sweep error: {''.join(traceback.format_exception(exc))[-2000:]}")
+            self._stop()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            interrupted = _as_exit(exc)
+            self._fail(res, f"interrupted by {_signal_name(interrupted.code)}")
             self._stop()
         res["finished_at"] = _now()
         try:
@@ -268,6 +299,8 @@ class Runner:
             res.clear()
             res.update(clean)
             self._write(res)
+        if interrupted is not None:
+            raise interrupted from None
 
     def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
         ctx, gen, k = res["requested_ctx"], self.cfg.gen_tokens, self.cfg.concurrency
@@ -277,11 +310,13 @@ class Runner:
         if launcher.INVALID in self.info:
             return self._fail(res, f"server info unusable: {self.info[launcher.INVALID]}")
         max_total = launcher.info_field(self.info, "max_total_num_tokens")
-        if isinstance(max_total, int) and k * (ctx + gen) > max_total:
+        drafts = draft_reserve(self.info)
+        if isinstance(max_total, int) and k * (ctx + gen + drafts) > max_total:
             res["status"] = "skipped"
             streams = f"{k} streams of " if k > 1 else ""
+            also = f" + {drafts} draft tokens of a verify step" if drafts else ""
             res["reason"] = (
-                f"{streams}prompt {ctx} + {gen} generated tokens exceed the server's "
+                f"{streams}prompt {ctx} + {gen} generated tokens{also} exceed the server's "
                 f"max_total_num_tokens {max_total}"
             )
             self.console.print(f"{self.cfg.name} ctx {ctx}: skipped: {res['reason']}")

@@ -1,0 +1,179 @@
+"""Faults a client or an operator can cause, each answered by a clean 4xx or a clean exit: the
+fault probes of issue 26 (F1-F12), against the real server (tiny preset, CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from openai import OpenAI
+from test_server import Server, server
+
+from decodecliff.server.guard import Settings, parse_body
+
+GEN = b'"sampling_params": {"max_new_tokens": 2}'
+NESTED = b"[" * 900 + b"]" * 900
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Server]:
+    with server("--max-total-tokens", "4096", "--upload-timeout", "1") as s:
+        yield s
+
+
+def post(srv: Server, content: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(srv.url + "/generate", content=content, headers=headers, timeout=60)
+
+
+# (probe, body, headers, status, a fragment of the message)
+PROBES = [
+    ("F1 a 5000-digit integer", b'{"input_ids": [' + b"9" * 5000 + b"]}", {}, 400, "JSON"),
+    *[
+        (f"F2 charset {cs}", b'{"text": "hi"}', {"Content-Type": f"application/json; charset={cs}"},
+         400, "charset")
+        for cs in ("rot13", "base64", "hex", "zlib", "unknown", "klingon")
+    ],
+    ("F3 broken gzip", b"not gzip", {"Content-Encoding": "gzip"}, 400, "unreadable"),
+    ("F3 broken deflate", b"not deflate", {"Content-Encoding": "deflate"}, 400, "unreadable"),
+    ("F4 deep nesting in a big body", b'{"text": "' + b"a" * (2 << 20) + b'", "stream": '
+     + NESTED + b"}", {}, 400, "nested too deeply"),
+    ("F4 deep nesting", b'{"text": "a", "stream": ' + NESTED + b"}", {}, 400, "nested too deeply"),
+    ("F4 nesting within the limit", b'{"text": "a", "stream": ' + b"[" * 20 + b"]" * 20 + b"}",
+     {}, 400, "stream must be true or false"),
+    ("F4 unbalanced brackets", b"[" * 200_000, {}, 400, "nested"),
+    ("F5 text/plain", b'{"text": "hi"}', {"Content-Type": "text/plain"}, 415, "application/json"),
+    ("F5 a form", b"text=hi", {"Content-Type": "application/x-www-form-urlencoded"}, 415,
+     "application/json"),
+    ("F5 a rebound Host", b'{"text": "hi"}', {"Host": "evil.example:80"}, 403, "Host"),
+    ("F5 a foreign Origin", b'{"text": "hi"}', {"Origin": "https://evil.example"}, 403, "Origin"),
+    ("F5 a sandboxed page", b'{"text": "hi"}', {"Origin": "null"}, 403, "Origin"),
+    ("F6 a fan-out of 2000 x 64", b'{"text": ["a"' + b', "a"' * 1999 + b'], "sampling_params": '
+     b'{"n": 64}}', {}, 400, "at most 256"),
+    ("unknown fields", b'{"text": "a", "mystery": 1}', {}, 400, "mystery"),
+    ("a long value", b'{"text": "a", "stream": "' + b"x" * 100_000 + b'"}', {}, 400, "stream"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body,headers,status,fragment", [p[1:] for p in PROBES],
+                         ids=[p[0] for p in PROBES])  # fmt: skip
+def test_malformed_requests_get_a_short_4xx(srv, body, headers, status, fragment):
+    resp = post(srv, body, **headers)
+    assert resp.status_code == status, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    assert fragment in message and len(message) < 400  # values are truncated
+    assert srv.get("/health").status_code == 200
+
+
+def test_a_same_site_page_and_plain_clients_are_served(srv):
+    ok = b'{"text": "hi", ' + GEN + b"}"
+    assert post(srv, ok, Origin=f"http://localhost:{srv.port}").status_code == 200
+    assert post(srv, ok, Host="localhost").status_code == 200
+    assert post(srv, ok).status_code == 200  # no Content-Type: taken as JSON
+    assert post(srv, ok, **{"Content-Type": "application/json; charset=utf-8"}).status_code == 200
+
+
+def test_f9_a_stalled_upload_is_answered_and_closed(srv):
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+        head = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: 1000\r\n\r\n".encode() + b'{"text": "a')
+        answer = b""
+        while chunk := sock.recv(4096):  # the server closes the connection after answering
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer
+
+
+def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():
+    threads: list[str] = []
+
+    def parse(body: object) -> int:
+        threads.append(threading.current_thread().name)
+        return len(body["x"])
+
+    async def handler(request: web.Request) -> web.Response:
+        _, n = await parse_body(request, Settings(parse_off_loop=1000), parse)
+        return web.json_response(n)
+
+    async def main() -> list[int]:
+        app = web.Application()
+        app.router.add_post("/", handler)
+        async with TestClient(TestServer(app)) as client:
+            sizes = []
+            for n in (10, 10_000):
+                resp = await client.post("/", json={"x": [1] * n})
+                sizes.append(await resp.json())
+            return sizes
+
+    assert asyncio.run(main()) == [10, 10_000]
+    assert threads[0] == threading.main_thread().name != threads[1]
+
+
+# who may call ------------------------------------------------------------------------------------
+@pytest.mark.slow  # a server of its own
+def test_f5_the_api_key_guards_everything_but_health():
+    with server("--max-total-tokens", "1024", "--api-key", "s3cret") as s:
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        denied = httpx.post(s.url + "/generate", json=body, timeout=30)
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == 401
+        assert denied.headers["WWW-Authenticate"] == "Bearer"
+        wrong = {"Authorization": "Bearer nope"}
+        assert httpx.post(s.url + "/generate", json=body, headers=wrong).status_code == 401
+        key = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(s.url + "/generate", json=body, headers=key).status_code == 200
+        assert httpx.get(s.url + "/get_server_info").status_code == 401
+        for path in ("/health", "/ping", "/metrics"):
+            assert httpx.get(s.url + path).status_code == 200, path
+        client = OpenAI(base_url=s.url + "/v1", api_key="s3cret", max_retries=0)
+        assert client.completions.create(model="tiny", prompt="a", max_tokens=2).choices
+
+
+# shutting down and starting ----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_f10_f11_a_signal_with_a_full_queue_takes_the_shutdown_path(sig):
+    s = Server("--max-total-tokens", "2048")
+    try:
+        body = {"input_ids": [[1, 2, 3]] * 256, "sampling_params": {"max_new_tokens": 1000}}
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: answers.append(httpx.post(s.url + "/generate", json=body, timeout=60))
+        )
+        sender.start()
+        while s.get("/get_server_info").json()["waiting_requests"] < 200:
+            time.sleep(0.05)
+        s.proc.send_signal(sig)
+        assert s.proc.wait(timeout=30) == 0  # the shutdown path, not death by the signal
+        sender.join(30)
+        assert answers and answers[0].status_code == 503
+        assert "shutting down" in answers[0].json()["error"]["message"]
+        assert "Traceback" not in s.proc.stderr.read()
+    finally:
+        s.proc.kill()
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--port", "70000"], "port 70000 is not in 1-65535"),
+        pytest.param(["--max-total-tokens", str(10**15)], "allocate", marks=pytest.mark.slow),
+        pytest.param(["--max-running-requests", str(10**12)], "allocate", marks=pytest.mark.slow),
+        (["--max-request-mb", "0"], "not a positive number"),
+    ],
+    ids=["port", "pool", "max-running", "body-limit"],
+)
+def test_f12_impossible_settings_are_one_line_errors(args, fragment):
+    cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--device", "cpu", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert fragment in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len([ln for ln in lines if "error" in ln]) == 1
