@@ -19,12 +19,24 @@ POINT_KEYS = {
 
 
 def bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The command as a user runs it, in a process of its own."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "decodecliff.cli", "bench-kernels", "--device", "cpu"]
     cmd += ["--out", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300), out
 
 
+def bench_here(tmp_path: Path, *extra: str) -> tuple[int, Path]:
+    """The same command in this process (no second torch import): its exit code and JSON path."""
+    out = tmp_path / "bench.json"
+    try:
+        code = kernels.cli(["--device", "cpu", "--out", str(out), *extra])
+    except SystemExit as exc:  # an option error
+        code = exc.code
+    return code, out
+
+
+@pytest.mark.slow  # 40 points in a process of its own, the Triton interpreter among them
 def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
     done, out = bench(
         tmp_path, "--contexts", "40", "100", "--modes", "decode", "chain4", "tree5",
@@ -62,11 +74,11 @@ def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
 
 
 def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
-    done, out = bench(
+    code, out = bench_here(
         tmp_path, "--contexts", "64", "--modes", "chain4", "--heads", "2", "--page-sizes", "1",
         "--backends", "triton", "--repeats", "2", "--max-seconds-per-point", "0.001", "--quiet",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert code == 0
     (point,) = json.loads(out.read_text())["points"]
     assert point["status"] == "skipped" and "would pass" in point["reason"]
     assert point["rel_err"] is not None  # the correctness guard still ran once
@@ -81,9 +93,9 @@ def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
         (["--triton-config", "sm75"], "unknown --triton-config"),
     ],
 )
-def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
-    done, out = bench(tmp_path, *args)
-    assert done.returncode == 2 and message in done.stderr
+def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str, capsys) -> None:
+    code, out = bench_here(tmp_path, *args)
+    assert code == 2 and message in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -139,13 +151,13 @@ def test_modes_and_roofline_definitions() -> None:
     assert roofline.floor_ms(1e6, 1e12, copy_gbs=4300, matmul_tflops=1000) == pytest.approx(1.0)
 
 
-def test_bench_peers_on_cpu_skip_with_reasons_and_check_planted(tmp_path: Path) -> None:
-    done, out = bench(
+def test_bench_peers_on_cpu_skip_with_reasons_and_check_planted(tmp_path: Path, capsys) -> None:
+    code, out = bench_here(
         tmp_path, "--contexts", "33", "--modes", "decode", "chain4", "--heads", "2",
         "--page-sizes", "16", "--backends", "triton", "sglang", "flashinfer", "cublas",
         "--repeats", "1", "--decode-splits", "sglang", "8", "--quiet",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert code == 0
     doc = json.loads(out.read_text())
     assert set(doc["peers"]) == {"sglang", "flashinfer-python", "apache-tvm-ffi"}
     by = {(p["backend"], p["triton_config"], p["mode"]): p for p in doc["points"]}
@@ -162,7 +174,7 @@ def test_bench_peers_on_cpu_skip_with_reasons_and_check_planted(tmp_path: Path) 
             assert p["status"] == "ok" and p["planted_err"] < 3e-2 and p["planted_row"], p
     # without a GPU SGLang's rule sees no SM count and takes its base of 8 splits
     assert by[("triton", "grouped-sglang", "decode")]["detail"]["num_kv_splits"] == 8
-    assert "[13/13" in done.stderr  # progress: points done / total, elapsed, estimate
+    assert "[13/13" in capsys.readouterr().err  # progress: points done / total, elapsed, estimate
 
 
 def test_the_planted_check_fails_a_backend_with_an_off_by_one_mask(tmp_path, monkeypatch) -> None:
@@ -223,15 +235,18 @@ def test_flashinfer_sm120_build_check(tmp_path: Path, monkeypatch) -> None:
     assert check.run(out)["status"] == "skipped"
 
 
-def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(tmp_path: Path) -> None:
-    done, out = bench(
+def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(
+    tmp_path: Path, capsys
+) -> None:
+    code, out = bench_here(
         tmp_path, "--contexts", "33", "--modes", "chain4", "--heads", "2", "--page-sizes", "16",
         "--backends", "custom", "--custom-variants", "v3", "v4", "auto",
         "--repeats", "1", "--quiet",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert code == 0
     points = json.loads(out.read_text())["points"]
     assert [p["triton_config"] for p in points] == ["v3", "v4", None]  # auto keeps no label
     assert all(p["status"] == "skipped" and "CUDA GPU" in p["reason"] for p in points)
-    done, _ = bench(tmp_path, "--backends", "custom", "--custom-variants", "v9")
-    assert done.returncode == 2 and "invalid choice: 'v9'" in done.stderr
+    capsys.readouterr()
+    code, _ = bench_here(tmp_path, "--backends", "custom", "--custom-variants", "v9")
+    assert code == 2 and "invalid choice: 'v9'" in capsys.readouterr().err

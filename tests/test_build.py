@@ -23,6 +23,7 @@ def built(tmp_path_factory):
     return out, json.loads((out / "build.json").read_text())
 
 
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
 @needs_nvcc
 def test_build_has_required_sass_and_fits_smem(built):
     out, info = built
@@ -72,6 +73,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
 @needs_nvcc
 def test_missing_required_sass_fails(tmp_path, capsys):
     assert build.cli(["--arch", "80", "--out", str(tmp_path), "--require", "120", "90"]) == 1
@@ -122,6 +124,7 @@ def test_unknown_variant_is_a_clear_error():
 CUDA_ERROR_INVALID_VALUE = 1
 
 
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
 @needs_nvcc
 def test_library_answers_through_its_bound_interface(built):
     """Host-side calls only (no GPU): the queries, and launches the library refuses before any

@@ -109,7 +109,16 @@ TRITON_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", range(len(TRITON_CASES)))
+SLOW_TRITON_CASES = {6}  # 20 heads x 64 splits: seconds of the Triton interpreter
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(i, marks=pytest.mark.slow) if i in SLOW_TRITON_CASES else i
+        for i in range(len(TRITON_CASES))
+    ],
+)
 def test_triton_matches_reference(case: int) -> None:
     pytest.importorskip("decodecliff.kernels.triton_baseline")
     kwargs, options = TRITON_CASES[case]
@@ -204,6 +213,7 @@ def test_planted_reference_returns_the_visible_tokens(case: int) -> None:
     assert relative_error(naive_attention(plant.batch), ref) < 1e-12
 
 
+@pytest.mark.slow  # a 185k-token float64 reference
 def test_planted_dominates_a_185k_prefix() -> None:
     from decodecliff.kernels.planted import expected_output, planted_batch, row_errors
 
@@ -255,6 +265,7 @@ def test_planted_check_catches_a_broken_mask(monkeypatch, kind: str, case: dict)
         assert relative_error(TorchAttention(torch.float64)(random), ref_random) < BF16_TOL
 
 
+@pytest.mark.slow  # the Triton interpreter on long planted problems
 @pytest.mark.parametrize("case", range(len(PLANTED)))
 def test_triton_interpreter_passes_the_planted_check(case: int) -> None:
     tb = pytest.importorskip("decodecliff.kernels.triton_baseline")

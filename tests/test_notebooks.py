@@ -41,6 +41,7 @@ def raw_points() -> list[dict]:
     return [json.loads(p.read_text()) for p in summarize.sweep_files(STUDY / "sweep")]
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_summary_keeps_every_point_with_status_and_reason(study: Path) -> None:
     sweep = pd.read_csv(study / "results/summary/sweep.csv")
     raw = raw_points()
@@ -70,6 +71,7 @@ def test_summary_keeps_every_point_with_status_and_reason(study: Path) -> None:
     assert len(pd.read_parquet(study / "results/summary/sweep.parquet")) == len(sweep)
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executed_with_parameters_and_no_error(study: Path, name: str) -> None:
     nb = nbformat.read(study / f"results/notebooks/{name}.ipynb", as_version=4)
@@ -84,6 +86,7 @@ def test_notebook_executed_with_parameters_and_no_error(study: Path, name: str) 
     assert shown or any("data:image/png" in h for h in html), "no figure shown"
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_every_declared_figure_and_table_is_written(study: Path) -> None:
     figures = layout.figure_paths("results", "kernels") + layout.figure_paths("results", "compare")
     tables = layout.table_paths("results", "kernels") + layout.table_paths("results", "compare")
@@ -105,6 +108,7 @@ def test_every_declared_figure_and_table_is_written(study: Path) -> None:
         assert listed in figures + tables, listed
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_failed_and_skipped_points_are_listed_not_dropped(study: Path) -> None:
     triton = pd.read_csv(study / "results/tables/sweep/triton-chain16-p1/points.csv")
     failed = triton[triton["status"] == "failed"]
@@ -122,6 +126,7 @@ def _spread_text(values: list[float]) -> str:
     return med if lo == hi else f"{med} ({lo}–{hi})"
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
     """Each cell is the median (min–max) over the point's recorded requests, from the raw file."""
     headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
@@ -143,6 +148,7 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
     assert "torch-chain16-p1-k4 (4 streams) verify steps/s" in headline.columns
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_summary_says_what_each_number_rests_on(study: Path) -> None:
     sweep = pd.read_csv(study / "results/summary/sweep.csv").set_index(["server", "requested_ctx"])
     requests = pd.read_csv(study / "results/summary/requests.csv")
@@ -167,6 +173,7 @@ def test_summary_says_what_each_number_rests_on(study: Path) -> None:
     assert "n = 2–8 requests" in html
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_notes_are_rendered_from_the_results(study: Path) -> None:
     notes = (study / "results/NOTES.md").read_text()
     assert "do not edit by hand" in notes
@@ -179,6 +186,7 @@ def test_notes_are_rendered_from_the_results(study: Path) -> None:
         assert f"| {server} | {ctx} |" in notes
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_report_page_is_self_contained(study: Path) -> None:
     html = (study / "results/report.html").read_text()
     assert 'id="headline"' in html and 'id="headline-published"' in html
@@ -199,6 +207,7 @@ def test_report_page_is_self_contained(study: Path) -> None:
     assert html.index('<details id="setup"') > html.index('id="headline-kernels"')
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_report_checks_the_targets_of_both_studies(study: Path) -> None:
     checked = pd.read_csv(study / "results/tables/report/targets.csv")
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())

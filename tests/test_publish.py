@@ -20,6 +20,7 @@ LATER_SERVER = "triton-chain16-p1"  # measured by the second run
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="publishing builds the kernel: no nvcc"
 )
+pytestmark = pytest.mark.slow  # each test publishes a study through the pipeline
 
 
 def split_runs(root: Path) -> tuple[Path, Path]:

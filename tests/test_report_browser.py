@@ -134,9 +134,12 @@ def open_in_chromium(html: Path, screenshot: Path) -> tuple[dict, list[str], lis
                 proc.wait()
 
 
-pytestmark = pytest.mark.skipif(
-    chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.slow,  # the module's fixture renders a whole study
+    pytest.mark.skipif(
+        chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

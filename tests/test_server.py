@@ -222,6 +222,7 @@ def test_concurrent_streams_do_not_corrupt_each_other(srv):
     assert results == solo
 
 
+@pytest.mark.slow  # a server of its own
 def test_requests_beyond_the_pool_queue_until_it_frees():
     # Each request may hold 80 + 200 slots; 300 hold one at a time: the second waits, none fails.
     with server("--max-total-tokens", "300", "--chunk-size", "64") as small:
@@ -247,6 +248,7 @@ def test_requests_beyond_the_pool_queue_until_it_frees():
         assert small.stop() == 0
 
 
+@pytest.mark.slow  # generates through every spec mode
 def test_tree_speculation_matches_plain_and_reports_verify_stats(srv):
     plain = gen(srv, PROMPT_B, 20).json()["output_ids"]
     with server("--max-total-tokens", "4096", "--spec", "tree", "--tree-nodes", "16") as spec:
@@ -261,6 +263,7 @@ def test_tree_speculation_matches_plain_and_reports_verify_stats(srv):
     assert avg == pytest.approx(meta["spec_accept_length"])
 
 
+@pytest.mark.slow  # a second server
 def test_mha_prefill_serves_the_same_tokens_and_reports_it(srv):
     plain = gen(srv, PROMPT_B, 20).json()["output_ids"]
     args = ("--max-total-tokens", "4096", "--chunk-size", "48", "--prefill-attention", "mha")
@@ -271,6 +274,7 @@ def test_mha_prefill_serves_the_same_tokens_and_reports_it(srv):
     assert info["prefill_attention"] == "mha" and info["chunked_prefill_size"] == 48
 
 
+@pytest.mark.slow  # a server of its own
 def test_sigterm_ends_requests_in_flight_with_a_reason_and_exits_in_seconds():
     # room for both requests at once, so admission control queues neither
     srv = Server("--max-total-tokens", "8192")
@@ -300,6 +304,7 @@ def test_sigterm_ends_requests_in_flight_with_a_reason_and_exits_in_seconds():
     assert "Event loop is closed" not in srv.proc.stderr.read()
 
 
+@pytest.mark.slow  # a second server
 def test_defrag_serves_the_same_tokens(srv):
     plain = {n: gen(srv, p, 20).json()["output_ids"] for n, p in (("a", PROMPT_A), ("b", PROMPT_B))}
     args = ("--max-total-tokens", "4096", "--scatter-seed", "3", "--defrag")
@@ -319,6 +324,7 @@ def test_defrag_serves_the_same_tokens(srv):
     assert info["defrag"] is True and info["fragmentation"]["defrag_runs"] > 0
 
 
+@pytest.mark.slow  # a long request
 def test_health_answers_while_a_long_request_runs(srv):
     ids = [(13 * i) % 500 + 1 for i in range(3000)]
     done = threading.Event()
@@ -339,6 +345,7 @@ def test_health_answers_while_a_long_request_runs(srv):
     assert not busy or info["running_requests"] == 1
 
 
+@pytest.mark.slow  # starts servers that fail
 def test_impossible_configuration_exits_with_a_clear_error():
     cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--device", "cpu", "--cuda-graph"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

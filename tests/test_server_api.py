@@ -426,6 +426,7 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
         assert ("store" in resp.headers.get("warning", "")) == extra["store"]
 
 
+@pytest.mark.slow  # a long chat streams beside the short requests
 def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
     # Admission books a request's worst case: without max_tokens a chat request books its fair
     # share of the pool (pool / max running requests), not the whole pool, so short requests

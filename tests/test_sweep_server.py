@@ -19,6 +19,8 @@ import pytest
 from decodecliff.sweep import launcher
 from decodecliff.sweep.runner import SCHEMA_PATH, Chunk, Runner, SweepConfig
 
+pytestmark = pytest.mark.slow  # every test starts a server and sweeps it, faults included
+
 SERVE = (
     f"{sys.executable} -m decodecliff.cli serve --preset tiny --backend torch --page-size 1 "
     "--device cpu --host {host} --port {port}"
