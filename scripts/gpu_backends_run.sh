@@ -2,11 +2,15 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | SERVER:CTX (a sweep point of points-h200-peers.txt)
+#   PART: contract | kernels | fidelity | engine | sm120 | SERVER:CTX (a sweep point of
+#         points-h200-peers.txt)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
 # FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
-# same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick.
+# same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
+# sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
+# FlashInfer on the H200's resources and as both configure themselves on sm_120
+# (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim).
 # Points: the sweep_point rule's commands for config/h200.yaml (`snakemake -n -p`, files to $W),
 # one server launch each; $W is packed into $OUT/study.tar after every point.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
@@ -47,6 +51,29 @@ for part in "$@"; do
         --contexts 1024 32768 131072 185000 --modes chain --draft-len 16 --repeats 5 \
         --parts anatomy --out "$OUT/engine.json" > "$OUT/bench_engine.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine.log" | tail -n 20 ;;
+    sm120)
+      decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
+        > "$OUT/build_sm120.log" 2>&1 || { tail -3 "$OUT/build_sm120.log"; continue; }
+      timeout 150 decodecliff check-kernel --quick --no-timing --variants v4 v5 --seed 1 \
+        --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check rc $?"; tail -n 3 "$OUT/check.log"
+      DECODECLIFF_KERNEL_LIB=$PWD/results/build/libdecodecliff_mla_sm120model.so timeout 150 \
+        decodecliff check-kernel --quick --no-timing --variants v1 v2 v4 v5 --seed 2 \
+        --out "$OUT/check_sm120.json" > "$OUT/check_sm120.log" 2>&1
+      echo "check sm120 rc $?"; tail -n 3 "$OUT/check_sm120.log"
+      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so python3 -c "
+import ctypes; p = ctypes.CDLL(None); v = ctypes.c_int(); import torch; torch.cuda.init()
+for lim in (0, 102400):
+    p.dc_set_smem_per_sm(lim); p.cudaDeviceGetAttribute(ctypes.byref(v), 81, 0)
+    print('shim limit', lim, '-> smem per SM', v.value)"
+      SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
+        --custom-variants v1 v4 v5 auto --flashinfer-backends fa2 fa3 --repeats 20
+        --max-seconds-per-point 60 --quiet"
+      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 300 $SM \
+        --contexts 16384 185000 --modes decode chain16 tree64 --page-sizes 1 --heads 8 64 \
+        --out "$OUT/sm120.json" > "$OUT/bench_sm120.log" 2>&1; echo "rc $?"
+      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 120 $SM \
+        --contexts 185000 --modes chain16 --page-sizes 64 --heads 8 \
+        --out "$OUT/sm120_p64.json" > "$OUT/bench_sm120_p64.log" 2>&1; echo "rc $?" ;;
     *:*) server=${part%%:*} ctx=${part##*:}
       cmd=$(grep -- "--name $server --contexts $ctx " "$here/points-h200-peers.txt") || { echo "no command for $part"; continue; }
       (eval "$cmd"); echo "rc $?"; tail -n 2 "$W/$server-ctx$ctx.log"

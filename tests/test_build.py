@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
-from decodecliff.kernels import abi, build
-from decodecliff.kernels.custom import auto_variant, load_library, plan_launch
+from decodecliff.kernels import abi, build, sm120_model
+from decodecliff.kernels.custom import (
+    auto_variant,
+    load_library,
+    lone_cta_variant,
+    plan_launch,
+)
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None and not build.Path("/usr/local/cuda/bin/nvcc").is_file(),
@@ -19,7 +25,7 @@ needs_nvcc = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("kernels")
-    assert build.cli(["--out", str(out)]) == 0
+    assert build.cli(["--out", str(out), "--sm120-model", "90"]) == 0
     return out, json.loads((out / "build.json").read_text())
 
 
@@ -33,14 +39,14 @@ def test_build_has_required_sass_and_fits_smem(built):
     archs = {k["arch"] for k in info["kernels"]}
     assert archs == {80, 90, 120}
     attn = [k for k in info["kernels"] if "mla_attn_kernel" in k["kernel"]]
-    assert len(attn) == 24  # four kernel variants x two row-tile sizes x three archs
+    assert len(attn) == 27  # v1..v4 x two row-tile sizes x three archs, v5 (64 rows) x three
     found = {(k["variant"], k["mtiles"], k["arch"]) for k in attn}
-    assert found == {(v, m, a) for v in VARIANTS for m in (1, 2) for a in (80, 90, 120)}
+    assert found == {(v, m, a) for v in VARIANTS for m in VARIANTS[v] for a in (80, 90, 120)}
     for k in info["kernels"]:
         assert 0 < k["smem_total"] <= build.SMEM_LIMIT, k
         spilled = k["spill_stores"] + k["spill_loads"]
         # v3/v4 on sm_90 trade a few spilled bytes for two CTAs per SM (faster on the H200)
-        limit = SPILL_BUDGET if (k.get("variant"), k["arch"]) in TWO_CTA else 0
+        limit = SPILL_BUDGET if (k.get("variant"), k["arch"]) in TWO_CTA | V5_SPILLS else 0
         assert spilled <= limit, k
     # the big buffers are dynamic: the report must count them, not only ptxas' static bytes
     assert min(k["dynamic_smem"] for k in attn) > 64 * 1024
@@ -55,6 +61,10 @@ def test_build_has_required_sass_and_fits_smem(built):
 def expected_smem(variant: str, mtiles: int) -> int:
     """The shared-memory arithmetic of notes/kernel.md: KV ring + partial S + P + row scalars."""
     block_n, stages, dim_groups = VARIANTS[variant][mtiles]
+    if variant == "v5":  # partial S and P in mma-fragment order: no padding
+        rows = 16 * mtiles
+        tiles = dim_groups * rows * block_n * 4 + rows * block_n * 2
+        return stages * block_n * 1152 + tiles + 3 * rows * 4
     rows, stride = 16 * mtiles, block_n + 8
     return (
         stages * block_n * 1152 + dim_groups * rows * stride * 4 + rows * stride * 2 + 3 * rows * 4
@@ -63,6 +73,9 @@ def expected_smem(variant: str, mtiles: int) -> int:
 
 SPILL_BUDGET = 256  # bytes of spill stores + loads allowed where a kernel is cut to 128 registers
 TWO_CTA = {("v3", 90), ("v4", 90)}  # (variant, arch) cut to 128 registers for two CTAs per SM
+# v5 holds Q (72) and O (128 registers) of 64 rows: at 255 registers sm_120's code keeps a few
+# loop invariants on the stack (24 B stores, 28 B loads with nvcc 13.0)
+V5_SPILLS = {("v5", 120)}
 
 # variant -> m-tiles -> (KV tokens per tile, ring stages, partial-S dim groups)
 VARIANTS = {
@@ -70,6 +83,7 @@ VARIANTS = {
     "v2": {1: (16, 4, 4), 2: (16, 4, 4)},
     "v3": {1: (32, 2, 4), 2: (32, 2, 4)},
     "v4": {1: (32, 2, 4), 2: (32, 2, 4)},
+    "v5": {4: (16, 4, 4)},  # one kernel, 64-row tiles, whatever m-tiles the host plans with
 }
 
 
@@ -181,3 +195,40 @@ def test_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ctx, expect
     # the H200: 132 SMs, v4 two CTAs per SM (the occupancy query's answer there)
     plan = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
     assert auto_variant(plan, 1, sms=132) == expected
+
+
+@pytest.mark.parametrize(
+    ("heads", "q_len", "ctx", "expected"),
+    [
+        (8, 16, 185_000, "v5"),  # 128 rows, 66 splits of 2,803 tokens
+        (8, 64, 16_384, "v5"),  # tree64: 16 splits of 1,024 tokens
+        (64, 1, 185_000, "v5"),  # 64-head decode: 64 rows, 132 splits of 1,401 tokens
+        (8, 16, 16_384, "v4"),  # 64 splits of 256 tokens: v5's prologue does not pay
+        (64, 1, 16_384, "v4"),
+        (8, 1, 185_000, "v4"),  # 8 rows: a 64-row tile would be mostly empty
+    ],
+)
+def test_auto_takes_v5_where_one_cta_fits_for_many_rows_over_long_splits(
+    heads, q_len, ctx, expected
+):
+    # sm_120 (and its model on the H200): one CTA per SM of 132; a v5 CTA counts as two 32-row tiles
+    v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
+    assert lone_cta_variant(heads * q_len, ctx, v5) == expected
+
+
+def test_two_builds_load_side_by_side(built):
+    # A GNU-unique symbol (a template's function-local static) is shared by every library that
+    # defines it, even loaded RTLD_LOCAL: the sm_120-model build would read the regular one's
+    # state (its shared-memory opt-in flags) and fail to launch. None may exist.
+    out = built[0]
+    regular, model = out / build.LIB_NAME, out / sm120_model.LIB_NAME
+    assert model.is_file() and (out / sm120_model.SHIM_NAME).is_file()
+    assert load_library(regular).dcmla_model_smem_per_sm() == 0
+    assert load_library(model).dcmla_model_smem_per_sm() == sm120_model.SMEM_PER_SM
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    for lib in (regular, model):
+        listing = subprocess.run([nm, "-C", str(lib)], capture_output=True, text=True)
+        unique = [line for line in listing.stdout.splitlines() if " u " in line]
+        assert listing.returncode == 0 and not unique, unique

@@ -30,7 +30,7 @@ def library(tmp_path_factory) -> str:
     return lib
 
 
-@pytest.fixture(params=["v1", "v2", "v3", "v4", "auto"])
+@pytest.fixture(params=["v1", "v2", "v3", "v4", "v5", "auto"])
 def backend(library, request):
     from decodecliff.kernels.custom import CustomAttention
 
@@ -46,6 +46,10 @@ CASES = [
     dict(kv_lens=[700], q_len=16, heads=64, page_size=16),
     dict(kv_lens=[300, 900], q_len=5, heads=3, page_size=1),
     dict(kv_lens=[17, 3, 40], q_len=3, heads=5, page_size=1),  # tiles shorter than one ring
+    dict(kv_lens=[2000, 9000], q_len=16, heads=8, page_size=64),  # two 64-row tiles per request
+    dict(kv_lens=[900, 5000], q_len=64, heads=8, page_size=1, tree=True),  # eight 64-row tiles
+    dict(kv_lens=[4000], q_len=1, heads=64, page_size=1),  # decode: one 64-row tile
+    dict(kv_lens=[3000, 50], q_len=7, heads=16, page_size=16),  # 112 rows: a partial 64-row tile
 ]
 
 
@@ -65,7 +69,7 @@ def test_variants_agree(library):
 
     batch = random_batch([6000, 333], q_len=16, heads=8, page_size=16, device="cuda", seed=11)
     v1 = CustomAttention(lib_path=library, variant="v1")(batch)
-    for name in ("v2", "v3", "v4"):
+    for name in ("v2", "v3", "v4", "v5"):
         other = CustomAttention(lib_path=library, variant=name)(batch)
         assert relative_error(other, v1.double().cpu()) < 1e-2
 

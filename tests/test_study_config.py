@@ -138,6 +138,7 @@ BAD = {
         "config.sweep.servers[4].backend_options",
     ),
     "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
+    "sm120-model-unbuilt": (_set("kernels.sm120_model", True), "config.kernels.sm120_model"),
 }
 
 
@@ -240,7 +241,12 @@ def test_engine_flags_fill_the_schemas_defaults() -> None:
 def test_bench_flags_only_what_the_config_sets() -> None:
     assert study().bench_extra_flags() == "--repeats 3 --decode-splits 8 64"
     h200 = study("h200").bench_extra_flags()
-    assert h200 == "--repeats 20 --triton-config sm90 sm120 --decode-splits sglang 8 64"
+    assert h200 == (
+        "--repeats 20 --triton-config sm90 sm120 --decode-splits sglang 8 64"
+        " --custom-variants auto v1 v4 v5 --sm120-model"
+    )
+    assert study().build_extra_flags() == ""
+    assert study("h200").build_extra_flags() == "--sm120-model 90"
 
 
 def test_cpu_pool_is_the_engines_default() -> None:

@@ -11,6 +11,7 @@ rule build_kernel:
     params:
         archs=config["build"]["archs"],
         outdir=lambda wildcards, output: os.path.dirname(output.lib),
+        extra=STUDY.build_extra_flags(),
     log:
         "results/logs/build/build_kernel.log",
     benchmark:
@@ -24,5 +25,5 @@ rule build_kernel:
         # Every requested architecture must be in the binary (--require). A failure, e.g. no
         # nvcc on this machine, is repeated on the terminal, not only in the log.
         "decodecliff build-kernel --arch {params.archs} --require {params.archs}"
-        " --out {params.outdir} > {log} 2>&1"
+        " --out {params.outdir} {params.extra} > {log} 2>&1"
         " || {{ tail -n 3 {log} >&2; exit 1; }}"

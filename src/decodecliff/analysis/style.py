@@ -33,6 +33,9 @@ SERIES_COLORS: dict[str, str] = {
     "sglang (decode-s64)": "#AA4499",
     "flashinfer (fa2)": "#009E73",
     "flashinfer (fa3)": "#004D40",
+    # as both configure themselves on sm_120 (kernels/sm120_model.py): the RTX PRO 6000 pairing
+    "flashinfer (fa2-sm120)": "#44AA99",
+    "custom (auto-sm120)": "#332288",
     "triton (grouped-s8)": "#E69F00",
     "triton (grouped-s64)": "#8C510A",
 }

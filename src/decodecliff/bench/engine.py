@@ -42,6 +42,7 @@ from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter
 from decodecliff.jsonio import write_json
+from decodecliff.kernels import sm120_model
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
@@ -495,6 +496,8 @@ def run_guarded(doc: dict, what: str, fn: Callable[[], object]) -> object | None
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and sm120_model.wanted(args.backends):
+        sm120_model.preload_shim(["bench-engine", *argv])
     doc = {
         "command": " ".join(["decodecliff", "bench-engine", *argv]),
         "args": vars(args),

@@ -43,6 +43,7 @@ CPU_GUARD_FLOPS = 2e10  # above this the CPU skips the correctness guard (refere
 CPU_PLANTED_FLOPS = 2e9  # the planted check on a CPU (backend + float64 reference) up to this size
 DECODE_SPLITS = ["sglang", 8, 64]  # "sglang": the count SGLang's Triton backend picks for MLA
 FLASHINFER_BACKENDS = ["fa2", "fa3"]
+SM120 = ("model", "sm120")  # run as configured on sm_120 (kernels/sm120_model.py)
 
 
 def parse_mode(mode: str) -> tuple[int, bool]:
@@ -84,7 +85,10 @@ def by_index_dtype(variants: list[Variant], args: argparse.Namespace) -> list[Va
 def peer_variants(backend: str, q_len: int, args: argparse.Namespace) -> list[Variant]:
     """The sglang kernels (extend + split-KV verify, or decode per split count) and FlashInfer's."""
     if backend == "flashinfer":
-        return [Variant("flashinfer", b, (("backend", b),)) for b in args.flashinfer_backends]
+        out = [Variant("flashinfer", b, (("backend", b),)) for b in args.flashinfer_backends]
+        if args.sm120_model and "fa2" in args.flashinfer_backends:  # sm_120 has no fa3
+            out.append(Variant("flashinfer", "fa2-sm120", (("backend", "fa2"), SM120)))
+        return out
     if q_len > 1:
         return by_index_dtype(
             [Variant("sglang", k, (("kernel", k),)) for k in ("extend", "verify")], args
@@ -102,10 +106,16 @@ def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.d
     if backend in ("sglang", "flashinfer"):
         return peer_variants(backend, q_len, args)
     if backend == "custom":  # "auto" keeps no label: the backend as the engine runs it
-        return [
+        out = [
             Variant("custom", None) if v == "auto" else Variant("custom", v, (("variant", v),))
             for v in args.custom_variants
         ]
+        if args.sm120_model:
+            out += [
+                Variant("custom", f"{v}-sm120", (("variant", v), SM120))
+                for v in args.custom_variants
+            ]
+        return out
     if backend != "triton":
         return [Variant(backend, None)]
     from ..kernels.triton_baseline import resolve_arch_config
@@ -408,6 +418,14 @@ def parser() -> argparse.ArgumentParser:
         "(default: auto)",
     )
     p.add_argument(
+        "--sm120-model",
+        action="store_true",
+        help="also time the custom variants and FlashInfer's fa2 as they configure themselves "
+        "on sm_120 (100 KB of shared memory per SM; labels end in -sm120): needs the libraries "
+        "of `decodecliff build-kernel --sm120-model ARCH` and FlashInfer run under "
+        "LD_PRELOAD of its shim (kernels/sm120_model.py) (default: the H200's own only)",
+    )
+    p.add_argument(
         "--max-seconds-per-point",
         type=float,
         default=30.0,
@@ -629,6 +647,10 @@ def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProg
 
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.sm120_model and "flashinfer" in args.backends and args.device != "cpu":
+        from ..kernels import sm120_model
+
+        sm120_model.preload_shim(["bench-kernels", *argv])
     doc = run(args)
     print_fidelity(doc)
     if not args.quiet:

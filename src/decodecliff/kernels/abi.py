@@ -27,6 +27,7 @@ MLA_ATTENTION: Params = (
 # name -> (return type, parameters): every function the library exports.
 FUNCTIONS: dict[str, tuple[type, Params]] = {
     "dcmla_max_splits": (INT, ()),
+    "dcmla_model_smem_per_sm": (INT, ()),
     "dcmla_smem_bytes": (INT, (("variant", INT), ("mtiles", INT))),
     "dcmla_error_string": (ctypes.c_char_p, (("code", INT),)),
     "dcmla_ctas_per_sm": (INT, (("variant", INT), ("mtiles", INT), ("out", ctypes.POINTER(INT)))),

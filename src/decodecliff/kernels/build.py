@@ -65,8 +65,11 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-def nvcc_command(nvcc: str, archs: list[int], lib: Path) -> list[str]:
+def nvcc_command(
+    nvcc: str, archs: list[int], lib: Path, defines: tuple[str, ...] = ()
+) -> list[str]:
     cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+    cmd += [f"-D{name}" for name in defines]
     cmd += ["--threads", "0"]  # one ptxas per architecture in parallel
     for arch in sorted(set(archs)):
         cmd += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
@@ -145,15 +148,25 @@ def nvcc_version(nvcc: str) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1]
 
 
-def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
-    """Compile, inspect and write ``build.json``; raises BuildError when a check fails."""
+def build(
+    archs: list[int],
+    out_dir: Path,
+    required: list[int],
+    lib_name: str = LIB_NAME,
+    defines: tuple[str, ...] = (),
+) -> dict:
+    """Compile, inspect and write ``build.json``; raises BuildError when a check fails.
+
+    ``lib_name`` and ``defines`` build another flavour of the same source beside it (the
+    sm_120-model library of kernels/sm120_model.py), whose record is ``<lib stem>.json``."""
     nvcc = find_nvcc()
     out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / LIB_NAME
-    cmd = nvcc_command(nvcc, archs, lib)
+    lib = out_dir / lib_name
+    cmd = nvcc_command(nvcc, archs, lib, defines)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
-    (out_dir / "ptxas.log").write_text(log)
+    record = "build" if lib_name == LIB_NAME else Path(lib_name).stem
+    (out_dir / ("ptxas.log" if lib_name == LIB_NAME else f"{record}.ptxas.log")).write_text(log)
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
     kernels = parse_ptxas(log)
@@ -186,7 +199,7 @@ def build(archs: list[int], out_dir: Path, required: list[int]) -> dict:
             "spills": all(k["spill_ok"] for k in kernels),
         },
     }
-    (out_dir / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out_dir / f"{record}.json").write_text(json.dumps(info, indent=2) + "\n")
     problems = []
     if found is None:
         problems.append("cuobjdump not found (install nvidia-cuda-cuobjdump): cannot check SASS")
@@ -245,6 +258,14 @@ def parser() -> argparse.ArgumentParser:
         default=list(REQUIRED_ARCHS),
         help=f"SASS that must be present (default: {_words(REQUIRED_ARCHS)})",
     )
+    p.add_argument(
+        "--sm120-model",
+        type=int,
+        metavar="ARCH",
+        help="also build, for this GPU's architecture (90 on an H200), the library that runs "
+        "with sm_120's per-SM resources and the shared-memory shim a peer is preloaded with "
+        "(kernels/sm120_model.py); needs nvcc and a C compiler (default: not built)",
+    )
     return p
 
 
@@ -252,10 +273,16 @@ def cli(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         info = build(args.arch, args.out, args.require)
+        if args.sm120_model:
+            from . import sm120_model
+
+            model = sm120_model.build(args.sm120_model, args.out)
     except BuildError as exc:
         print(f"build-kernel: error: {exc}", file=sys.stderr)
         return 1
     print(summary(info))
+    if args.sm120_model:
+        print(summary(model))
     if not info["ok"]["spills"]:
         print("build-kernel: warning: register spills (see build.json)", file=sys.stderr)
     return 0

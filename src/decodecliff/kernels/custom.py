@@ -7,12 +7,12 @@ split-KV attention kernel and its combine kernel on the current stream: no host 
 allocation once the workspace is large enough, so a step can be captured in a CUDA graph (fix
 ``num_splits`` at construction, reserve the workspace).
 
-Four kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
+Five kernel variants share the source (``variant``): "v1" streams 32-token tiles through a 2-stage
 ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table entries loaded one
 iteration ahead; "v3" is v1's tiling with v2's prefetch, held to 128 registers on sm_90 so two
-CTAs share an SM; "v4" is v3 rescaling O only when a row's running max moves past a slack.
-"auto" (the default) takes what the H200 measured fastest (notes/kernel.md): v4 where its plan
-fills more than one CTA per SM, else v1.
+CTAs share an SM; "v4" is v3 rescaling O only when a row's running max moves past a slack; "v5"
+runs 64 query rows per CTA (each KV tile read once for them). "auto" (the default) takes what
+was measured fastest (notes/kernel.md; ``AUTO_VARIANTS``, ``lone_cta_variant``).
 """
 
 from __future__ import annotations
@@ -35,11 +35,17 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
-VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4}  # name -> the kernel's template parameter
-# "auto": v4 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
-# else v1 (a lone v4 CTA is v1 in fewer registers). v4 beat v3 at all 17 H200 points timed side by
-# side (notes/kernel.md, "v4 measured"); v3 was fastest or within 7% at all 48 grid points.
+# name -> the kernel's template parameter. v5 runs 64-row tiles (two of the host's 32-row tiles
+# per CTA: its occupancy query answers in those, so the plan below fills one wave of v5 CTAs).
+VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
+# "auto" (notes/kernel.md, "v5 merged"). Where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where
+# its plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4
+# is cut to 128 registers for two CTAs; a lone one is slower than v1). Where one CTA fits (sm_120's
+# 100 KB, and its model on the H200): v5 for requests of 64+ query rows whose splits are long
+# (>= MIN_TOKENS_PER_V5_SPLIT; v5 was behind v4 at 256 tokens per split and ahead from 1,024),
+# else v4, which beat v1 at every point of the sm_120 model.
 AUTO_VARIANTS = ("v4", "v1")
+MIN_TOKENS_PER_V5_SPLIT = 1024
 DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -116,6 +122,12 @@ def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
         if plan.row_tiles * batch_size * plan.num_splits > sms
         else AUTO_VARIANTS[1]
     )
+
+
+def lone_cta_variant(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> str:
+    """The "auto" choice where one CTA fits an SM: v5 for 64+ rows over long splits, else v4."""
+    tokens_per_split = max_kv_len / v5_plan.num_splits
+    return "v5" if rows >= 64 and tokens_per_split >= MIN_TOKENS_PER_V5_SPLIT else "v4"
 
 
 def _check(cond: bool, message: str) -> None:
@@ -201,7 +213,9 @@ class CustomAttention(AttentionBackend):
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
-    ``variant``: the kernel variant, "v1" .. "v4" or "auto" (see ``AUTO_VARIANTS``).
+    ``variant``: the kernel variant, "v1" .. "v5" or "auto" (see ``AUTO_VARIANTS``).
+    ``model``: "sm120" loads the library built to run with sm_120's per-SM resources
+    (kernels/sm120_model.py) from beside ``lib_path`` or the default library.
     """
 
     name = "custom"
@@ -212,12 +226,21 @@ class CustomAttention(AttentionBackend):
         num_splits: int | None = None,
         lib_path: str | os.PathLike | None = None,
         variant: str = DEFAULT_VARIANT,
+        model: str | None = None,
     ):
         if variant not in (*VARIANTS, "auto"):
             choices = [*sorted(VARIANTS), "auto"]
             raise ValueError(f"variant must be one of {choices}, got {variant!r}")
-        self.variant = variant
+        if model not in (None, "sm120"):
+            raise ValueError(f"model must be sm120 (or none), got {model!r}")
+        self.variant, self.model = variant, model
+        if model == "sm120":
+            from . import sm120_model
+
+            lib_path = sm120_model.library_path(library_path(lib_path).parent)
         self.lib = load_library(lib_path)
+        if model == "sm120" and self.lib.dcmla_model_smem_per_sm() <= 0:
+            raise RuntimeError(f"{lib_path} is not an sm_120-model build")
         self.max_splits = int(self.lib.dcmla_max_splits())
         if num_splits is not None and not 1 <= num_splits <= self.max_splits:
             raise ValueError(f"num_splits must be in 1..{self.max_splits}, got {num_splits}")
@@ -266,9 +289,14 @@ class CustomAttention(AttentionBackend):
             return self._plan_for(self.variant, meta.device, args)
         plan = self._plan_for(AUTO_VARIANTS[0], meta.device, args)
         sms = torch.cuda.get_device_properties(meta.device).multi_processor_count
-        if (choice := auto_variant(plan, meta.batch_size, sms)) != AUTO_VARIANTS[0]:
-            plan = self._plan_for(choice, meta.device, args)
-        return plan
+        if self.ctas_per_wave(meta.device, plan.mtiles, AUTO_VARIANTS[0]) > sms:
+            choice = auto_variant(plan, meta.batch_size, sms)
+        else:
+            v5 = self._plan_for("v5", meta.device, args)
+            choice = lone_cta_variant(heads * max_q, max_kv, v5)
+            if choice == "v5":
+                return v5
+        return plan if choice == AUTO_VARIANTS[0] else self._plan_for(choice, meta.device, args)
 
     def unsupported(self, meta: AttnMeta) -> str | None:
         try:
@@ -288,11 +316,12 @@ class CustomAttention(AttentionBackend):
         self._step, self._args = (meta, plan), None
 
     def describe(self) -> dict:
+        model = {"model": self.model} if self.model else {}
         if self._step is None:
-            return {"backend": self.name, "variant": self.variant}
+            return {"backend": self.name, "variant": self.variant, **model}
         plan = self._step[1]
         variant = next(k for k, v in VARIANTS.items() if v == plan.variant)
-        return {"backend": self.name, "variant": variant, "num_splits": plan.num_splits}
+        return {"backend": self.name, "variant": variant, "num_splits": plan.num_splits, **model}
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """One layer of the planned step: launch only (no sync, no allocation)."""

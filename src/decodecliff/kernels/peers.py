@@ -27,6 +27,7 @@ rows into a persistent ``k_extend`` (one index_select of q_len rows, timed with 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from . import sm120_model
 from .api import D_QK, D_V, AttentionBackend, AttnMeta
 from .reference import TorchAttention, token_rows
 from .workspace import Workspaces
@@ -390,15 +392,26 @@ class FlashInferAttention(AttentionBackend):
     size (the page table's every page), so ``plan`` copies the step's indices into them and a
     captured ``run`` reads them at every replay. Its masks are causal and non-causal only, so a
     tree mask is unsupported.
+
+    ``model``: "sm120" runs the configuration FlashInfer picks on an sm_120 GPU (its dispatch
+    reads 100 KB of shared memory per SM through the preloaded shim of kernels/sm120_model.py).
     """
 
     name = "flashinfer"
     capturable = True
     plan_outside_graph = True
 
-    def __init__(self, backend: str = "fa2"):
+    def __init__(self, backend: str = "fa2", model: str | None = None):
         if backend not in ("fa2", "fa3"):
             raise ValueError(f"backend must be fa2 or fa3, got {backend!r}")
+        if model not in (None, "sm120"):
+            raise ValueError(f"model must be sm120 (or none), got {model!r}")
+        if model == "sm120":
+            if backend != "fa2":
+                raise ValueError("sm_120 has no wgmma: its model runs FlashInfer's fa2 path only")
+            if (reason := sm120_model.shim_missing()) is not None:
+                raise RuntimeError(reason)
+        self.model = model
         if not torch.cuda.is_available():
             raise RuntimeError("FlashInfer's MLA kernels need a CUDA GPU")
         major, minor = torch.cuda.get_device_capability()
@@ -426,7 +439,12 @@ class FlashInferAttention(AttentionBackend):
         return None
 
     def describe(self) -> dict:
-        return {"backend": self.name, "variant": self.backend, "flashinfer": self.version}
+        model = {"model": self.model} if self.model else {}
+        return {"backend": self.name, "variant": self.backend, "flashinfer": self.version, **model}
+
+    def _sized(self) -> contextlib.AbstractContextManager:
+        """The shared memory per SM FlashInfer's dispatch sees: the model's, or the GPU's own."""
+        return sm120_model.smem_per_sm() if self.model else contextlib.nullcontext()
 
     def _wrapper(self, batch: int, rows: int, pages: int):
         """The CUDA-graph wrapper of a batch size, over views of index buffers shared by all batch
@@ -454,6 +472,10 @@ class FlashInferAttention(AttentionBackend):
         indices = torch.cat([meta.page_table[r, :p] for r, p in enumerate(pages)])
         rows, width = meta.page_table.shape
         self.wrapper = self._wrapper(meta.batch_size, rows, rows * width)
+        with self._sized():
+            self._plan(meta, q_lens, pages, indices)
+
+    def _plan(self, meta: AttnMeta, q_lens: list[int], pages: list[int], indices) -> None:
         self.wrapper.plan(
             _indptr(q_lens, meta.device), _indptr(pages, meta.device), indices.to(torch.int32),
             meta.kv_lens.to(torch.int32), meta.num_heads, D_V, D_QK - D_V, meta.page_size, True,
@@ -463,7 +485,8 @@ class FlashInferAttention(AttentionBackend):
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         q_nope, q_pe = q[..., :D_V], q[..., D_V:]
         ckv, kpe = kv_cache[..., :D_V], kv_cache[..., D_V:]
-        self.wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
+        with self._sized():
+            self.wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
         return out
 
 

@@ -142,6 +142,11 @@ def cli(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"decodecliff serve: error: {exc}", file=sys.stderr)
         return 2
+    options = dict(args.backend_option)
+    if args.backend == "flashinfer" and options.get("model") == "sm120" and args.device != "cpu":
+        from decodecliff.kernels import sm120_model
+
+        sm120_model.preload_shim(["serve", *argv])  # FlashInfer as configured on sm_120
     from decodecliff.server import app  # torch, the engine, aiohttp
 
     return app.run(cfg, args.host, args.port, app.settings_from_args(args))

@@ -178,6 +178,12 @@ def validate(cfg: dict, schema: str | Path = SCHEMA, files: Sequence[str | Path]
 
 def check(cfg: dict) -> None:
     """What the schema cannot say: unique names and points, timeouts, templates, KV pools."""
+    if cfg["kernels"].get("sm120_model") and not cfg["build"].get("sm120_model"):
+        raise ConfigError(
+            "config.kernels.sm120_model",
+            "timing the sm_120 model needs its library: set build.sm120_model to the GPU's "
+            "architecture (90 for an H200)",
+        )
     sweep = cfg["sweep"]
     names = [server["name"] for server in sweep["servers"]]
     for i, server in enumerate(sweep["servers"]):

@@ -150,7 +150,16 @@ class Study:
             flags.append("--triton-config " + " ".join(kernels["triton_configs"]))
         if kernels.get("decode_splits"):
             flags.append("--decode-splits " + " ".join(map(str, kernels["decode_splits"])))
+        if kernels.get("custom_variants"):
+            flags.append("--custom-variants " + " ".join(kernels["custom_variants"]))
+        if kernels.get("sm120_model"):
+            flags.append("--sm120-model")
         return " ".join(flags)
+
+    def build_extra_flags(self) -> str:
+        """build-kernel's optional settings: the sm_120-model library for the study's GPU."""
+        arch = self.config["build"].get("sm120_model")
+        return f"--sm120-model {arch}" if arch else ""
 
     def engine_needs_kernel_lib(self) -> bool:
         return "custom" in self.config.get("engine", {}).get("backends", [])

@@ -25,6 +25,12 @@
 //       the tiles where it moved (a barrier vote says whether any row did); phase 1 interleaves the
 //       dim quarters by k-step (warp q takes k-steps 4k + q), so every K fragment address of a
 //       thread is one base plus immediates, as are the loader's destinations.
+//   v5: 64 query rows per CTA (attn_body_v5), so each KV tile is read from memory once for up to
+//       64 rows (chain16 at 8 heads: two CTAs per KV split instead of four) and each K fragment
+//       loaded from shared memory feeds two m-tiles, each V fragment four. 16-token tiles in a
+//       4-slot ring (three in flight); partial S and P are exchanged in mma-fragment order
+//       (conflict-free, no ldmatrix for P); phase 2 of tile t-1 and phase 1 of tile t run between
+//       the same two barriers (2 barriers per tile instead of 3).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -149,14 +155,23 @@ __device__ __forceinline__ bool draft_visible(const Params& p, int b, int qi, in
 // B). v3 is cut to 128 registers on sm_90 only, whose 228 KB hold two of its CTAs (2 x 97,152 B):
 // two independent CTAs per SM overlap one's softmax with the other's mma. sm_120's 99 KB and
 // sm_80's 164 KB hold one, so there v3 keeps v1's register budget.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+//
+// DCMLA_SM120_MODEL builds the library that runs on a bigger GPU (the H200) with sm_120's per-SM
+// resources: sm_120's register budget (one v3/v4 CTA per SM) and 100 KB of shared memory per SM
+// (the occupancy answer is capped to it and the SM's carveout set to it, so the resident CTAs and
+// the split count are those of an sm_120 GPU). kernels/sm120_model.py builds and loads it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(DCMLA_SM120_MODEL)
 constexpr int kV3Blocks = 2;
 #else
 constexpr int kV3Blocks = 1;
 #endif
+#if defined(DCMLA_SM120_MODEL)
+constexpr int kModelSmemPerSm = 102400;  // sm_120: 100 KB of shared memory per SM
+constexpr int kSmemPerBlockReserved = 1024;  // the system's 1 KB per resident CTA (sm_80 and up)
+#endif
 template <int MT, int V>
 constexpr int min_blocks() {
-  return (V == 2 && MT == 1) ? 2 : (V >= 3 ? kV3Blocks : 1);
+  return (V == 2 && MT == 1) ? 2 : ((V == 3 || V == 4) ? kV3Blocks : 1);
 }
 
 // First 16-byte chunk (8 dims) of phase-1 k-step kk of dim group dq: contiguous quarters (v1..v3)
@@ -497,6 +512,299 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
 }
 
+// ---------------------------------------------------------------------------------------------
+// v5: 64 rows per CTA. 8 warps; phase 1: warp (dq = w % 4, rg = w / 4) holds Q of m-tiles 2 rg,
+// 2 rg + 1 over the dim quarter dq (k-steps interleaved as in v4): 72 registers, each K fragment
+// feeds 4 mma. Reduce: warp w owns rows 16 (w / 2) + 8 (w % 2) + [0, 8), 4 tokens per thread,
+// in the accumulator layout (row gid, tokens 8 n + 2 tig + {0, 1}). Phase 2: warp w owns V columns
+// [64 w, +64) of all four m-tiles (128 accumulators), each V fragment feeds 4 mma. The loop runs
+// phase 2 of tile t-1 and phase 1 of tile t between barrier A (tile t landed, P(t-1) ready, vote
+// on rescaling) and barrier B (partial S(t) ready, slot of t-1 free); the reduce of t follows B.
+constexpr int kV5Rows = 64;
+constexpr int kV5BlockN = 16;
+constexpr int kV5Stages = 4;
+struct SmemV5 {
+  static constexpr int kTileBytes = kV5BlockN * kRowBytes;                // 18,432 B
+  static constexpr int kKv = 0;                                           // ring: 4 x 18,432 B
+  static constexpr int kSp = kKv + kV5Stages * kTileBytes;                // partial S, fragment order
+  static constexpr int kP = kSp + kDimGroups * kV5Rows * kV5BlockN * 4;   // 16,384 B
+  static constexpr int kScale = kP + kV5Rows * kV5BlockN * 2;             // P: 2,048 B
+  static constexpr int kFinal = kScale + kV5Rows * 4;
+  static constexpr int kBytes = kFinal + 2 * kV5Rows * 4;                 // 92,928 B
+};
+static_assert(SmemV5::kBytes <= kSmemLimit, "shared memory must fit sm_120's 99 KB");
+
+__device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
+  constexpr int BN = kV5BlockN, ST = kV5Stages, R = kV5Rows;
+  constexpr int TPTOK = kThreads / BN;                // loader: 16 threads per token
+  constexpr int CPT = (kChunks + TPTOK - 1) / TPTOK;  // loader: 5 chunks per thread (last: half)
+  static_assert(TPTOK % 8 == 0, "loader chunks per thread must keep the swizzle's low bits");
+  using L = SmemV5;
+
+  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int H = p.heads;
+  const int q_begin = p.q_indptr[b];
+  const int q_len = p.q_indptr[b + 1] - q_begin;
+  const int rows = q_len * H;
+  if (rt * R >= rows) return;
+  const int kv_len = p.kv_lens[b];
+  int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + BN - 1) / BN * BN;
+  const int kv_begin = split * chunk;
+  const int kv_end = min(kv_len, kv_begin + chunk);
+  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;
+  const int S = p.num_splits;
+  if (kv_begin >= kv_end) {
+    if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = -INFINITY;
+    return;
+  }
+  const int prefix = kv_len - q_len;
+
+  const uint32_t kv_smem = smem_addr(smem + L::kKv);
+  float2* sp_smem = reinterpret_cast<float2*>(smem + L::kSp);
+  uint2* p_smem = reinterpret_cast<uint2*>(smem + L::kP);
+  float* scale_smem = reinterpret_cast<float*>(smem + L::kScale);
+  float* final_smem = reinterpret_cast<float*>(smem + L::kFinal);
+
+  const int gid = lane >> 2, tig = lane & 3;
+  const int dq = warp & 3, rg = warp >> 2;  // phase 1: dim quarter, m-tile pair
+
+  uint32_t qf[2][kKSteps][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    const int r0 = (2 * rg + mi) * 16 + gid, r1 = r0 + 8;
+    const bool v0 = rt * R + r0 < rows, v1 = rt * R + r1 < rows;
+    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(p.q + (g0 + (v0 ? r0 : 0)) * kDqk);
+    const uint32_t* q1 = reinterpret_cast<const uint32_t*>(p.q + (g0 + (v1 ? r1 : 0)) * kDqk);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const int w = (kk * kDimGroups + dq) * 8 + tig;  // chunk (4 kk + dq) * 2, 32-bit words
+      qf[mi][kk][0] = v0 ? __ldg(q0 + w) : 0u;
+      qf[mi][kk][1] = v1 ? __ldg(q1 + w) : 0u;
+      qf[mi][kk][2] = v0 ? __ldg(q0 + w + 4) : 0u;
+      qf[mi][kk][3] = v1 ? __ldg(q1 + w + 4) : 0u;
+    }
+  }
+
+  const int ld_tok = tid / TPTOK, ld_c = tid % TPTOK;
+  const int* pt = p.page_table + static_cast<int64_t>(b) * p.pt_stride;
+  // Page sizes that are powers of two (1, 16, 64, ...) take a shift and a mask instead of an
+  // integer division (about 25 instructions each) per tile; the branch is uniform.
+  const int ps = p.page_size;
+  const bool ps_pow2 = (ps & (ps - 1)) == 0;
+  const int ps_shift = __ffs(ps) - 1;
+  auto page_of = [&](int tile_begin) -> int {
+    const int t = tile_begin + ld_tok;
+    return t < kv_end ? pt[ps_pow2 ? (t >> ps_shift) : (t / ps)] : 0;
+  };
+  auto issue = [&](int slot, int tile_begin, int page) {
+    const int t = tile_begin + ld_tok;
+    const bool ok = t < kv_end;
+    const __nv_bfloat16* src = p.kv;
+    const int off = ps_pow2 ? (t & (ps - 1)) : (t % ps);
+    if (ok) src = p.kv + (static_cast<int64_t>(page) * ps + off) * kDqk;
+    const uint32_t dst0 = kv_smem + slot * L::kTileBytes + kv_offset(ld_tok, ld_c);
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+      const int c = ld_c + TPTOK * k;
+      if (kChunks % TPTOK == 0 || c < kChunks)
+        cp_async16(dst0 + TPTOK * 16 * k, src + c * 8, ok ? 16 : 0);
+    }
+  };
+
+  // Reduce ownership: row rr of the tile, tokens 8 n + 2 tig + {0, 1}.
+  const int rm = warp >> 1, rh = warp & 1;
+  const int rr = rm * 16 + rh * 8 + gid;
+  const int lrow = rt * R + rr;
+  const bool row_valid = lrow < rows;
+  const int qi = lrow / H;
+  float row_m = -INFINITY, row_l = 0.f;
+
+  float o[4][8][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
+
+  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    const int tb = kv_begin + s * BN;
+    if (s < n_tiles) issue(s, tb, page_of(tb));
+    cp_async_commit();
+  }
+  int pf_page = page_of(kv_begin + (ST - 1) * BN);
+
+  // O = O * alpha + P V for this warp's 64 columns of all four m-tiles.
+  auto phase2 = [&](uint32_t kv_s, bool rescale) {
+    if (rescale) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float a0 = scale_smem[m * 16 + gid], a1 = scale_smem[m * 16 + gid + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[m][n][0] *= a0;
+          o[m][n][1] *= a0;
+          o[m][n][2] *= a1;
+          o[m][n][3] *= a1;
+        }
+      }
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint2 lo = p_smem[(m * 2 + 0) * 32 + lane];  // row gid: tokens 2 tig, 8 + 2 tig
+      const uint2 hi = p_smem[(m * 2 + 1) * 32 + lane];  // row gid + 8
+      pa[m][0] = lo.x;
+      pa[m][1] = hi.x;
+      pa[m][2] = lo.y;
+      pa[m][3] = hi.y;
+    }
+    const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(kv_s + kv_offset(v_tok, warp * 8 + np * 2 + (lane >> 4)), vb);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        mma_bf16(o[m][2 * np], pa[m], vb[0], vb[1]);
+        mma_bf16(o[m][2 * np + 1], pa[m], vb[2], vb[3]);
+      }
+    }
+  };
+
+  // Partial S over this warp's dim quarter for its two m-tiles, stored in fragment order:
+  // float2 index (((dq * 4 + m) * 2 + n) * 2 + h) * 32 + lane holds rows gid + 8 h, tokens
+  // 8 n + 2 tig + {0, 1} (a warp's 32 lanes write 256 contiguous bytes).
+  auto phase1 = [&](uint32_t kv_s) {
+    float s[2][2][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mi][n][e] = 0.f;
+    const int b_tok = (lane & 7) + ((lane >> 4) << 3);
+    const int b_half = (lane >> 3) & 1;
+    const uint32_t k_base = kv_s + kv_offset(b_tok, 2 * dq + b_half);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t kb[4];
+      ldmatrix_x4(k_base + kk * 128, kb);  // chunk 8 kk + 2 dq + b_half, tokens 0..15
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        mma_bf16(s[mi][0], qf[mi][kk], kb[0], kb[1]);
+        mma_bf16(s[mi][1], qf[mi][kk], kb[2], kb[3]);
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          sp_smem[(((dq * 4 + 2 * rg + mi) * 2 + n) * 2 + h) * 32 + lane] =
+              make_float2(s[mi][n][2 * h], s[mi][n][2 * h + 1]);
+  };
+
+  // Sum the partials, scale, mask, online softmax (lazy max as v4), P in A-fragment order.
+  auto reduce = [&](int tile_begin) -> bool {
+    float v[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      v[n][0] = 0.f;
+      v[n][1] = 0.f;
+#pragma unroll
+      for (int d = 0; d < kDimGroups; ++d) {
+        const float2 x = sp_smem[(((d * 4 + rm) * 2 + n) * 2 + rh) * 32 + lane];
+        v[n][0] += x.x;
+        v[n][1] += x.y;
+      }
+    }
+    // every token of the tile in the prefix and the split: no per-element mask
+    const bool full = tile_begin + BN <= kv_end && tile_begin + BN <= prefix;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = tile_begin + n * 8 + 2 * tig + e;
+        const bool vis = full || (row_valid && t < kv_end &&
+                                  (t < prefix || draft_visible(p, b, qi, t - prefix)));
+        v[n][e] = vis ? v[n][e] * p.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, v[n][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = mx > row_m + kMaxSlack ? mx : row_m;
+    const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+    const bool moved = m_new != row_m;
+    const float alpha = moved ? fast_exp2(row_m - m_use) : 1.f;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        v[n][e] = fast_exp2(v[n][e] - m_use);
+        sum += v[n][e];
+      }
+    row_l = row_l * alpha + sum;  // this thread's share; alpha is the same row-wide
+    row_m = m_new;
+    p_smem[(rm * 2 + rh) * 32 + lane] =
+        make_uint2(pack_bf16x2(v[0][0], v[0][1]), pack_bf16x2(v[1][0], v[1][1]));
+    if (tig == 0) scale_smem[rr] = alpha;
+    return moved;
+  };
+
+  bool moved = false;
+  for (int it = 0;; ++it) {
+    cp_async_wait<ST - 2>();  // tile `it` landed (this thread's part)
+    // A: tile `it` visible, P and alpha of tile it-1 ready, partial-S buffer free
+    const bool rescale = __syncthreads_or(moved) != 0;
+    if (it > 0) phase2(kv_smem + ((it - 1) % ST) * L::kTileBytes, rescale);
+    if (it == n_tiles) break;
+    const int tile_begin = kv_begin + it * BN;
+    phase1(kv_smem + (it % ST) * L::kTileBytes);
+    __syncthreads();  // B: partial S of tile `it` ready; slot of tile it-1 and P free
+    {
+      const int nxt = it + ST - 1;  // into slot (it - 1) % ST
+      const int nb = kv_begin + nxt * BN;
+      if (nxt < n_tiles) issue(nxt % ST, nb, pf_page);
+      pf_page = page_of(nb + BN);
+      cp_async_commit();
+    }
+    moved = reduce(tile_begin);
+  }
+  cp_async_wait_all();
+
+  row_l += __shfl_xor_sync(0xffffffffu, row_l, 1);
+  row_l += __shfl_xor_sync(0xffffffffu, row_l, 2);
+  if (tig == 0) {
+    const bool any = row_l > 0.f;
+    final_smem[rr] = any ? row_m + __log2f(row_l) : -INFINITY;
+    final_smem[R + rr] = any ? 1.f / row_l : 0.f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m * 16 + gid + h * 8;
+      if (rt * R + r >= rows) continue;
+      const float inv = final_smem[R + r];
+      float* dst = p.ws_o + ((g0 + r) * S + split) * kDv + warp * 64 + 2 * tig;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+    }
+  }
+  if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
+}
+
 }  // namespace dcmla
 
 
@@ -509,12 +817,18 @@ constexpr int threads_of() {
 
 template <int MT, int V>
 constexpr int smem_of() {
-  return SmemLayout<MT, V>::kBytes;
+  if constexpr (V == 5)
+    return SmemV5::kBytes;
+  else
+    return SmemLayout<MT, V>::kBytes;
 }
 
 template <int MT, int V>
 constexpr int block_n_of() {
-  return Variant<V>::kBlockN;
+  if constexpr (V == 5)
+    return kV5BlockN;
+  else
+    return Variant<V>::kBlockN;
 }
 
 // One kernel symbol per (m-tiles, variant): mla_attn_kernel<MT, V>, the body chosen at compile time.
@@ -522,7 +836,10 @@ template <int MT, int V>
 __global__ void __launch_bounds__(threads_of<V>(), min_blocks<MT, V>()) mla_attn_kernel(
     const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  attn_body<MT, V>(p, smem);
+  if constexpr (V == 5)
+    attn_body_v5(p, smem);  // MT = 4: 64-row tiles
+  else
+    attn_body<MT, V>(p, smem);
 }
 
 // Merge the splits of one row (grid.x = row, grid.y = 128-column segment) into bf16 output.
@@ -590,17 +907,35 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
   }
 }
 
+// Which kernels got their shared-memory opt-in, per device. Internal linkage on purpose: a
+// function-local static of a template is a process-wide (GNU unique) symbol, so the sm_120-model
+// library loaded beside the regular one would read the other's flags and skip its own opt-in.
+namespace {
+bool g_prepared[6][5][64] = {};  // [variant][m-tiles][device]
+}  // namespace
+
 template <int MT, int V>
 cudaError_t prepare_kernel() {
   // The >48 KB dynamic shared memory opt-in is per device; remember it per device (host only, no
   // stream work, so this is safe during graph capture).
-  static bool done[64] = {};
+  bool* done = g_prepared[V][MT];
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev >= 0 && dev < 64 && done[dev]) return cudaSuccess;
   err = cudaFuncSetAttribute(mla_attn_kernel<MT, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              smem_of<MT, V>());
+#if defined(DCMLA_SM120_MODEL)
+  // The carveout is a percentage of the SM's shared memory; the driver rounds up to the next
+  // configuration it has, which on Hopper is 100 KB (sm_120's size) for anything above 64 KB.
+  int max_per_sm = 0;
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&max_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (err == cudaSuccess && max_per_sm > kModelSmemPerSm)
+    err = cudaFuncSetAttribute(mla_attn_kernel<MT, V>,
+                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                               kModelSmemPerSm * 100 / max_per_sm);
+#endif
   if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
   return err;
 }
@@ -620,12 +955,16 @@ cudaError_t dispatch(int variant, int mtiles, F&& f) {
     case 32: return f(IntC<2>{}, IntC<3>{});
     case 41: return f(IntC<1>{}, IntC<4>{});
     case 42: return f(IntC<2>{}, IntC<4>{});
+    // v5 has one kernel, 64-row tiles (MT = 4), whatever m-tiles the host planned with
+    case 51:
+    case 52:
+    case 54: return f(IntC<4>{}, IntC<5>{});
     default: return cudaErrorInvalidValue;
   }
 }
 
 inline bool valid_variant(int variant, int mtiles) {
-  return variant >= 1 && variant <= 4 && (mtiles == 1 || mtiles == 2);
+  return variant >= 1 && variant <= 5 && (mtiles == 1 || mtiles == 2);
 }
 
 }  // namespace dcmla
@@ -635,6 +974,16 @@ extern "C" {
 // Python binds these through kernels/abi.py; tests/test_kernel_abi.py checks that the two agree.
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
+
+// Shared memory per SM the library plans its CTAs for: sm_120's 100 KB in the sm_120-model build
+// (DCMLA_SM120_MODEL), 0 (the GPU's own) otherwise.
+int dcmla_model_smem_per_sm() {
+#if defined(DCMLA_SM120_MODEL)
+  return dcmla::kModelSmemPerSm;
+#else
+  return 0;
+#endif
+}
 
 // Dynamic shared memory of an attention kernel (static shared memory is in ptxas -v); -1 if unknown.
 int dcmla_smem_bytes(int variant, int mtiles) {
@@ -650,20 +999,30 @@ const char* dcmla_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
-// Resident CTAs per SM of an attention kernel on the current device.
+// Resident row tiles per SM of an attention kernel on the current device, counted in the tiles
+// the host plans with (16 * mtiles rows): v1..v4 one per CTA; a v5 CTA (64 rows) holds two of
+// the host's 32-row tiles, so the host's splits = wave / row tiles fills one wave of v5 CTAs.
 int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
   return static_cast<int>(dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
     constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
     cudaError_t err = dcmla::prepare_kernel<MT, V>();
     if (err != cudaSuccess) return err;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         out, dcmla::mla_attn_kernel<MT, V>, dcmla::threads_of<V>(), dcmla::smem_of<MT, V>());
+#if defined(DCMLA_SM120_MODEL)
+    const int fit = dcmla::kModelSmemPerSm /
+                    (dcmla::smem_of<MT, V>() + dcmla::kSmemPerBlockReserved);
+    if (err == cudaSuccess && *out > fit) *out = fit;
+#endif
+    if (err == cudaSuccess && V == 5 && mtiles == 2) *out *= 2;
+    return err;
   }));
 }
 
 // out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
 // ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
-// variant: 1..4 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles).
+// variant: 1..5 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles) for
+// v1..v4; v5 always runs 64-row tiles (mtiles only has to be 1 or 2).
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
@@ -689,12 +1048,11 @@ int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, co
   p.tree_stride = tree_stride;
   p.num_splits = num_splits;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
-  const int rows = 16 * mtiles;
-  const int row_tiles = (max_q_len * heads + rows - 1) / rows;
   cudaError_t err = dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
     constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
     cudaError_t e = dcmla::prepare_kernel<MT, V>();
     if (e != cudaSuccess) return e;
+    const int row_tiles = (max_q_len * heads + 16 * MT - 1) / (16 * MT);
     dim3 grid(row_tiles, p.num_splits, batch);
     dcmla::mla_attn_kernel<MT, V>
         <<<grid, dcmla::threads_of<V>(), dcmla::smem_of<MT, V>(), stream>>>(p);
