@@ -2,15 +2,17 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | sm120 | SERVER:CTX (a sweep point of
-#         points-h200-peers.txt)
+#   PART: contract | kernels | fidelity | engine | sm120 | engine-sm120 | SERVER:CTX (a sweep
+#         point of points-h200-peers.txt)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
 # FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
 # same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
-# (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim).
+# (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim);
+# engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
+# the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone.
 # Points: the sweep_point rule's commands for config/h200.yaml (`snakemake -n -p`, files to $W),
 # one server launch each; $W is packed into $OUT/study.tar after every point.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
@@ -31,13 +33,18 @@ T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
   echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
 el build
 mkdir -p results/build
-decodecliff build-kernel --arch 90 --require 90 --out results/build > "$OUT/build.log" 2>&1 || tail -3 "$OUT/build.log"
+decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 > "$OUT/build.log" 2>&1 \
+  || tail -3 "$OUT/build.log"
 export DECODECLIFF_KERNEL_LIB=$PWD/results/build/libdecodecliff_mla.so
 KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 --modes decode chain16
   --page-sizes 1 --heads 8 --repeats 20 --triton-config auto --decode-splits sglang
   --index-dtypes int64 int32 --flashinfer-backends fa2 fa3 --max-seconds-per-point 60 --quiet"
 W=/tmp/study && mkdir -p $W
 for part in "$@"; do
+  # BUDGET_S: start no part after this many seconds (a call has 10 minutes; files so far return)
+  if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
+    echo "skipped $part: past BUDGET_S"; continue
+  fi
   el "$part"
   case $part in
     contract) timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_backend_contract.py \
@@ -74,6 +81,18 @@ for lim in (0, 102400):
       LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 120 $SM \
         --contexts 185000 --modes chain16 --page-sizes 64 --heads 8 \
         --out "$OUT/sm120_p64.json" > "$OUT/bench_sm120_p64.log" 2>&1; echo "rc $?" ;;
+    engine-sm120)
+      decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
+        > "$OUT/build_sm120.log" 2>&1 || { tail -3 "$OUT/build_sm120.log"; continue; }
+      EB="decodecliff bench-engine --preset kimi-k2-tp8-rank --device cuda --paths graphs
+        --modes chain --draft-len 16 --repeats 5"
+      timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \
+        --backends custom custom:model=sm120 flashinfer:model=sm120 \
+        --out "$OUT/engine_sm120.json" > "$OUT/bench_engine_sm120.log" 2>&1; echo "rc $?"
+      grep -E "step .* ms|failed|gemm" "$OUT/bench_engine_sm120.log" | grep -v "^gemm m=" | tail -n 20
+      timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
+        --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
+      grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
     *:*) server=${part%%:*} ctx=${part##*:}
       cmd=$(grep -- "--name $server --contexts $ctx " "$here/points-h200-peers.txt") || { echo "no command for $part"; continue; }
       (eval "$cmd"); echo "rc $?"; tail -n 2 "$W/$server-ctx$ctx.log"

@@ -189,10 +189,13 @@ def test_url_server_is_swept_where_it_runs() -> None:
 def test_peer_servers_run_on_the_triton_servers_chunks(preset: str) -> None:
     s = study(preset)
     triton = by_name(s, "triton-graph-p1")
-    # fa3 (Hopper's wgmma) on the H200 only: sm_120 has mma.sync, so fa2 there
-    fa3 = ["flashinfer-fa3-graph-p1"] if preset == "h200" else []
+    # fa3 (Hopper's wgmma) on the H200 only: sm_120 has mma.sync, so fa2 there; the H200 also
+    # serves the sm_120 pairing (the custom kernel's and FlashInfer's sm_120 configurations)
+    h200 = ["flashinfer-fa3-graph-p1", "flashinfer-sm120-graph-p1"] if preset == "h200" else []
     peers = [n for n in s.servers if by_name(s, n)["backend"] in ("sglang", "flashinfer")]
-    assert peers == [*PEERS, *fa3]
+    assert peers == [*PEERS, *h200]
+    if preset == "h200":
+        peers.append("custom-sm120-graph-p1")
     for name in peers:
         server = by_name(s, name)
         assert server["chunks"] == triton["chunks"], name

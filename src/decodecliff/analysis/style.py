@@ -48,6 +48,8 @@ SERVER_COLORS: dict[str, str] = {
     "flashinfer-graph-p1": "#009E73",
     "flashinfer-fa3-graph-p1": "#004D40",
     "custom-graph-p1": "#0072B2",
+    "custom-sm120-graph-p1": "#332288",
+    "flashinfer-sm120-graph-p1": "#44AA99",
     "custom-p1": "#56B4E9",
     "custom-defrag-p1": "#CC79A7",
     "torch-chain16-p1": "#7F7F7F",

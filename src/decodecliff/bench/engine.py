@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from decodecliff import envinfo
-from decodecliff.engine.config import PRESETS, EngineConfig
+from decodecliff.engine.config import GEMMS, PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
@@ -46,13 +46,14 @@ from decodecliff.kernels import sm120_model
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
-from . import roofline
+from . import gemms, roofline
 from .timing import sync, wall_ms, wall_times_ms
 
 HOST = torch.device("cpu")  # the drafter is host work: timed without a device sync
 MODES = {"decode": "none", "chain": "chain", "tree": "tree"}
-PARTS = ("anatomy", "loop", "drafter", "host")
+PARTS = ("anatomy", "gemms", "loop", "drafter", "host")
 GEMM_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
+SKINNY_KERNEL = "_skinny_gemm_kernel"  # engine/skinny_gemm.py's KERNEL_NAME (no Triton import)
 # Targets on the anatomy of a chain verify step (issue: a verify step at its memory floor).
 TARGETS = {
     "graphs_non_attention_over_floor": 1.3,
@@ -109,6 +110,11 @@ def time_step(
     return wall_times_ms(lambda: forward().argmax(-1).tolist(), device, repeats, warmup)
 
 
+def is_gemm(key: str) -> bool:
+    """A profiler entry of a weight GEMM: an aten matmul op or the Triton weight-streaming one."""
+    return key in GEMM_OPS or key.startswith(SKINNY_KERNEL)
+
+
 def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> dict:
     """GEMM time, all-kernel time and kernel count of one step (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -122,7 +128,7 @@ def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> d
         sync(device)
     averages = prof.key_averages()
     if cuda:
-        gemm_us = sum(e.device_time_total for e in averages if e.key in GEMM_OPS)
+        gemm_us = sum(e.device_time_total for e in averages if is_gemm(e.key))
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy_us = sum(e.device_time_total for e in kernels)
         count = len(kernels)
@@ -184,6 +190,7 @@ def engine_config(args: argparse.Namespace, backend: str, spec: str, tokens: int
         draft_len=args.draft_len,
         tree_nodes=args.tree_nodes,
         cuda_graph=graphs,
+        gemm=args.gemm,
         scatter_seed=args.scatter_seed,
         seed=args.seed,
         threads=args.threads,
@@ -196,7 +203,7 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig) -> Engine:
         engine.model = None
         gc.collect()
         engine.model = SyntheticMLA(
-            cfg.model, engine.device, cfg.torch_dtype, cfg.seed, args.weight_layout
+            cfg.model, engine.device, cfg.torch_dtype, cfg.seed, args.weight_layout, cfg.gemm
         )
         engine.model.rope.reserve(engine.pool.max_total_tokens)
     engine.pool.cache.normal_()
@@ -249,6 +256,8 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "gemm_ms": gemm["gemm_ms"],
             "rest_ms": noattn_ms - gemm["gemm_ms"],
             "profile": gemm,
+            "gemm": args.gemm,
+            "gemm_choices": getattr(engine.model.mm, "describe", list)(),
             **floor,
             "non_attention_over_floor": noattn_ms / floor["weights_floor_ms"],
             "step_ms_all": step_all,
@@ -455,6 +464,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scatter-seed", type=int, default=0, help="scattered slots (none: -1)")
     p.add_argument("--weight-layout", choices=WEIGHT_LAYOUTS, default="kn",
                    help="projections stored [K, N] (kn) or N-major (nk)")  # fmt: skip
+    p.add_argument("--gemm", choices=GEMMS, default="cublas",
+                   help="weight GEMMs: cuBLAS, or the fastest per shape of cuBLAS and the "
+                   "Triton kernel (auto: engine/skinny_gemm.py)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")
@@ -502,7 +514,9 @@ def cli(argv: list[str]) -> int:
         "command": " ".join(["decodecliff", "bench-engine", *argv]),
         "args": vars(args),
         "env": envinfo.collect(),
-        "ceilings": roofline.measure_ceilings(device) if "anatomy" in args.parts else None,
+        "ceilings": (
+            roofline.measure_ceilings(device) if {"anatomy", "gemms"} & set(args.parts) else None
+        ),
         "targets_spec": TARGETS,
         "rows": [],
         "loop": [],
@@ -517,6 +531,10 @@ def cli(argv: list[str]) -> int:
                     fn = functools.partial(anatomy, args, backend, path, mode, doc["ceilings"])
                     doc["rows"] += run_guarded(doc, f"anatomy {backend} {path} {mode}", fn) or []
                     write_json(args.out, doc)
+    if "gemms" in args.parts:
+        fn = functools.partial(gemms.bench_gemms, args, doc["ceilings"])
+        doc["gemms"] = run_guarded(doc, "gemms", fn) if device.type == "cuda" else None
+        write_json(args.out, doc)
     if "loop" in args.parts:
         for ctx in args.loop_contexts or [max(args.contexts)]:
             for backend in args.backends:

@@ -80,6 +80,7 @@ SPEC_MODES = ("none", "chain", "tree")
 # serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
 PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
+GEMMS = ("auto", "cublas")  # engine/skinny_gemm.py: WeightGemm, or x @ w alone
 
 
 def option(default: Any, help: str, **checks: Any) -> Any:
@@ -144,6 +145,13 @@ class EngineConfig:
     )
     tree_nodes: int = option(64, "tree verify size in nodes (the root included)", min=16, max=256)
     cuda_graph: bool = option(False, "capture decode and verify steps in CUDA graphs (CUDA only)")
+    gemm: str = option(
+        "cublas",
+        "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
+        "a weight-streaming Triton kernel timed at the first step (auto, CUDA; no faster in a "
+        "graph-captured H200 step: notes/engine.md)",
+        choices=GEMMS,
+    )
     defrag: bool = option(False, "compact the running requests' scattered KV pages")
     defrag_threshold: float = option(
         0.25, "fraction of page breaks that triggers a compaction", min=0.0, max=1.0

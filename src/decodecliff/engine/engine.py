@@ -90,7 +90,7 @@ class Engine:
         if cfg.threads is not None:
             # Process-wide; on a busy CPU one thread per process beats oversubscribed spinning.
             torch.set_num_threads(cfg.threads)
-        self.model = SyntheticMLA(self.mcfg, self.device, dtype, cfg.seed)
+        self.model = SyntheticMLA(self.mcfg, self.device, dtype, cfg.seed, gemm=cfg.gemm)
         self.backend = get_backend(cfg.backend, **cfg.backend_options)
         self.pool = KVPool(
             num_layers=self.mcfg.num_layers,

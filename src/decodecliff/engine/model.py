@@ -22,6 +22,7 @@ the FLOPs for long chunks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token_slots
 
 from . import fused
-from .config import ModelConfig
+from .config import GEMMS, ModelConfig
 
 
 @dataclass
@@ -144,6 +145,19 @@ class _Maker:
         return torch.ones(n, device=self.device, dtype=self.dtype)
 
 
+def weight_gemm(
+    gemm: str, device: torch.device
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The step's ``x @ w``: tuned per shape on CUDA ("auto": engine/skinny_gemm.py), else torch."""
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if gemm == "auto" and device.type == "cuda":
+        from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
+
+        return WeightGemm()
+    return torch.matmul
+
+
 class SyntheticMLA:
     def __init__(
         self,
@@ -152,8 +166,10 @@ class SyntheticMLA:
         dtype: torch.dtype,
         seed: int = 0,
         weight_layout: str = "kn",
+        gemm: str = "cublas",
     ) -> None:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.mm = weight_gemm(gemm, self.device)
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]
@@ -212,7 +228,7 @@ class SyntheticMLA:
             delta = self._mlp(layer, h)
         if step.logit_rows is not None:
             x, delta = x[step.logit_rows], delta[step.logit_rows]
-        return (fused.add_rms_norm(x, delta, self.final_norm) @ self.lm_head).float()
+        return self.mm(fused.add_rms_norm(x, delta, self.final_norm), self.lm_head).float()
 
     def _buffers(self, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-step scratch shared by the layers: queries [T,H,576], latent out, V out."""
@@ -241,14 +257,14 @@ class SyntheticMLA:
         cfg, T = self.cfg, h.shape[0]
         # The tokens' own KV goes into the cache before attention reads it (as SGLang does).
         cq = fused.qkv_a_post(
-            h @ layer.w_qkv_a,
+            self.mm(h, layer.w_qkv_a),
             layer.q_norm,
             layer.kv_norm,
             cs,
             cache.view(-1, cfg.kv_row_dim),
             step.out_slots,
         )
-        q = (cq @ layer.w_qb).view(T, cfg.num_heads, -1)
+        q = self.mm(cq, layer.w_qb).view(T, cfg.num_heads, -1)
         q_nope, q_rope = q.split([cfg.qk_nope_dim, cfg.qk_rope_dim], dim=-1)
         if spans is not None:
             q_rope = fused.rope(q_rope, cs, torch.empty_like(q_rope))
@@ -262,7 +278,7 @@ class SyntheticMLA:
         fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :])
         backend.run(q_buf, cache, out)  # [T, H, 512]
         torch.bmm(out.transpose(0, 1), layer.w_vc, out=v_buf.transpose(0, 1))  # [T, H, 128]
-        return v_buf.view(T, -1) @ layer.w_o
+        return self.mm(v_buf.view(T, -1), layer.w_o)
 
     def _mha(
         self,
@@ -297,7 +313,7 @@ class SyntheticMLA:
         return out[0, ..., :dv].transpose(0, 1)  # [T, H, 128]
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        return fused.silu_mul(h @ layer.w_gate_up) @ layer.w_down
+        return self.mm(fused.silu_mul(self.mm(h, layer.w_gate_up)), layer.w_down)
 
 
 def layer_attention(

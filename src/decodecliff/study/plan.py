@@ -100,7 +100,11 @@ class Study:
             concurrency=srv.concurrency(self.sweep, server),
             target=srv.target(self.sweep, server),
             skip_reason=skip,
-            needs_kernel_lib=server["backend"] == "custom" and skip is None,
+            # the custom kernel, or the sm_120 model's shim beside it (kernels/sm120_model.py)
+            needs_kernel_lib=skip is None
+            and (
+                server["backend"] == "custom" or server["backend_options"].get("model") == "sm120"
+            ),
             priority=len(order) - order.index((name, ctx)),
         )
 
