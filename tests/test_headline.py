@@ -58,7 +58,7 @@ def rate(sweep: pd.DataFrame, server: str, ctx: int) -> float:
 
 def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     ref, _ = summarize.reference_table(REFERENCE)
-    collapse, win, fastest, sm120 = headline.sentences(sweep, engine, ref)
+    collapse, win, fastest, sm120, _ = headline.sentences(sweep, engine, ref)
     base = headline.baseline_server(sweep)  # SGLang's own server where it ran, else the baseline
     ctxs = sorted(sweep.loc[(sweep["server"] == base) & (sweep["status"] == "ok"), "requested_ctx"])
     short, long = rate(sweep, base, ctxs[0]), rate(sweep, base, ctxs[-1])
@@ -74,7 +74,8 @@ def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     assert f"{best / long:,.0f}x `{base}`" in win
     at = sweep[sweep["requested_ctx"] == 185000].set_index("server")[PRIMARY]
     assert f"`{at.idxmax()}` at" in fastest and "a peer wins there" in fastest
-    mma = at.drop(sweep.loc[sweep["backend_variant"] == "fa3", "server"].unique())
+    hopper_or_model = (sweep["backend_variant"] == "fa3") | (sweep["model"] == "sm120")
+    mma = at.drop(sweep.loc[hopper_or_model, "server"].unique())
     assert f"`{mma.idxmax()}` at" in sm120
 
 
@@ -117,6 +118,19 @@ def test_a_fourth_sentence_names_the_fastest_server_on_what_sm120_has(sweep, eng
     fa3 = sweep["backend_variant"] == "fa3"
     assert fa3.any(), "the published study holds a fa3 server"
     text = headline.sentences(sweep, engine)
-    assert len(text) == 4 and "flashinfer-fa3-graph-p1" not in text[3]
-    assert "sm_120" in text[3]
-    assert len(headline.sentences(sweep[~fa3], engine)) == 3  # no Hopper-only server, no fourth
+    assert len(text) == 5 and "flashinfer-fa3-graph-p1" not in text[3]
+    assert "sm_120" in text[3] and "sm120" not in text[3]  # the sm_120 model's servers: text[4]
+    no_fa3 = sweep[~fa3]
+    assert len(headline.sentences(no_fa3[no_fa3["model"] != "sm120"], engine)) == 3
+
+
+def test_a_fifth_sentence_pairs_the_servers_configured_as_on_sm120(sweep) -> None:
+    """The custom kernel and FlashInfer each as it configures itself for sm_120's shared memory:
+    the numbers are the files', the ratio theirs, and the sentence goes with the pair."""
+    text = headline.sm120_pairing(sweep)
+    custom = rate(sweep, "custom-sm120-graph-p1", 185000)
+    fi = rate(sweep, "flashinfer-sm120-graph-p1", 185000)
+    assert text is not None and text.startswith("**As both configure themselves on sm_120**")
+    assert f"{headline.num(custom)} verify steps/s at 185k" in text
+    assert f"`flashinfer-sm120-graph-p1` {headline.num(fi)}, {headline._times(custom / fi)}" in text
+    assert headline.sm120_pairing(sweep[sweep["server"] != "flashinfer-sm120-graph-p1"]) is None

@@ -302,11 +302,42 @@ HOPPER_ONLY = {"fa3"}
 
 
 def on_sm120(sweep: pd.DataFrame) -> pd.DataFrame | None:
-    """The points of servers whose kernels sm_120 can run; None when every server can."""
+    """The points of servers whose kernels sm_120 can run, on this GPU's own resources (the sm_120
+    model's servers are the pairing's); None when every server can."""
     if "backend_variant" not in sweep.columns:
         return None
     hopper = sweep["backend_variant"].isin(HOPPER_ONLY)
+    if "model" in sweep.columns:
+        hopper |= sweep["model"] == "sm120"
     return sweep[~hopper] if hopper.any() else None
+
+
+def sm120_pairing(sweep: pd.DataFrame) -> str | None:
+    """The custom and FlashInfer servers run as both configure themselves on sm_120 (its 100 KB
+    of shared memory per SM; kernels/sm120_model.py), side by side: None where the study has no
+    such pair."""
+    if "model" not in sweep.columns:
+        return None
+    rows = ok(sweep)[lambda d: d["model"] == "sm120"]
+    backend = rows.groupby("server")["backend"].first()
+    custom = [s for s in backend.index if family(s, backend[s]) == "custom"]
+    peers = [s for s in backend.index if family(s, backend[s]) == "flashinfer"]
+    if not custom or not peers:
+        return None
+    mine, theirs = _rates(sweep, custom[0]), _rates(sweep, peers[0])
+    ratio = (mine / theirs).dropna()
+    if ratio.empty:
+        return None
+    long = ratio.index[-1]
+    lead = "ahead" if ratio[long] >= 1 else "behind"
+    return (
+        "**As both configure themselves on sm_120** (100 KB of shared memory per SM; the custom "
+        f"kernel's sm_120 build, FlashInfer's fa2 in its sm_120 configuration, on this GPU): "
+        f"`{custom[0]}` {num(mine[long])} verify steps/s at {ctx_label(long)} against "
+        f"`{peers[0]}` {num(theirs[long])}, {_times(ratio[long])}; {lead} at "
+        f"{(ratio >= 1).sum()} of {len(ratio)} contexts, {_times(ratio.min())}–"
+        f"{_times(ratio.max())} from {ctx_label(ratio.index[0])} to {ctx_label(long)}."
+    )
 
 
 def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str:
@@ -334,9 +365,12 @@ def sentences(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) 
     sm120 = on_sm120(sweep)
     if sm120 is not None:
         title = (
-            "**Fastest on the instructions sm_120 has** (mma.sync; FlashInfer's fa3 needs wgmma):"
+            "**Fastest on the instructions sm_120 has, with this GPU's shared memory** "
+            "(mma.sync; FlashInfer's fa3 needs wgmma):"
         )
         out.append(fastest(sm120, title))
+    if (pairing := sm120_pairing(sweep)) is not None:
+        out.append(pairing)
     return out
 
 

@@ -93,6 +93,8 @@ def _server_meta(name: str, point: dict, servers: dict[str, dict]) -> dict:
         meta[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
     detail = info.get("attention_backend_detail")  # what the server's backend says it ran
     meta["backend_variant"] = _variant(detail) if isinstance(detail, dict) else None
+    # "sm120": the backend ran as configured on sm_120 (kernels/sm120_model.py)
+    meta["model"] = detail.get("model") if isinstance(detail, dict) else None
     return meta
 
 
