@@ -181,6 +181,35 @@ __device__ __forceinline__ int k_chunk0(int dq, int kk) {
   return Variant<V>::kInterleave ? (kk * kDimGroups + dq) * 2 : dq * (kKSteps * 2) + kk * 2;
 }
 
+// Every variant's epilogue: the CTA's normalised partial O (fp32, warp w's V columns
+// [64 w, +64) of each m-tile) and each row's log2-sum-exp for its split. final_smem holds the R
+// rows' log2-sum-exp, then their 1 / row sum. (The caller's thread indices are passed in: read
+// again here, they would change sm_120's code.)
+struct Lane {
+  int tid, warp, gid, tig;
+};
+template <int MT>
+__device__ __forceinline__ void write_partials(const Params& p, const float (&o)[MT][8][4],
+                                               const float* final_smem, int R, int row0, int rows,
+                                               int64_t g0, int split, int S, Lane t) {
+  const int tid = t.tid, warp = t.warp, gid = t.gid, tig = t.tig;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m * 16 + gid + h * 8;
+      if (row0 + r >= rows) continue;
+      const float inv = final_smem[R + r];
+      float* dst = p.ws_o + ((g0 + r) * S + split) * kDv + warp * 64 + 2 * tig;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+    }
+  }
+  if (tid < R && row0 + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
+}
+
 template <int MT, int V>
 __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   using VT = Variant<V>;
@@ -495,21 +524,7 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
     final_smem[R + rr] = any ? 1.f / row_l : 0.f;
   }
   __syncthreads();
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = m * 16 + gid + h * 8;
-      if (rt * R + r >= rows) continue;
-      const float inv = final_smem[R + r];
-      float* dst = p.ws_o + ((g0 + r) * S + split) * kDv + warp * 64 + 2 * tig;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
-    }
-  }
-  if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
+  write_partials<MT>(p, o, final_smem, R, rt * R, rows, g0, split, S, {tid, warp, gid, tig});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -788,21 +803,7 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
     final_smem[R + rr] = any ? 1.f / row_l : 0.f;
   }
   __syncthreads();
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = m * 16 + gid + h * 8;
-      if (rt * R + r >= rows) continue;
-      const float inv = final_smem[R + r];
-      float* dst = p.ws_o + ((g0 + r) * S + split) * kDv + warp * 64 + 2 * tig;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
-    }
-  }
-  if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = final_smem[tid];
+  write_partials<4>(p, o, final_smem, R, rt * R, rows, g0, split, S, {tid, warp, gid, tig});
 }
 
 }  // namespace dcmla
