@@ -305,7 +305,8 @@ class Engine:
         req.retractions += 1
         self.retractions += 1
         self.running.remove(req)
-        # Retracted youngest first, so the queue's front stays the oldest of them.
+        # Admission is first come, first served, so every waiting request is younger than every
+        # running one; retracted youngest first, the queue stays in arrival order.
         self.waiting.appendleft(req)
         log.info("retracted %s (%d tokens) to free the KV pool", req.rid, len(req.tokens))
 
