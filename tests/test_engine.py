@@ -128,7 +128,7 @@ def test_worst_case_booking_queues_what_does_not_fit_the_pool():
     assert eng.pool.allocator.num_free == eng.pool.num_pages
 
 
-LONG = SamplingParams(max_new_tokens=100, ignore_eos=True)
+LONG = SamplingParams(max_new_tokens=60, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +145,9 @@ def long_alone(long_prompts) -> list[list[int]]:
 def test_long_generations_outgrowing_the_pool_are_retracted_and_recomputed(
     long_prompts, long_alone, spec
 ):
-    # Four requests of 145 tokens each in 300 slots: admitted on their next step alone (ratio
+    # Four requests of 105 tokens each in 200 slots: admitted on their next step alone (ratio
     # 0), they outgrow the pool; the youngest are retracted and recomputed, tokens unchanged.
-    eng = engine(spec=spec, max_total_tokens=300, new_token_ratio=0.0)
+    eng = engine(spec=spec, max_total_tokens=200, new_token_ratio=0.0)
     reqs = eng.generate(long_prompts, LONG)
     assert [r.output for r in reqs] == long_alone
     assert eng.retractions == sum(r.retractions for r in reqs) > 0
@@ -157,9 +157,9 @@ def test_long_generations_outgrowing_the_pool_are_retracted_and_recomputed(
 
 
 def test_a_retracted_request_samples_the_tokens_it_would_have(long_prompts):
-    params = SamplingParams(max_new_tokens=100, temperature=0.9, ignore_eos=True, seed=7)
+    params = dataclasses.replace(LONG, temperature=0.9, seed=7)
     alone = [outputs(engine(), [p], params)[0] for p in long_prompts]
-    eng = engine(max_total_tokens=300, new_token_ratio=0.0)
+    eng = engine(max_total_tokens=200, new_token_ratio=0.0)
     assert outputs(eng, long_prompts, params) == alone
     assert eng.retractions > 0
 
