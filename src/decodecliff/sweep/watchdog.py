@@ -63,9 +63,11 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def signal_tree(sig: int) -> None:
-    for pid in descendants(os.getpid()):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+def signal_tree(sig: int, command: int | None) -> None:
+    """Signal every descendant (without /proc, elsewhere than Linux: the command alone)."""
+    pids = descendants(os.getpid()) if os.path.isdir("/proc") else [command]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
             os.kill(pid, sig)
 
 
@@ -107,11 +109,11 @@ class Keeper:
 
     def stop_tree(self, grace: float) -> None:
         for sig in (signal.SIGCONT, signal.SIGTERM):
-            signal_tree(sig)
+            signal_tree(sig, self.pid)
         if self.wait_empty(grace):
             return
         while True:  # descendants may fork meanwhile: until none is left
-            signal_tree(signal.SIGKILL)
+            signal_tree(signal.SIGKILL, self.pid)
             if self.wait_empty(0.5):
                 return
 
@@ -147,7 +149,7 @@ def spawn(keeper: Keeper, command: list[str], report: int) -> None:
 
 def main(argv: list[str]) -> None:
     grace, report, command = float(argv[0]), int(argv[1]), argv[3:]
-    with contextlib.suppress(OSError, AttributeError):  # elsewhere than Linux: the group only
+    with contextlib.suppress(OSError, AttributeError):  # Linux only
         become_subreaper()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
