@@ -28,3 +28,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def leftovers():
+    """Processes the test started (proctree.Leftovers): whatever of them is still running at its
+    end, passed or failed, is killed."""
+    from proctree import Leftovers
+
+    tracked = Leftovers()
+    yield tracked
+    tracked.kill_all()

@@ -11,7 +11,7 @@ from decodecliff.engine.config import PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.kv_pool import PageAllocator, PoolExhausted, page_breaks
 from decodecliff.engine.model import StepInput, SyntheticMLA, layer_attention, mha_spans
-from decodecliff.engine.request import SamplingParams
+from decodecliff.engine.request import Request, SamplingParams
 from decodecliff.engine.spec import DraftTree, NgramDrafter, accept_chain, accept_tree
 from decodecliff.kernels.reference import TorchAttention
 
@@ -114,16 +114,73 @@ def test_stop_token_and_eos_finish_early(plain):
     assert req.finish_reason == {"type": "stop", "matched": plain[0][first]}
 
 
-def test_admission_queues_what_does_not_fit_the_pool():
-    # Each request may hold 120 + 120 slots; 300 fit one at a time, so the second waits its turn.
-    eng = engine(max_total_tokens=300)
+def test_worst_case_booking_queues_what_does_not_fit_the_pool():
+    # At new_token_ratio 1 each request books 80 + 120 slots; 300 fit one at a time, so the
+    # second waits its turn and nothing is ever retracted.
+    eng = engine(max_total_tokens=300, new_token_ratio=1.0)
     params = SamplingParams(max_new_tokens=120, ignore_eos=True)
     alone = [outputs(engine(), [prompt(80, s)], params)[0] for s in (1, 2)]
     reqs = eng.generate([prompt(80, 1), prompt(80, 2)], params)
     assert [r.finish_reason["type"] for r in reqs] == ["length", "length"]
     assert [r.output for r in reqs] == alone
     assert reqs[1].first_token_at >= reqs[0].finished_at  # queued, not interleaved
+    assert eng.retractions == 0
     assert eng.pool.allocator.num_free == eng.pool.num_pages
+
+
+LONG = SamplingParams(max_new_tokens=60, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def long_prompts() -> list[list[int]]:
+    return [prompt(30, seed) for seed in range(4)]  # 45 tokens each, repetitive for drafts
+
+
+@pytest.fixture(scope="module")
+def long_alone(long_prompts) -> list[list[int]]:
+    return [outputs(engine(), [p], LONG)[0] for p in long_prompts]
+
+
+@pytest.mark.parametrize("spec", ["none", "chain", "tree"])
+def test_long_generations_outgrowing_the_pool_are_retracted_and_recomputed(
+    long_prompts, long_alone, spec
+):
+    # Four requests of 105 tokens each in 200 slots: admitted on their next step alone (ratio
+    # 0), they outgrow the pool; the youngest are retracted and recomputed, tokens unchanged.
+    eng = engine(spec=spec, max_total_tokens=200, new_token_ratio=0.0)
+    reqs = eng.generate(long_prompts, LONG)
+    assert [r.output for r in reqs] == long_alone
+    assert eng.retractions == sum(r.retractions for r in reqs) > 0
+    assert eng.stats().retractions == eng.retractions
+    assert [r.meta_info()["retractions"] for r in reqs] == [r.retractions for r in reqs]
+    assert eng.pool.allocator.num_free == eng.pool.num_pages
+
+
+def test_a_retracted_request_samples_the_tokens_it_would_have(long_prompts):
+    params = dataclasses.replace(LONG, temperature=0.9, seed=7)
+    alone = [outputs(engine(), [p], params)[0] for p in long_prompts]
+    eng = engine(max_total_tokens=200, new_token_ratio=0.0)
+    assert outputs(eng, long_prompts, params) == alone
+    assert eng.retractions > 0
+
+
+def test_the_youngest_running_request_is_the_one_retracted():
+    # 80, 90 and 70 slots at the end: the three outgrow 200 slots, the first two fit. The last
+    # to arrive gives its KV back (whatever its length), then runs when the pool has room.
+    eng = engine(max_total_tokens=200, new_token_ratio=0.0)
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    lens = (20, 30, 10)
+    reqs = eng.generate([prompt(n, n, repeat=False) for n in lens], params)
+    assert [r.retractions for r in reqs] == [0, 0, 1]
+    assert [len(r.output) for r in reqs] == [60, 60, 60]
+
+
+def test_admission_books_the_next_step_plus_a_share_of_the_rest():
+    fresh = Request(prompt=[1] * 100, params=SamplingParams(max_new_tokens=201))
+    chain = engine(new_token_ratio=0.5, spec="chain")  # verify steps of 6 tokens
+    assert chain._booked_tokens(fresh) == 100 + 6 + 100  # prompt, first step, half of 200 left
+    worst = engine(new_token_ratio=1.0, spec="chain")
+    assert worst._booked_tokens(fresh) == fresh.params.needed_tokens(100, 6)
 
 
 def test_device_out_of_memory_aborts_the_step_and_recovers(monkeypatch):

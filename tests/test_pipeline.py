@@ -357,13 +357,15 @@ def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        sweep = server = None
+        sweep = keeper = server = None
         deadline = time.monotonic() + 120
         while server is None and time.monotonic() < deadline:
             time.sleep(0.5)
             jobs = children(proc.pid)
             sweep = jobs[0] if jobs else None
-            servers = children(sweep) if sweep else []
+            keepers = children(sweep) if sweep else []  # the server runs under a keeper
+            keeper = keepers[0] if keepers else None
+            servers = children(keeper) if keeper else []
             server = servers[0] if servers else None
         assert server is not None, "the point's server never started"
         assert "sweep" in Path(f"/proc/{sweep}/cmdline").read_text(), "the job is not exec'd"
@@ -382,7 +384,7 @@ def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
             doc = json.loads(point.read_text())
             assert doc["status"] == "failed" and "interrupted" in doc["reason"], doc["reason"]
     finally:
-        for pid in [p for p in (server, sweep) if p and alive(p)]:
+        for pid in [p for p in (server, keeper, sweep) if p and alive(p)]:
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()

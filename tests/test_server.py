@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -224,7 +225,8 @@ def test_concurrent_streams_do_not_corrupt_each_other(srv):
 
 @pytest.mark.slow  # a server of its own
 def test_requests_beyond_the_pool_queue_until_it_frees():
-    # Each request may hold 80 + 200 slots; 300 hold one at a time: the second waits, none fails.
+    # At the default new-token ratio (0.7) each request books 80 + 1 + 0.7 x 199 = 221 of 300
+    # slots: the second waits, none fails.
     with server("--max-total-tokens", "300", "--chunk-size", "64") as small:
         prompts = [[(31 + i) % 500 + 1 for i in range(80)], [(62 + i) % 500 + 1 for i in range(80)]]
         alone = [gen(small, p, 200).json()["output_ids"] for p in prompts]
@@ -246,6 +248,26 @@ def test_requests_beyond_the_pool_queue_until_it_frees():
         frag = small.get("/get_server_info").json()["fragmentation"]
         assert frag["free_pages"] == frag["num_pages"]
         assert small.stop() == 0
+
+
+def _retractions(metrics: str) -> float:
+    return float(re.search(r"^sglang:num_retractions_total\{.*\} (\S+)$", metrics, re.M)[1])
+
+
+@pytest.mark.slow  # a server of its own
+def test_a_pool_outgrown_retracts_the_youngest_and_counts_it():
+    # Admitted on their next step alone (ratio 0), two requests of 80 + 200 outgrow 300 slots:
+    # the younger is retracted, recomputed once the older has finished, its tokens unchanged.
+    prompts = [[(31 + i) % 500 + 1 for i in range(80)], [(62 + i) % 500 + 1 for i in range(80)]]
+    with server("--max-total-tokens", "300", "--new-token-ratio", "0") as tight:
+        alone = [gen(tight, p, 200).json()["output_ids"] for p in prompts]
+        assert _retractions(tight.get("/metrics").text) == 0
+        both = gen(tight, prompts, 200).json()  # one batch: the second is the younger
+        assert [o["output_ids"] for o in both] == alone
+        assert [o["meta_info"]["retractions"] for o in both] == [0, 1]
+        assert _retractions(tight.get("/metrics").text) == 1
+        info = tight.get("/get_server_info").json()
+        assert info["new_token_ratio"] == 0 and info["fragmentation"]["free_pages"] == 300
 
 
 @pytest.mark.slow  # generates through every spec mode

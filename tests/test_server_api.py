@@ -428,9 +428,9 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
 
 @pytest.mark.slow  # a long chat streams beside the short requests
 def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
-    # Admission books a request's worst case: without max_tokens a chat request books its fair
-    # share of the pool (pool / max running requests), not the whole pool, so short requests
-    # run beside it instead of waiting for it.
+    # Without max_tokens a chat request generates at most its fair share of the pool (pool / max
+    # running requests), not the whole pool, so short requests run beside it instead of waiting
+    # for it (or being retracted for it).
     done: list[str] = []
     msgs = [{"role": "user", "content": "tell me everything"}]
 

@@ -117,6 +117,52 @@ def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():
     assert threads[0] == threading.main_thread().name != threads[1]
 
 
+# a flood of requests --------------------------------------------------------------------------
+def _until(srv: Server, key: str, value: int, deadline_s: float = 30) -> None:
+    """Wait until the server's info shows ``key == value`` (it counts what the engine holds)."""
+    deadline = time.monotonic() + deadline_s
+    while (seen := srv.get("/get_server_info").json()[key]) != value:
+        assert time.monotonic() < deadline, f"{key} stayed {seen}, not {value}"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow  # a server of its own
+def test_a_full_queue_answers_503_with_retry_after_and_health_stays_fast():
+    def send(prompts: int) -> httpx.Response:
+        body = {"input_ids": [[1, 2, 3]] * prompts, "sampling_params": {"max_new_tokens": 4}}
+        return httpx.post(s.url + "/generate", json=body, timeout=120)
+
+    def background(body: dict) -> threading.Thread:
+        # answered 503 "shutting down" when the server stops (the long one never finishes)
+        thread = threading.Thread(
+            target=lambda: httpx.post(s.url + "/generate", json=body, timeout=120), daemon=True
+        )
+        thread.start()
+        return thread
+
+    with server("--max-running-requests", "1", "--max-queued-requests", "3") as s:
+        long = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 60000}}
+        senders = [background(long)]
+        _until(s, "running_requests", 1)
+        senders.append(background({"input_ids": [[1, 2, 3]] * 2}))  # a fan-out of 2 queues
+        _until(s, "waiting_requests", 2)
+        busy = send(2)
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["Retry-After"] == "1"
+        assert "2 of 3 queued" in busy.json()["error"]["message"]
+        never = send(4)
+        assert never.status_code == 400 and "--max-queued-requests" in never.text
+        senders.append(background({"input_ids": [4, 5, 6]}))  # the last free place
+        _until(s, "waiting_requests", 3)
+        assert send(1).status_code == 503
+        start = time.monotonic()
+        assert s.get("/health").status_code == 200 and time.monotonic() - start < 0.5
+        assert s.get("/get_server_info").json()["max_queued_requests"] == 3
+        assert s.stop() == 0
+    for thread in senders:
+        thread.join(30)
+
+
 # who may call ------------------------------------------------------------------------------------
 @pytest.mark.slow  # a server of its own
 def test_f5_the_api_key_guards_everything_but_health():

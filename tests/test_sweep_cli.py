@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,7 +15,7 @@ import pytest
 import yaml
 
 from decodecliff.sweep import cli, launcher
-from decodecliff.sweep.runner import SCHEMA_PATH
+from decodecliff.sweep.runner import SCHEMA_PATH, run_async
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,3 +198,32 @@ def test_skip_reason_writes_every_point_as_skipped_and_launches_nothing(tmp_path
         assert (point["status"], point["reason"]) == ("skipped", reason)
         assert point["server_launch"] == 0 and point["server_log"] is None
     assert not marker.exists()
+
+
+def test_a_stop_signal_inside_the_event_loop_ends_the_sweep_without_a_traceback(caplog):
+    # The CLI's SIGTERM handler raises SystemExit. Raised inside a stream's task, it would break
+    # the stream mid-read (and asyncio log a traceback of what failed next); instead the signal
+    # cancels the streams, and the sweep exits once the event loop has stopped.
+    cancelled: list[str] = []
+
+    async def stream() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append("stream")
+            raise
+
+    async def point() -> None:
+        await asyncio.gather(stream())
+
+    previous = signal.signal(signal.SIGTERM, cli._exit_on_signal)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            run_async(point())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    gc.collect()
+    assert ended.value.code == 128 + signal.SIGTERM and cancelled == ["stream"]
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text

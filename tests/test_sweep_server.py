@@ -14,7 +14,9 @@ from pathlib import Path
 
 import httpx
 import jsonschema
+import proctree
 import pytest
+from test_sweep_keeper import daemonising, orphaned_daemon
 
 from decodecliff.sweep import launcher
 from decodecliff.sweep.runner import SCHEMA_PATH, Chunk, Runner, SweepConfig
@@ -273,105 +275,70 @@ def test_a_server_that_fails_to_start_records_its_command(tmp_path):
     assert point["server_command"][0] == "false" and point["server_launch"] == 1
 
 
-def test_sighup_stops_the_sweep_and_its_server(tmp_path):
-    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
-    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
-    argv += ["--stop-grace", "3", "--out", str(tmp_path)]
-    sweep = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    server = None
-    try:
-        deadline = time.monotonic() + 60
-        while server is None and time.monotonic() < deadline:
-            time.sleep(0.3)
-            server = _child(sweep.pid)
-        assert server is not None, "the server never started"
-        time.sleep(3)  # into the point
-        sweep.send_signal(signal.SIGHUP)
-        assert sweep.wait(timeout=30) == 128 + signal.SIGHUP
-        deadline = time.monotonic() + 20
-        while _alive(server) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(server), "the server outlived the hung-up sweep"
-    finally:
-        for pid in (server, sweep.pid):
-            if pid and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _child(pid: int) -> int | None:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            return int(stat.parent.name)
+def _serving(sweep: subprocess.Popen) -> int | None:
+    """The sweep's server process, once it runs `decodecliff serve` (not before its exec)."""
+    assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"
+    for pid in proctree.descendants(sweep.pid):
+        if proctree.argv(pid)[1:4] == ["-m", "decodecliff.cli", "serve"]:
+            return pid
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _busy(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+        return httpx.get(url + "/get_server_info", timeout=5).json()["running_requests"] > 0
+    return False
 
 
-def _start_sweep(out: Path) -> tuple[subprocess.Popen, int, str]:
-    """A sweep of one long point; (its process, its server's pid, the server's URL) once the
-    server runs a request."""
-    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SERVE]
+def _start_sweep(
+    out: Path, leftovers: proctree.Leftovers, server_cmd: str = SERVE
+) -> tuple[subprocess.Popen, int, int]:
+    """A sweep of one long point, once its server runs a request: (the sweep, the server's
+    keeper, the server), all tracked to be killed at the test's end if still running."""
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", server_cmd]
     argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
     argv += ["--stop-grace", "3", "--out", str(out)]
-    sweep = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        server = _child(sweep.pid)
-        if server is None:
-            continue
-        argv = Path(f"/proc/{server}/cmdline").read_text().split("\0")
-        url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/get_server_info", timeout=5).json()["running_requests"]:
-                return sweep, server, url
-    sweep.kill()
-    raise AssertionError("the server never ran a request")
+    with open(out / "sweep.stderr", "w") as err:  # a file: a pipe nobody reads can fill up
+        sweep = leftovers.popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            # Ctrl-C as in a terminal, even if this test runs where SIGINT is ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
+    keeper = leftovers.track(proctree.parent(server))
+    args = proctree.argv(server)
+    url = f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+    proctree.wait_for("the server to run a request", lambda: _busy(url), 120)
+    return sweep, keeper, server
 
 
-def _gone(pid: int, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return not _alive(pid)
+def test_a_killed_sweep_takes_its_server_along(tmp_path, leftovers):
+    # The server's shell daemonises a grandchild first (setsid, then orphaned): it goes too.
+    pid_file = tmp_path / "daemon.pid"
+    leftovers.pid_file(pid_file)
+    sweep, keeper, server = _start_sweep(tmp_path, leftovers, daemonising(SERVE, pid_file))
+    daemon = orphaned_daemon(pid_file, keeper, leftovers)
+    assert proctree.session(daemon) not in (proctree.session(server), proctree.session(sweep.pid))
+    sweep.kill()  # SIGKILL: no cleanup runs in the sweep
+    sweep.wait(timeout=30)
+    assert proctree.gone([server, daemon, keeper]), "the server's tree outlived the killed sweep"
 
 
-@pytest.mark.slow  # a sweep and its server
-def test_a_killed_sweep_takes_its_server_along(tmp_path):
-    sweep, server, _ = _start_sweep(tmp_path)
-    try:
-        sweep.kill()  # SIGKILL: no cleanup runs in the sweep
-        sweep.wait(10)
-        assert _gone(server), "the server outlived the killed sweep"
-    finally:
-        if _alive(server):
-            os.kill(server, signal.SIGKILL)
-
-
-@pytest.mark.slow  # a sweep and its server
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_an_interrupted_point_is_written_as_interrupted(tmp_path, sig):
-    sweep, server, _ = _start_sweep(tmp_path)
-    try:
-        sweep.send_signal(sig)
-        assert sweep.wait(timeout=30) == 128 + sig
-        assert "Traceback" not in sweep.stderr.read()
-        point = _points(tmp_path)[64]
-        assert point["status"] == "failed" and point["reason"] == f"interrupted by {sig.name}"
-        assert _gone(server), "the server outlived the interrupted sweep"
-    finally:
-        for pid in (server, sweep.pid):
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
+def test_an_interrupted_point_is_written_as_interrupted(tmp_path, leftovers, sig):
+    sweep, keeper, server = _start_sweep(tmp_path, leftovers)
+    sweep.send_signal(sig)
+    assert sweep.wait(timeout=60) == 128 + sig
+    stderr = (tmp_path / "sweep.stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    point = _points(tmp_path)[64]
+    assert point["status"] == "failed" and point["reason"] == f"interrupted by {sig.name}"
+    # the sweep waited for its server's keeper, which waited for the server
+    assert proctree.gone([server, keeper], timeout=1), "the server outlived the stopped sweep"
 
 
 @pytest.mark.slow  # a sweep and its server

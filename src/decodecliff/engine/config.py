@@ -135,6 +135,16 @@ class EngineConfig:
         exclusive="pool size",
     )
     max_running_requests: int = option(8, "requests in the running batch at most", min=1)
+    # SGLang starts its ratio at 0.7 and lowers it while nothing is retracted; here it stays put.
+    new_token_ratio: float = option(
+        0.7,
+        "share of a request's remaining max_new_tokens that admission books for it, as "
+        "SGLang's new token ratio: a request is admitted on its prompt, its next step and this "
+        "share of the rest; when the running requests outgrow the pool the youngest is retracted "
+        "and recomputed later (1: book the worst case, never retract)",
+        min=0.0,
+        max=1.0,
+    )
     spec: str = option(
         "none",
         "speculative decoding: none, a draft chain or a draft tree verified per step",

@@ -5,6 +5,12 @@ every request that has finished its prefill, so running streams keep flowing whi
 prefilled (continuous batching of decode steps). A decode step feeds every request the same number
 of query tokens: 1 (plain), the chain length, or the tree size, so its shapes are fixed.
 
+Admission is SGLang's: first come, first served while the pool holds what every admitted request
+needs through its next step plus ``new_token_ratio`` of its remaining output tokens (not its worst
+case). When the running requests outgrow the pool, the youngest is retracted: its KV is freed and
+it goes back to the front of the queue with its output so far, which a later prefill recomputes
+(prompt + output), so greedy outputs stay those of an unretracted run.
+
 The engine runs in its own thread (``start``) or is stepped by the caller (``generate``).
 """
 
@@ -12,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +76,8 @@ class EngineStats:
     """A snapshot of the engine for the server's self-description and metrics."""
 
     running: int  # requests in the running batch
-    queued: int  # submitted and not yet admitted
+    queued: int  # submitted and not yet admitted (retracted ones included)
+    retractions: int  # running requests sent back to the queue to free the pool, since start
     used_tokens: int  # KV slots held by admitted requests (whole pages)
     max_total_tokens: int  # KV slots in the pool
     cuda_graphs_captured: list[list[int]]  # [batch size, query tokens] of each captured step
@@ -109,6 +118,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.steps = 0
+        self.retractions = 0
         self.defrag_runs = 0
         self.defrag_pages_moved = 0
         self._request_no = 0
@@ -136,12 +146,18 @@ class Engine:
     def max_total_num_tokens(self) -> int:
         return self.pool.max_total_tokens
 
+    @property
+    def num_queued(self) -> int:
+        """Requests submitted and not running (cheap: the server reads it per request)."""
+        return len(self.waiting) + self.inbox.qsize()
+
     def stats(self) -> EngineStats:
         """What the engine holds right now (read-only: it changes nothing)."""
         pool = self.pool
         return EngineStats(
             running=len(self.running),
-            queued=len(self.waiting) + self.inbox.qsize(),
+            queued=self.num_queued,
+            retractions=self.retractions,
             used_tokens=(pool.num_pages - pool.allocator.num_free) * pool.page_size,
             max_total_tokens=pool.max_total_tokens,
             cuda_graphs_captured=self.graphs.captured_shapes() if self.graphs else [],
@@ -228,8 +244,6 @@ class Engine:
                 break
         for req in [r for r in self.running + list(self.waiting) if r.cancelled]:
             self._finish(req, abort="cancelled by the client")
-        # First come, first served while the pool can hold every admitted request's worst case
-        # (prompt + max_new_tokens + a step's drafts): an admitted request never runs out of KV.
         while (
             self.waiting
             and len(self.running) < self.cfg.max_running_requests
@@ -239,9 +253,10 @@ class Engine:
         if not self.running:
             return False
         prefilling = next((r for r in self.running if not r.prefill_done), None)
-        if prefilling is not None:
+        if prefilling is not None and self._make_room([prefilling], self._chunk_end):
             self._guarded([prefilling], self._prefill_chunk, prefilling)
         decoding = [r for r in self.running if r.prefill_done and r.finish_reason is None]
+        decoding = self._make_room(decoding, lambda r: r.kv_len + self.cfg.spec_tokens)
         if decoding:
             self._guarded(decoding, self._decode_step, decoding)
         self.steps += 1
@@ -249,15 +264,57 @@ class Engine:
             self.maybe_defrag()
         return True
 
-    def _pages_needed(self, req: Request) -> int:
-        return self.pool.pages_for(req.params.needed_tokens(len(req.prompt), self.cfg.spec_tokens))
+    def _booked_tokens(self, req: Request) -> int:
+        """KV slots admission books for a request: what it holds through its next decode or
+        verify step (after its prefill, which emits a token), plus new_token_ratio of the output
+        tokens left after that step. At ratio 1 this is its worst case, constant over its life."""
+        if req.prefill_done:
+            now, left = req.kv_len, req.params.max_new_tokens - len(req.output)
+        else:
+            now, left = len(req.tokens), req.params.max_new_tokens - len(req.output) - 1
+        return now + self.cfg.spec_tokens + math.ceil(self.cfg.new_token_ratio * max(left, 0))
 
     def _fits(self, req: Request) -> bool:
-        booked = sum(self._pages_needed(r) for r in self.running)
-        return booked + self._pages_needed(req) <= self.pool.num_pages
+        booked = sum(self.pool.pages_for(self._booked_tokens(r)) for r in self.running)
+        return booked + self.pool.pages_for(self._booked_tokens(req)) <= self.pool.num_pages
+
+    def _chunk_end(self, req: Request) -> int:
+        """Where the request's next prefill chunk ends."""
+        return min(req.prefilled + self.cfg.chunk_size, req.fill_len)
+
+    def _make_room(self, reqs: list[Request], tokens: Callable[[Request], int]) -> list[Request]:
+        """The requests of a step, once the pool can cover tokens(r) KV slots for each of them:
+        until it can, the youngest running request (of the step or not) is retracted. The last
+        running request is never retracted (check() made sure it fits the pool alone)."""
+        while True:
+            reqs = [r for r in reqs if r.row is not None]
+            short = sum(self._pages_short(r, tokens(r)) for r in reqs)
+            if short <= self.pool.allocator.num_free or len(self.running) <= 1:
+                return reqs
+            self._retract(max(self.running, key=lambda r: r.seq))
+
+    def _pages_short(self, req: Request, tokens: int) -> int:
+        return max(self.pool.pages_for(tokens) - len(self.pool.owners[req.row]), 0)
+
+    def _retract(self, req: Request) -> None:
+        """Free a running request's KV and queue it first, to be prefilled again with its output."""
+        self.pool.close(req.row)
+        req.row = None
+        req.prefilled = req.kv_len = 0
+        req.fill_len = len(req.tokens)
+        req.retractions += 1
+        self.retractions += 1
+        self.running.remove(req)
+        # Admission is first come, first served, so every waiting request is younger than every
+        # running one; retracted youngest first, the queue stays in arrival order.
+        self.waiting.appendleft(req)
+        log.info("retracted %s (%d tokens) to free the KV pool", req.rid, len(req.tokens))
 
     def _admit(self, req: Request) -> None:
         req.row = self.pool.open()
+        if req.retractions:  # readmitted: it keeps its drafter index and sampling generator
+            self.running.append(req)
+            return
         if self.cfg.spec != "none":
             req.drafter_state = self.drafter.new_state()
         if not req.params.greedy:
@@ -448,17 +505,16 @@ class Engine:
         return self.model.forward(step, self.pool.cache, self.backend)
 
     def _prefill_chunk(self, req: Request) -> None:
-        start = req.prefilled
-        end = min(start + self.cfg.chunk_size, len(req.prompt))
+        start, end = req.prefilled, self._chunk_end(req)
         if not self._reserve([req], end - start):
             return
         n = end - start
         mha = self.cfg.prefill_attention == "mha"  # then the backend never sees a prefill chunk
-        step = self.build_step([req], [req.prompt[start:end]], [list(range(n))], None, [n - 1], mha)
+        step = self.build_step([req], [req.tokens[start:end]], [list(range(n))], None, [n - 1], mha)
         self._sync()
         t0 = time.perf_counter()
         logits = self.forward(step)
-        last = end == len(req.prompt)
+        last = end == req.fill_len
         target = self._targets([req], [1], logits)[0] if last else None
         self._sync()
         req.prefill_ms += (time.perf_counter() - t0) * 1e3
@@ -467,7 +523,7 @@ class Engine:
         req.prefilled = req.kv_len = end
         if req.drafter_state is not None:
             # Index the prompt chunk by chunk, so no verify step pays for the whole context.
-            self.drafter.observe(req.drafter_state, req.prompt, end)
+            self.drafter.observe(req.drafter_state, req.tokens, end)
         if last:
             self._emit(req, target)
 

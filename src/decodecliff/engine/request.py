@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 _ids = itertools.count()
+_arrivals = itertools.count()  # arrival order: retraction takes the youngest request first
 
 # Temperatures at or below this sample as greedy (as SGLang does): dividing logits by a smaller
 # number overflows float32 (1e-40 is subnormal) and the distribution is one-hot anyway.
@@ -59,10 +60,13 @@ class Request:
     params: SamplingParams
     on_update: Callable[[Update], None] = lambda update: None
     rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    seq: int = field(default_factory=lambda: next(_arrivals))
     # progress (engine thread only)
     tokens: list[int] = field(default_factory=list)  # prompt + output
     row: int | None = None  # page-table row while running
-    prefilled: int = 0  # prompt tokens whose KV is cached
+    prefilled: int = 0  # tokens of the prefill whose KV is cached
+    # Tokens the prefill computes: the prompt, or after a retraction prompt + output so far.
+    fill_len: int = 0
     kv_len: int = 0  # tokens whose KV is cached (the last output token's KV comes next step)
     finish_reason: dict | None = None
     error: str | None = None
@@ -81,9 +85,11 @@ class Request:
     decode_ms: list[float] = field(default_factory=list)
     verify_ms: list[float] = field(default_factory=list)
     accepted: int = 0  # tokens emitted by verify steps
+    retractions: int = 0  # times its KV was freed for older requests (then recomputed)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
+        self.fill_len = len(self.prompt)
 
     @property
     def output(self) -> list[int]:
@@ -91,7 +97,7 @@ class Request:
 
     @property
     def prefill_done(self) -> bool:
-        return self.prefilled == len(self.prompt)
+        return self.prefilled >= self.fill_len
 
     def meta_info(self) -> dict:
         end = self.finished_at if self.finished_at is not None else time.perf_counter()
@@ -113,6 +119,7 @@ class Request:
             "spec_accept_length": self.accepted / verify_ct if verify_ct else None,
             "spec_accepted_tokens": self.accepted,
             "verify_step_ms": mean(self.verify_ms),
+            "retractions": self.retractions,
         }
 
     def snapshot(self) -> Update:

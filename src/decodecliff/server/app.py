@@ -10,12 +10,14 @@ names). The served model's name is the path of a Hugging Face tokenizer the serv
 Errors are JSON in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, 404 and 405
 included: 400 for bad input (naming the parameter, values truncated), 401 without the API key, 403
 for a foreign Host or Origin, 408 for an upload slower than its deadline, 413 for a body over the
-size limit, 415 for a body that is not JSON, 503 when the server is shutting down or device memory
-runs out inside a request (its memory is given back first), 500 for internal errors (guard.py
-bounds what a request may cost). A stream that fails after it began ends with an error chunk and
-``data: [DONE]``. Requests are admitted while the KV pool can hold their worst case and queue
-otherwise; one that could never fit is a 400 at once. A client that disconnects cancels its
-requests. Unlike SGLang, temperature defaults to 0 (greedy) so runs are deterministic.
+size limit, 415 for a body that is not JSON, 503 when the server is shutting down, its queue is
+full, or device memory runs out inside a request (its memory is given back first), 500 for internal
+errors (guard.py bounds what a request may cost). A stream that fails after it began ends with an
+error chunk and ``data: [DONE]``. Requests are admitted as SGLang admits them (engine/engine.py: on
+their next step plus a share of the rest, the youngest retracted when the pool runs out); one that
+could never fit is a 400 at once, and one beyond the queue's bound a 503 with Retry-After. A client
+that disconnects cancels its requests. Unlike SGLang, temperature defaults to 0 (greedy) so runs
+are deterministic.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
             raise
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
         resp = error_response(exc.status, f"{message} ({request.method} {request.path})")
-        for name in ("Allow", "WWW-Authenticate"):
+        for name in ("Allow", "WWW-Authenticate", "Retry-After"):
             if name in exc.headers:
                 resp.headers[name] = exc.headers[name]
         if exc.status in (408, 413):  # no keep-alive after a body that was not read
@@ -108,7 +110,30 @@ def _check_alive(engine: Engine) -> None:
         raise web.HTTPServiceUnavailable(text=f"engine not running: {reason}")
 
 
-def _batch(request: web.Request, parsed: ParsedRequest) -> Batch:
+# Seconds a client refused for a full queue is told to wait: about a few requests' decode.
+RETRY_AFTER = 1
+
+
+def check_queue(engine: Engine, parsed: ParsedRequest, limit: int) -> None:
+    """Refuse generations the queue cannot take: 503 while it is full, 400 if it never could."""
+    wanted = len(parsed.prompts) * parsed.n
+    if wanted > limit:
+        raise BadRequest(
+            f"{wanted} generations exceed the server's queue of {limit} (--max-queued-requests)"
+        )
+    queued = engine.num_queued
+    if queued + wanted > limit:
+        raise web.HTTPServiceUnavailable(
+            text=f"server busy: {queued} of {limit} queued generations taken, {wanted} more "
+            "asked; retry later",
+            headers={"Retry-After": str(RETRY_AFTER)},
+        )
+
+
+def _batch(request: web.Request, parsed: ParsedRequest, queue: bool = True) -> Batch:
+    """The engine requests of an HTTP request (``queue``: within the queue's bound)."""
+    if queue:  # checked and submitted without an await between: no other handler runs
+        check_queue(request.app[ENGINE], parsed, request.app[SETTINGS].max_queued)
     if parsed.ignored:
         _log_ignored(parsed.ignored)
     return Batch(request.app[ENGINE], parsed, request.app[METRICS])
@@ -198,7 +223,7 @@ async def health_generate(request: web.Request) -> web.Response:
     """Healthy when a one-token request goes through the engine (as SGLang checks)."""
     _check_alive(request.app[ENGINE])
     parsed = ParsedRequest([[1]], [SamplingParams(max_new_tokens=1, ignore_eos=True)], False)
-    batch = _batch(request, parsed)
+    batch = _batch(request, parsed, queue=False)  # a health check is never refused for load
     with batch:
         try:
             while not batch.done:
@@ -298,6 +323,7 @@ def static_info(engine: Engine) -> dict:
         "prefill_attention": cfg.prefill_attention,
         "max_total_num_tokens": engine.max_total_num_tokens,
         "max_running_requests": cfg.max_running_requests,
+        "new_token_ratio": cfg.new_token_ratio,
         "vocab_size": engine.mcfg.vocab_size,
         "num_layers": engine.mcfg.num_layers,
         "speculative_algorithm": cfg.spec,
@@ -323,7 +349,11 @@ def make_app(engine: Engine, settings: Settings, model: str) -> web.Application:
     app[ENGINE] = engine
     app[SETTINGS] = settings
     app[MODEL] = model
-    app[INFO] = static_info(engine) | {"model_path": model, "tokenizer_path": model}
+    app[INFO] = static_info(engine) | {
+        "model_path": model,
+        "tokenizer_path": model,
+        "max_queued_requests": settings.max_queued,
+    }
     app[METRICS] = Metrics(engine, engine.cfg.preset)
     app[STARTED] = int(time.time())
     app[LIMITS] = Limits(
@@ -389,6 +419,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_body=int(args.max_request_mb * 2**20),
         max_depth=args.max_json_depth,
         max_choices=args.max_generations,
+        max_queued=args.max_queued_requests,
         upload_timeout=args.upload_timeout,
         api_key=args.api_key or None,
         host=args.host,

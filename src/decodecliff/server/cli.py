@@ -75,6 +75,13 @@ def add_limits(p: argparse.ArgumentParser) -> None:
         help="generations one request may start: prompts of a batch times n",
     )
     p.add_argument(
+        "--max-queued-requests",
+        type=positive(int),
+        default=1024,
+        help="generations waiting for admission server-wide, a batch's fan-out counted; beyond "
+        "it a request gets 503 with Retry-After (as SGLang's option of the same name)",
+    )
+    p.add_argument(
         "--upload-timeout",
         type=positive(float),
         default=30.0,

@@ -44,6 +44,7 @@ class Settings:
     upload_timeout: float = 30.0  # seconds to receive a whole body
     parse_off_loop: int = 64 * 2**10  # bodies bigger than this are decoded in a thread
     max_choices: int = MAX_CHOICES  # generations one request may start (prompts x n)
+    max_queued: int = 1024  # generations waiting for admission, server-wide (then 503)
     api_key: str | None = None
     host: str = "127.0.0.1"  # the address the server listens on
     tokenizer_dir: Path | None = None  # None: under the user's cache folder

@@ -3,7 +3,9 @@
 Gauges are read from the engine when /metrics is scraped; counters and histograms are fed by the
 server as requests stream (time to first token, inter-token latency, end-to-end latency).
 gen_throughput is the output tokens per second over the last THROUGHPUT_WINDOW seconds;
-cache_hit_rate is 0, as there is no prefix cache (every prompt token is computed).
+cache_hit_rate is 0, as there is no prefix cache (every prompt token is computed). Retractions
+(running requests sent back to the queue to free the KV pool) are counted under SGLang's name,
+num_retracted_requests, and as num_retractions.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class Metrics:
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
         self.requests = counter("sglang:num_requests", "Finished requests")
         self.aborted = counter("sglang:num_aborted_requests", "Requests ended by abort or error")
+        self.retracted = [
+            counter("sglang:num_retracted_requests", "Running requests retracted to free the pool"),
+            counter("sglang:num_retractions", "Running requests retracted to free the pool"),
+        ]
+        self.retracted_seen = 0  # the engine's count when last scraped
         self.ttft = hist("sglang:time_to_first_token_seconds", "Time to the first output token")
         self.itl = hist("sglang:inter_token_latency_seconds", "Time between output tokens")
         self.e2e = hist("sglang:e2e_request_latency_seconds", "Request latency, arrival to end")
@@ -98,4 +105,7 @@ class Metrics:
         self.accept_length.set(self.avg_accept_length or 0.0)
         self.gen_throughput.set(self.throughput())
         self.cache_hit_rate.set(0.0)
+        for retracted in self.retracted:  # counters: add what the engine counted since
+            retracted.inc(stats.retractions - self.retracted_seen)
+        self.retracted_seen = stats.retractions
         return generate_latest(self.registry)

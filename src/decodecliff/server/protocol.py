@@ -622,8 +622,9 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     if top is not None and not want:
         raise BadRequest("top_logprobs needs logprobs = true", "top_logprobs")
     logprobs = (top or 0) if want else None
-    # Up to the context, as vLLM and SGLang, but at most a fair share of the KV pool: requests are
-    # admitted on their worst case, so one without a bound would hold the pool alone.
+    # Up to the context, as vLLM and SGLang, but at most a fair share of the KV pool. Retraction
+    # alone would not do: it frees the youngest request, so an old one that grows to the whole
+    # pool would starve every later request (retracted or never admitted) until it ends.
     room = lim.max_tokens - len(prompt) - lim.draft_reserve
     room = max(1, min(room, lim.fair_share or room))
     return _openai(body, lim, [prompt], False, logprobs, default_max=room, ignored=ignored)

@@ -1,27 +1,29 @@
-"""The server under test: launched from a command template in its own process group, or a URL.
+"""The server under test: launched from a command template, or reached at a URL.
 
-A launched server is stopped as a whole process group (SIGCONT so a stopped one can die, SIGTERM,
-SIGKILL after a grace period), so nothing it spawned outlives the sweep. A sweep that dies without
-stopping it (SIGKILL) takes it along too: the server gets SIGTERM as its parent-death signal.
+A launched server runs under a keeper process (watchdog.py, in a session of its own) that stops
+the server's whole process tree, daemonised descendants included (SIGCONT so a stopped one can
+die, SIGTERM, SIGKILL after a grace period): when the sweep stops it, when the server exits, and
+when the sweep dies without stopping it (SIGKILL), which the keeper learns from a pipe only the
+sweep holds. So nothing the server spawned outlives the sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import math
 import os
 import re
+import select
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 
@@ -47,22 +49,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if os.name == "posix" else None
-
-
-def _die_with(parent: int) -> Callable[[], None] | None:
-    """A preexec_fn: the child gets SIGTERM when ``parent`` dies (Linux; elsewhere None)."""
-    prctl = getattr(_LIBC, "prctl", None)  # looked up before the fork: the child only calls it
-    if prctl is None:
-        return None
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+REPORT_TIMEOUT_S = 60.0  # for the keeper to start the command (a Python start on a busy host)
 
 
 def strict_json(text: str) -> object:
@@ -162,7 +150,9 @@ class Server:
         self.template, self.host, self.log_path = template, host, log_path
         self.stop_grace_s = stop_grace_s
         self.url = url.rstrip("/") if url else None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # the keeper (watchdog.py)
+        self.server_pid: int | None = None  # the command it runs
+        self.lifeline: int | None = None  # the pipe end whose closing stops the keeper
         self.command: list[str] | None = None
         self.launches = 0
 
@@ -172,10 +162,12 @@ class Server:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        """The launched command's process (the keeper's child)."""
+        return self.server_pid if self.proc else None
 
     def exit_code(self) -> int | None:
-        """The launched process's exit code, None while it runs (or for a URL server)."""
+        """The launched command's exit code (as its keeper passes it on), None while it runs (or
+        for a URL server)."""
         return self.proc.poll() if self.proc else None
 
     def start(self, timeout_s: float) -> dict:
@@ -190,20 +182,38 @@ class Server:
         self.launches += 1
         log = self._open_log()
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
-                start_new_session=True,
-                preexec_fn=_die_with(os.getpid()),  # prctl and kill only: safe after fork
-            )
-        except OSError as exc:
-            raise ServerError(f"cannot launch {argv[0]!r}: {exc}") from exc
+            self._launch(argv, env, log)
         finally:
             log.close()
         return self._wait_healthy(timeout_s)
+
+    def _launch(self, argv: list[str], env: dict[str, str], log: BinaryIO) -> None:
+        """Start the keeper running ``argv``; learn the command's pid from it."""
+        lifeline_r, self.lifeline = os.pipe()  # neither end is inherited by other children
+        report_r, report_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(WATCHDOG), str(self.stop_grace_s), str(report_w)]
+                + ["--", *argv],
+                stdin=lifeline_r,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                start_new_session=True,
+                pass_fds=(report_w,),
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot launch the server's keeper: {exc}") from exc
+        finally:
+            os.close(lifeline_r)
+            os.close(report_w)
+        with open(report_r, "rb") as report:
+            answer = _read_report(report)
+        if not answer.isdigit():
+            self.stop()
+            reason = answer.removeprefix("error: ") or "its keeper gave no answer"
+            raise ServerError(f"cannot launch {argv[0]!r}: {reason}")
+        self.server_pid = int(answer)
 
     def _open_log(self):
         if self.log_path is None:
@@ -228,17 +238,34 @@ class Server:
         raise ServerError(f"server not healthy within the start timeout ({timeout_s:g} s)")
 
     def stop(self) -> None:
-        """Stop a launched server's whole process group; a no-op for a URL server."""
+        """Stop a launched server's whole process tree; a no-op for a URL server."""
         proc, self.proc = self.proc, None
+        lifeline, self.lifeline = self.lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)  # the keeper reads end-of-file: stop
         if proc is None:
             return
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            _killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=self.stop_grace_s)
-        _killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, even if the leader left
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+        for sig in (signal.SIGCONT, signal.SIGTERM):  # the keeper passes them on to the tree
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        try:
+            proc.wait(timeout=self.stop_grace_s + 10)  # the keeper's own SIGKILL comes at grace
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid, signal.SIGKILL)  # a keeper that hung: its process group at least
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+def _read_report(report: BinaryIO) -> str:
+    """What the keeper reports before it closes the pipe (at most REPORT_TIMEOUT_S)."""
+    data = b""
+    deadline = time.monotonic() + REPORT_TIMEOUT_S
+    while (left := deadline - time.monotonic()) > 0 and select.select([report], [], [], left)[0]:
+        chunk = os.read(report.fileno(), 512)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:

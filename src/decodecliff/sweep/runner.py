@@ -28,10 +28,11 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 from rich.console import Console
@@ -141,6 +142,9 @@ def draft_reserve(info: dict) -> int:
     return drafts - 1
 
 
+T = TypeVar("T")
+
+
 def point_path(out: Path, ctx: int) -> Path:
     return out / f"ctx{ctx}.json"
 
@@ -163,6 +167,41 @@ def _as_exit(exc: BaseException) -> SystemExit:
     if isinstance(exc, SystemExit):
         return exc
     return SystemExit(128 + signal.SIGINT)
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(main), with the SIGTERM and SIGHUP handlers the CLI installed (they end the
+    sweep) run once the event loop has stopped. Run inside the loop, a handler's SystemExit
+    surfaces in whichever task was running, and asyncio logs that task's exception as a
+    traceback; instead such a signal cancels ``main``, as asyncio does for Ctrl-C."""
+    handlers = {s: h for s in (signal.SIGTERM, signal.SIGHUP) if callable(h := signal.getsignal(s))}
+    if threading.current_thread() is not threading.main_thread():
+        handlers = {}  # only the main thread may set handlers (and only it runs them)
+    got: list[int] = []
+
+    async def guarded() -> T:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+
+        def on_signal(sig: int, _frame: object) -> None:
+            got.append(sig)
+            loop.call_soon_threadsafe(task.cancel)
+
+        for sig in handlers:
+            signal.signal(sig, on_signal)
+        try:
+            return await main
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    try:
+        return asyncio.run(guarded())
+    except asyncio.CancelledError:
+        if not got:
+            raise
+    finally:
+        if got:  # also when ``main`` swallowed its cancellation
+            handlers[got[0]](got[0], None)
 
 
 def _signal_name(code: object) -> str:
@@ -436,7 +475,7 @@ class Runner:
             ids = prompts.make_input_ids(
                 cfg.warmup_tokens, rng, cfg.seed, cfg.warmup_tokens, prompts.WARMUP_SALT
             )
-            rec = asyncio.run(self._warm_up_async(ids, timeout))
+            rec = run_async(self._warm_up_async(ids, timeout))
             info["completion_tokens"] = rec.completion_tokens
             info["error"] = rec.error
             info["ok"] = rec.error is None and rec.done
@@ -496,7 +535,7 @@ class Runner:
     ) -> tuple[list[client.StreamRecord], str | None]:
         """Stream one request per prompt at once; (records, None) or (records so far, why)."""
         with _PointProgress(self, ctx) as on_event:
-            return asyncio.run(self._stream_async(ids, timeout, chunk, on_event))
+            return run_async(self._stream_async(ids, timeout, chunk, on_event))
 
     async def _stream_async(
         self, ids: list[list[int]], timeout: float, chunk: Chunk, on_event: client.OnEvent
@@ -515,25 +554,17 @@ class Runner:
                 for i, (p, rec) in enumerate(zip(ids, recs, strict=True))
                 for hook in [on_event if i == 0 else None]
             ]
-            start = time.monotonic()
-            reason = None
-            while not all(t.done() for t in tasks):
-                await asyncio.wait(tasks, timeout=0.1, return_when=asyncio.ALL_COMPLETED)
-                code = self.server.exit_code()
-                if code is not None:
-                    reason = f"server process died mid-point ({_exit_text(code)})"
-                elif time.monotonic() - start >= timeout and not all(t.done() for t in tasks):
-                    which = "point" if timeout >= chunk.point_timeout_s - 1e-9 else "chunk"
-                    limit = chunk.point_timeout_s if which == "point" else chunk.timeout_s
-                    late = next(rec for rec, t in zip(recs, tasks, strict=True) if not t.done())
-                    reason = f"{which} timeout ({limit:g} s) {self._phase(late)}"
-                if reason is not None:
-                    for t in tasks:
-                        t.cancel()
-                    break
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            try:
+                reason = await self._watch(tasks, recs, timeout, chunk)
+            finally:
+                # Every stream ends before the client closes, on every path: a point timeout, a
+                # dead server, a stop signal that cancelled this task.
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for t in tasks:  # a stream that failed on its own (a bug): the point's error
+                if not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
         if reason is None:
             bad = [(i, rec) for i, rec in enumerate(recs) if rec.error is not None]
             if bad:
@@ -541,6 +572,27 @@ class Runner:
                 reason = self._error_reason(rec)
                 reason += f" (stream {i + 1} of {len(recs)})" if len(recs) > 1 else ""
         return recs, reason
+
+    async def _watch(
+        self,
+        tasks: list[asyncio.Task],
+        recs: list[client.StreamRecord],
+        timeout: float,
+        chunk: Chunk,
+    ) -> str | None:
+        """Wait for the streams; why they had to stop early (None: they all ended)."""
+        start = time.monotonic()
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=0.1, return_when=asyncio.ALL_COMPLETED)
+            code = self.server.exit_code()
+            if code is not None:
+                return f"server process died mid-point ({_exit_text(code)})"
+            if time.monotonic() - start >= timeout and not all(t.done() for t in tasks):
+                which = "point" if timeout >= chunk.point_timeout_s - 1e-9 else "chunk"
+                limit = chunk.point_timeout_s if which == "point" else chunk.timeout_s
+                late = next(rec for rec, t in zip(recs, tasks, strict=True) if not t.done())
+                return f"{which} timeout ({limit:g} s) {self._phase(late)}"
+        return None
 
     def _phase(self, rec: client.StreamRecord) -> str:
         got = rec.events[-1][1] if rec.events else 0

@@ -1,0 +1,98 @@
+"""The launched server's keeper (sweep/watchdog.py): however the server or the sweep ends, the
+server's whole process tree ends with it, a grandchild daemonised with setsid included. The
+server here is tests/faulty_server.py (it answers /health), started through a shell that
+daemonises a `sleep` the classic way (a subshell starts it with setsid and exits)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from proctree import Leftovers, alive, gone, parent, session, wait_for
+
+from decodecliff.sweep import launcher
+
+FAULTY = Path(__file__).with_name("faulty_server.py")
+
+
+FAULTY_CMD = f"{sys.executable} {FAULTY} --port {{port}} --nan-in meta"
+
+
+def daemonising(server: str, pid_file: Path) -> str:
+    """``server`` (a command template) run by a shell that first leaves a daemon behind, the
+    daemon's pid in ``pid_file``."""
+    return f"sh -c '(setsid sleep 600 & echo $! > {pid_file}); exec {server}'"
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None  # not written yet, or half written
+
+
+def orphaned_daemon(pid_file: Path, keeper: int, leftovers: Leftovers) -> int:
+    """The daemon's pid once it runs in a session of its own, orphaned to the keeper."""
+    daemon = leftovers.track(wait_for("the daemon's pid", lambda: _pid(pid_file)))
+    wait_for("the daemon to be orphaned", lambda: parent(daemon) == keeper)
+    assert alive(daemon) and session(daemon) == daemon != session(keeper)
+    return daemon
+
+
+def _start(tmp_path: Path, leftovers: Leftovers) -> tuple[launcher.Server, int]:
+    """A started server (keeper and command tracked) and its daemon's pid."""
+    pid_file = tmp_path / "daemon.pid"
+    leftovers.pid_file(pid_file)
+    server = launcher.Server(daemonising(FAULTY_CMD, pid_file), stop_grace_s=5)
+    server.start(timeout_s=60)
+    leftovers.track(server.proc.pid)
+    leftovers.track(server.pid)
+    assert parent(server.pid) == server.proc.pid
+    return server, orphaned_daemon(pid_file, server.proc.pid, leftovers)
+
+
+def test_stopping_the_server_stops_its_daemonised_grandchild(tmp_path, leftovers):
+    server, daemon = _start(tmp_path, leftovers)
+    command = server.pid
+    server.stop()
+    assert gone([command, daemon], timeout=0.1)  # stop() returns once the whole tree has ended
+
+
+def test_a_server_that_dies_takes_its_daemon_along_and_its_fate_is_reported(tmp_path, leftovers):
+    server, daemon = _start(tmp_path, leftovers)
+    os.kill(server.pid, signal.SIGKILL)
+    wait_for("the keeper to exit", lambda: server.exit_code() is not None)
+    assert server.exit_code() == -signal.SIGKILL  # as if the command were the sweep's child
+    assert gone([daemon], timeout=0.1)
+    server.stop()
+
+
+def test_an_exit_code_is_passed_on_and_an_unknown_program_is_a_clear_error(leftovers):
+    with pytest.raises(launcher.ServerError, match="exited with code 3 while starting"):
+        launcher.Server("sh -c 'exit 3' {port}").start(timeout_s=30)
+    missing = launcher.Server("no-such-program-here --port {port}")
+    with pytest.raises(launcher.ServerError, match="cannot launch 'no-such-program-here'"):
+        missing.start(timeout_s=30)
+    assert missing.exit_code() is None and missing.proc is None
+
+
+def test_a_launcher_killed_outright_takes_the_whole_tree_along(tmp_path, leftovers):
+    pid_file = tmp_path / "daemon.pid"
+    leftovers.pid_file(pid_file)
+    script = (
+        "import time\nfrom decodecliff.sweep import launcher\n"
+        f"s = launcher.Server({daemonising(FAULTY_CMD, pid_file)!r})\ns.start(timeout_s=60)\n"
+        "print(s.proc.pid, s.pid, flush=True)\ntime.sleep(600)\n"
+    )
+    holder = leftovers.popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    keeper, command = map(int, holder.stdout.readline().split())
+    leftovers.track(keeper)
+    leftovers.track(command)
+    daemon = orphaned_daemon(pid_file, keeper, leftovers)
+    holder.kill()  # SIGKILL: nothing runs in the launcher any more
+    holder.wait(timeout=30)
+    assert gone([keeper, command, daemon], timeout=30), "the server's tree outlived its launcher"
