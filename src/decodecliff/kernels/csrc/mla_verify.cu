@@ -181,6 +181,20 @@ __device__ __forceinline__ int k_chunk0(int dq, int kk) {
   return Variant<V>::kInterleave ? (kk * kDimGroups + dq) * 2 : dq * (kKSteps * 2) + kk * 2;
 }
 
+// KV tokens [begin, end) of one split of a request of kv_len tokens: ceil(kv_len / splits) rounded
+// up to whole BN-token tiles, derived on the device, so one launch configuration (and one CUDA
+// graph) serves every context length.
+struct KvRange {
+  int begin, end;
+};
+template <int BN>
+__device__ __forceinline__ KvRange split_range(int kv_len, int splits, int split) {
+  int chunk = (kv_len + splits - 1) / splits;
+  chunk = (chunk + BN - 1) / BN * BN;
+  const int begin = split * chunk;
+  return {begin, min(kv_len, begin + chunk)};
+}
+
 // Every variant's epilogue: the CTA's normalised partial O (fp32, warp w's V columns
 // [64 w, +64) of each m-tile) and each row's log2-sum-exp for its split. final_smem holds the R
 // rows' log2-sum-exp, then their 1 / row sum. (The caller's thread indices are passed in: read
@@ -235,10 +249,8 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   const int rows = q_len * H;
   if (rt * R >= rows) return;
   const int kv_len = p.kv_lens[b];
-  int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + BN - 1) / BN * BN;
-  const int kv_begin = split * chunk;
-  const int kv_end = min(kv_len, kv_begin + chunk);
+  const KvRange kv = split_range<BN>(kv_len, p.num_splits, split);
+  const int kv_begin = kv.begin, kv_end = kv.end;
   const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
   const int S = p.num_splits;
   if (kv_begin >= kv_end) {  // nothing in this split: mark its partials empty
@@ -564,13 +576,11 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
   const int rows = q_len * H;
   if (rt * R >= rows) return;
   const int kv_len = p.kv_lens[b];
-  int chunk = (kv_len + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + BN - 1) / BN * BN;
-  const int kv_begin = split * chunk;
-  const int kv_end = min(kv_len, kv_begin + chunk);
-  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;
+  const KvRange kv = split_range<BN>(kv_len, p.num_splits, split);
+  const int kv_begin = kv.begin, kv_end = kv.end;
+  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
   const int S = p.num_splits;
-  if (kv_begin >= kv_end) {
+  if (kv_begin >= kv_end) {  // nothing in this split: mark its partials empty
     if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = -INFINITY;
     return;
   }
