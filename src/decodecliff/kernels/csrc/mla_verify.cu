@@ -181,18 +181,38 @@ __device__ __forceinline__ int k_chunk0(int dq, int kk) {
   return Variant<V>::kInterleave ? (kk * kDimGroups + dq) * 2 : dq * (kKSteps * 2) + kk * 2;
 }
 
-// KV tokens [begin, end) of one split of a request of kv_len tokens: ceil(kv_len / splits) rounded
-// up to whole BN-token tiles, derived on the device, so one launch configuration (and one CUDA
-// graph) serves every context length.
-struct KvRange {
-  int begin, end;
+// What one CTA works on: request b's row tile rt (R rows) over KV split `split`. The split's tokens
+// are ceil(kv_len / splits) rounded up to whole BN-token tiles, derived from kv_lens on the device,
+// so one launch configuration (and one CUDA graph) serves every context length.
+struct CtaWork {
+  int rt, split, b, tid, lane, warp, H, q_len, rows, kv_len, kv_begin, kv_end, S, prefix;
+  int64_t g0;  // global row of tile row 0
 };
-template <int BN>
-__device__ __forceinline__ KvRange split_range(int kv_len, int splits, int split) {
-  int chunk = (kv_len + splits - 1) / splits;
+// False when the CTA has nothing to do: no row in its tile, or an empty split (whose partials it
+// marks empty, LSE = -inf, for the combine to skip).
+template <int R, int BN>
+__device__ __forceinline__ bool cta_work(const Params& p, CtaWork& w) {
+  w.rt = blockIdx.x, w.split = blockIdx.y, w.b = blockIdx.z;
+  w.tid = threadIdx.x, w.lane = w.tid & 31, w.warp = w.tid >> 5;
+  w.H = p.heads;
+  const int q_begin = p.q_indptr[w.b];
+  w.q_len = p.q_indptr[w.b + 1] - q_begin;
+  w.rows = w.q_len * w.H;
+  if (w.rt * R >= w.rows) return false;
+  w.kv_len = p.kv_lens[w.b];
+  int chunk = (w.kv_len + p.num_splits - 1) / p.num_splits;
   chunk = (chunk + BN - 1) / BN * BN;
-  const int begin = split * chunk;
-  return {begin, min(kv_len, begin + chunk)};
+  w.kv_begin = w.split * chunk;
+  w.kv_end = min(w.kv_len, w.kv_begin + chunk);
+  w.g0 = static_cast<int64_t>(q_begin) * w.H + w.rt * R;
+  w.S = p.num_splits;
+  if (w.kv_begin >= w.kv_end) {
+    if (w.tid < R && w.rt * R + w.tid < w.rows)
+      p.ws_lse[(w.g0 + w.tid) * w.S + w.split] = -INFINITY;
+    return false;
+  }
+  w.prefix = w.kv_len - w.q_len;
+  return true;
 }
 
 // Every variant's epilogue: the CTA's normalised partial O (fp32, warp w's V columns
@@ -241,23 +261,10 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
   static_assert(NT >= 1 && TPT >= 1 && BN % 16 == 0 && ST >= 2, "tile shape");
   static_assert(TPTOK % 8 == 0, "loader chunks per thread must keep the swizzle's low bits");
 
-  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int H = p.heads;
-  const int q_begin = p.q_indptr[b];
-  const int q_len = p.q_indptr[b + 1] - q_begin;
-  const int rows = q_len * H;
-  if (rt * R >= rows) return;
-  const int kv_len = p.kv_lens[b];
-  const KvRange kv = split_range<BN>(kv_len, p.num_splits, split);
-  const int kv_begin = kv.begin, kv_end = kv.end;
-  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
-  const int S = p.num_splits;
-  if (kv_begin >= kv_end) {  // nothing in this split: mark its partials empty
-    if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = -INFINITY;
-    return;
-  }
-  const int prefix = kv_len - q_len;
+  CtaWork w;
+  if (!cta_work<R, BN>(p, w)) return;
+  const auto [rt, split, b, tid, lane, warp, H, q_len, rows, kv_len, kv_begin, kv_end, S, prefix,
+              g0] = w;
 
   const uint32_t kv_smem = smem_addr(smem + L::kKv);
   float* sp_smem = reinterpret_cast<float*>(smem + L::kSp);
@@ -568,23 +575,10 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
   static_assert(TPTOK % 8 == 0, "loader chunks per thread must keep the swizzle's low bits");
   using L = SmemV5;
 
-  const int rt = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int H = p.heads;
-  const int q_begin = p.q_indptr[b];
-  const int q_len = p.q_indptr[b + 1] - q_begin;
-  const int rows = q_len * H;
-  if (rt * R >= rows) return;
-  const int kv_len = p.kv_lens[b];
-  const KvRange kv = split_range<BN>(kv_len, p.num_splits, split);
-  const int kv_begin = kv.begin, kv_end = kv.end;
-  const int64_t g0 = static_cast<int64_t>(q_begin) * H + rt * R;  // global row of tile row 0
-  const int S = p.num_splits;
-  if (kv_begin >= kv_end) {  // nothing in this split: mark its partials empty
-    if (tid < R && rt * R + tid < rows) p.ws_lse[(g0 + tid) * S + split] = -INFINITY;
-    return;
-  }
-  const int prefix = kv_len - q_len;
+  CtaWork w;
+  if (!cta_work<R, BN>(p, w)) return;
+  const auto [rt, split, b, tid, lane, warp, H, q_len, rows, kv_len, kv_begin, kv_end, S, prefix,
+              g0] = w;
 
   const uint32_t kv_smem = smem_addr(smem + L::kKv);
   float2* sp_smem = reinterpret_cast<float2*>(smem + L::kSp);
