@@ -33,3 +33,15 @@ def test_a_servers_variant_comes_from_its_backends_description() -> None:
     assert _variant({"backend": "sglang", "kernel": "extend"}) == "extend"  # recorded before
     assert _variant({"backend": "triton", "arch_config": "sm90"}) == "sm90"
     assert _variant({"backend": "torch"}) is None
+
+
+def test_a_server_run_as_on_sm120_takes_only_the_series_timed_that_way() -> None:
+    row = kernels().iloc[0].to_dict()
+    modelled = pd.concat(
+        [kernels(), pd.DataFrame([{**row, "series": "flashinfer (fa2-sm120)", "ms": 0.553}])]
+    )
+    assert _attention_ms(modelled, "flashinfer", 1, 185000, "fa2", "sm120")["ms"] == 0.553
+    assert _attention_ms(kernels(), "flashinfer", 1, 185000, "fa2", "sm120") is None  # not timed
+    # and no server on the GPU's own resources takes the sm_120 series, not even as the fastest
+    slow = modelled.assign(ms=[0.3, 0.4, 0.1])
+    assert _attention_ms(slow, "flashinfer", 1, 185000)["series"] == "flashinfer (fa2)"

@@ -44,16 +44,28 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def _attention_ms(
-    kernels: pd.DataFrame, backend: str, page: int, ctx: int, variant: str | None = None
+    kernels: pd.DataFrame,
+    backend: str,
+    page: int,
+    ctx: int,
+    variant: str | None = None,
+    model: str | None = None,
 ) -> dict | None:
     """The kernel benchmark's ``backend`` verify time per layer nearest to ``ctx``: the series of
-    the server's ``variant`` where the bench timed it (flashinfer (fa2)), else the fastest."""
+    the server's ``variant`` where the bench timed it (flashinfer (fa2)), else the fastest. A
+    server run as configured for another GPU (``model``: sm120) takes only the series timed that
+    way ("flashinfer (fa2-sm120)", "custom (auto-sm120)"), and no other server takes those."""
     if kernels.empty:
         return None
     rows = tables.ok(kernels)
     rows = rows[(rows["backend"] == backend) & (rows["mode"] == VERIFY_MODE)]
     rows = rows[(rows["heads"] == 8) & (rows["page_size"] == page)]
-    if variant and (rows["series"] == f"{backend} ({variant})").any():
+    modelled = rows["series"].str.endswith("-sm120)")
+    if model:
+        rows = rows[rows["series"] == f"{backend} ({variant or 'auto'}-{model})"]
+    else:
+        rows = rows[~modelled]
+    if variant and not model and (rows["series"] == f"{backend} ({variant})").any():
         rows = rows[rows["series"] == f"{backend} ({variant})"]
     if rows.empty:
         return None
@@ -95,11 +107,12 @@ def server_rows(study: summarize.Study) -> list[dict]:
         if r.get("preset") != BENCH_PRESET:  # other shapes than the kernel benchmark's
             out.append(row)
             continue
-        variant = r.get("backend_variant")
+        variant, model = (
+            v if isinstance(v, str) else None for v in (r.get("backend_variant"), r.get("model"))
+        )
         att = _attention_ms(
-            kernels, str(r.get("backend")), int(r.get("page_size") or 1), ctx,
-            variant if isinstance(variant, str) else None,
-        )  # fmt: skip
+            kernels, str(r.get("backend")), int(r.get("page_size") or 1), ctx, variant, model
+        )
         if att and pd.notna(layers):
             total = att["ms"] * int(layers)
             share = total / step_ms if pd.notna(step_ms) and step_ms else None
