@@ -647,7 +647,8 @@ def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProg
 
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.sm120_model and "flashinfer" in args.backends and args.device != "cpu":
+    gpu = args.device != "cpu" and torch.cuda.is_available()
+    if args.sm120_model and "flashinfer" in args.backends and gpu:
         from ..kernels import sm120_model
 
         sm120_model.preload_shim(["bench-kernels", *argv])
