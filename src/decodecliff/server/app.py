@@ -240,6 +240,8 @@ async def server_info(request: web.Request) -> web.Response:
     stats = request.app[ENGINE].stats()
     info = dict(request.app[INFO])
     info.update(
+        # what the backend planned last (after a step: the variant and splits it resolved to)
+        attention_backend_detail=request.app[ENGINE].backend.describe(),
         running_requests=stats.running,
         waiting_requests=stats.queued,
         fragmentation=stats.fragmentation,
