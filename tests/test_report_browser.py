@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -112,10 +114,14 @@ async def _inspect(port: int, url: str, screenshot: Path) -> tuple[dict, list[st
 
 def open_in_chromium(html: Path, screenshot: Path) -> tuple[dict, list[str], list[str]]:
     """(page facts, problems, requested URLs) of ``html`` in a fresh headless Chromium."""
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+    # Chromium's helper processes can still write into the profile after the browser exits: its
+    # process group is stopped whole, and a file written after that does not fail the test.
+    with tempfile.TemporaryDirectory(
+        prefix="chromium-profile-", ignore_cleanup_errors=True
+    ) as profile:
         proc = subprocess.Popen(
             [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
             port_file, deadline = Path(profile) / "DevToolsActivePort", time.monotonic() + 60
@@ -126,12 +132,18 @@ def open_in_chromium(html: Path, screenshot: Path) -> tuple[dict, list[str], lis
             port = int(port_file.read_text().split()[0])
             return asyncio.run(_inspect(port, html.resolve().as_uri(), screenshot))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process's whole group, then SIGKILL to whatever of it is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # helpers that outlived the browser
+    proc.wait()
 
 
 pytestmark = [
