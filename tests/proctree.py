@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from decodecliff.sweep.watchdog import descendants  # the keeper's own walk of /proc
+
 T = TypeVar("T")
 
 
@@ -50,20 +52,6 @@ def argv(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
     except OSError:
         return []
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, parents before their children."""
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (ppid := parent(int(entry.name))) is not None:
-            kids.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        below = kids.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout: float = 60.0) -> T:

@@ -53,7 +53,7 @@ HOST = torch.device("cpu")  # the drafter is host work: timed without a device s
 MODES = {"decode": "none", "chain": "chain", "tree": "tree"}
 PARTS = ("anatomy", "gemms", "loop", "drafter", "host")
 GEMM_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
-SKINNY_KERNEL = "_skinny_gemm_kernel"  # engine/skinny_gemm.py's KERNEL_NAME (no Triton import)
+SKINNY_KERNEL = "_skinny_gemm_kernel"  # engine/skinny_gemm.py's kernel, as a profiler names it
 # Targets on the anatomy of a chain verify step (issue: a verify step at its memory floor).
 TARGETS = {
     "graphs_non_attention_over_floor": 1.3,

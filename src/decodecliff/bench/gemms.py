@@ -37,8 +37,10 @@ def projections(cfg: ModelConfig) -> list[tuple[str, int, int, int]]:
 
 
 def weights(k: int, n: int, layout: str, device: torch.device) -> torch.Tensor:
-    w = torch.randn(k, n, device=device, dtype=torch.bfloat16) if layout == "kn" else None
-    return w if w is not None else torch.randn(n, k, device=device, dtype=torch.bfloat16).t()
+    """Random [K, N] weights, stored row-major (kn) or as the transpose of [N, K] (nk)."""
+    if layout == "kn":
+        return torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    return torch.randn(n, k, device=device, dtype=torch.bfloat16).t()
 
 
 def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> list[dict]:
@@ -86,17 +88,16 @@ def bench_gemms(args: argparse.Namespace, ceil: dict) -> dict:
                 row["projection"] = name
             rows += found
             ok = [r for r in found if r["status"] == "ok"]
+            cublas = {r["layout"]: r["ms"] for r in ok if r["impl"] == "cublas"}
             for layout in ("kn", "nk"):
-                cub = [r["ms"] for r in ok if r["impl"] == "cublas" and r["layout"] == layout]
-                best[f"cublas-{layout}"] += count * min(cub, default=float("nan"))
-            best["fastest"] += count * min(r["ms"] for r in ok)
-            best["floor"] += count * found[0]["floor_ms"]
+                best[f"cublas-{layout}"] += count * cublas.get(layout, float("nan"))
             top = min(ok, key=lambda r: r["ms"])
+            best["fastest"] += count * top["ms"]
+            best["floor"] += count * found[0]["floor_ms"]
             print(
-                f"gemm m={m} {name:8s} k={k} n={n}: cuBLAS "
-                f"{min(r['ms'] for r in ok if r['impl'] == 'cublas') * 1e3:.1f} us, fastest "
-                f"{top['impl']} {top['config'] or ''} {top['layout']} {top['ms'] * 1e3:.1f} us "
-                f"({top['copy_frac']:.0%} of copy)",
+                f"gemm m={m} {name:8s} k={k} n={n}: cuBLAS {min(cublas.values()) * 1e3:.1f} us, "
+                f"fastest {top['impl']} {top['config'] or ''} {top['layout']} "
+                f"{top['ms'] * 1e3:.1f} us ({top['copy_frac']:.0%} of copy)",
                 flush=True,
             )
         summary.append({"m": m, **{f"{key}_ms": v for key, v in best.items()}})

@@ -8,8 +8,8 @@ a slice to arrive (an acq_rel ticket per slice) adds them in split order, so the
 depend on which program finished last, writes the output and re-arms the ticket for the next
 launch (a CUDA graph replays the same buffers).
 
-``Gemm`` picks, per (M, K, N, weight strides), the fastest of cuBLAS (``x @ w``) and the
-configurations in ``CONFIGS``, timed once on first use outside graph capture; a step captured
+``WeightGemm`` picks, per (M, K, N, weight strides), the fastest of cuBLAS (``x @ w``) and the
+configurations in ``CANDIDATES``, timed once on first use outside graph capture; a step captured
 before a shape was timed takes cuBLAS for it.
 """
 
@@ -41,7 +41,6 @@ class Config:
 CONFIGS = tuple(Config(n, k, s) for n in (16, 32, 64) for k in (128, 256) for s in (1, 2, 4, 8))
 CANDIDATES = tuple(Config(n, 256, s) for n in (16, 32, 64) for s in (1, 2, 4, 8))
 MAX_M = 64
-KERNEL_NAME = "_skinny_gemm_kernel"  # how a profiler names its launches
 TUNE_REPEATS = 5
 
 

@@ -472,11 +472,7 @@ class FlashInferAttention(AttentionBackend):
         indices = torch.cat([meta.page_table[r, :p] for r, p in enumerate(pages)])
         rows, width = meta.page_table.shape
         self.wrapper = self._wrapper(meta.batch_size, rows, rows * width)
-        with self._sized():
-            self._plan(meta, q_lens, pages, indices)
-
-    def _plan(self, meta: AttnMeta, q_lens: list[int], pages: list[int], indices) -> None:
-        self.wrapper.plan(
+        self.wrapper.plan(  # the plan reads the SM count only; run() dispatches by shared memory
             _indptr(q_lens, meta.device), _indptr(pages, meta.device), indices.to(torch.int32),
             meta.kv_lens.to(torch.int32), meta.num_heads, D_V, D_QK - D_V, meta.page_size, True,
             meta.sm_scale, torch.bfloat16, torch.bfloat16,
