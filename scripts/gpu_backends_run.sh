@@ -2,8 +2,8 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | sm120 | engine-sm120 | SERVER:CTX (a sweep
-#         point of points-h200-peers.txt)
+#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | SERVER:CTX
+#         (a sweep point of points-h200-peers.txt)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
 # FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
@@ -11,6 +11,7 @@
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim);
+# sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone.
 # Points: the sweep_point rule's commands for config/h200.yaml (`snakemake -n -p`, files to $W),
@@ -20,13 +21,10 @@
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
 # triton_backend.py and its dist-info: the whole wheel would pass the call's size limit).
 set -uo pipefail
-export DECODECLIFF_GIT_REV=$1 PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export DECODECLIFF_GIT_REV=$1
 shift
 here=$(dirname "$0")
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/.sgl:$PWD/src
-mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m decodecliff.cli "$@"\n' > /tmp/bin/decodecliff
-chmod +x /tmp/bin/decodecliff && export PATH=/tmp/bin:$PATH
+source "$here/gpu_env.sh"
 T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
@@ -81,6 +79,17 @@ for lim in (0, 102400):
       LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 120 $SM \
         --contexts 185000 --modes chain16 --page-sizes 64 --heads 8 \
         --out "$OUT/sm120_p64.json" > "$OUT/bench_sm120_p64.log" 2>&1; echo "rc $?" ;;
+    sm120-more)
+      SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
+        --custom-variants v4 v5 auto --flashinfer-backends fa2 fa3 --repeats 20
+        --max-seconds-per-point 60 --quiet --contexts 185000 --page-sizes 1"
+      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 150 $SM \
+        --modes chain16 --heads 16 --out "$OUT/sm120_h16.json" > "$OUT/bench_sm120_h16.log" 2>&1
+      echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_h16.log"
+      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 200 $SM \
+        --modes chain16 decode --heads 8 --batch 4 --ragged \
+        --out "$OUT/sm120_ragged.json" > "$OUT/bench_sm120_ragged.log" 2>&1
+      echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
     engine-sm120)
       decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
         > "$OUT/build_sm120.log" 2>&1 || { tail -3 "$OUT/build_sm120.log"; continue; }

@@ -121,6 +121,7 @@ def test_backend_specs_name_options() -> None:
         "custom", {"variant": "v4", "num_splits": 8},
     )  # fmt: skip
     assert spec_label("flashinfer:backend=fa3") == "flashinfer (fa3)"
+    assert spec_label("flashinfer:backend=fa2,model=sm120") == "flashinfer (fa2-sm120)"
     assert spec_label("custom") == "custom"
     with pytest.raises(ValueError, match="unknown attention backend"):
         parse_spec("flashinfr")

@@ -14,7 +14,7 @@ from decodecliff.bench import core, kernels, roofline
 
 POINT_KEYS = {
     "backend", "triton_config", "heads", "ctx", "mode", "q_len", "page_size", "batch", "ms", "gbs",
-    "tflops", "floor_ms", "roofline_frac", "rel_err", "status", "reason",
+    "tflops", "floor_ms", "roofline_frac", "rel_err", "status", "reason", "ragged", "timing",
 }  # fmt: skip
 
 
@@ -250,3 +250,20 @@ def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(
     capsys.readouterr()
     code, _ = bench_here(tmp_path, "--backends", "custom", "--custom-variants", "v9")
     assert code == 2 and "invalid choice: 'v9'" in capsys.readouterr().err
+
+
+def test_a_ragged_batch_reads_its_mixed_lengths_and_floors_their_sum(tmp_path: Path) -> None:
+    assert kernels.kv_lengths(900, 16, 3, ragged=False) == [900, 900, 900]
+    assert kernels.kv_lengths(900, 16, 3, ragged=True) == [900, 600, 300]
+    assert kernels.kv_lengths(20, 16, 4, ragged=True) == [20, 16, 16, 16]  # never under q_len
+    code, out = bench_here(
+        tmp_path, "--contexts", "96", "--modes", "chain4", "--heads", "2", "--page-sizes", "1",
+        "--backends", "torch", "--repeats", "1", "--batch", "3", "--ragged", "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["status"] == "ok" and point["ragged"] and point["batch"] == 3, point
+    assert point["timing"] == "wall"  # a CPU's clock, never a CUDA graph
+    # the floor counts 96 + 64 + 32 tokens, not 3 x 96
+    tokens_per_s = point["gbs"] * 1e9 / (576 * 2)
+    assert tokens_per_s * point["ms"] * 1e-3 == pytest.approx(96 + 64 + 32)

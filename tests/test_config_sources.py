@@ -56,6 +56,9 @@ def test_schema_server_settings_are_the_engines() -> None:
     assert set(DEFS["backend"]["enum"]) == own
     # a server (and the engine bench) may also run a peer's attention
     assert own < set(DEFS["engine_backend"]["enum"]) <= set(BACKENDS)
+    # the engine bench's specs name the same backends, with options
+    names = DEFS["engine_backend_spec"]["pattern"].split("(")[1].split(")")[0].split("|")
+    assert names == DEFS["engine_backend"]["enum"]
     kernels = SCHEMA["properties"]["kernels"]["properties"]["backends"]["items"]["enum"]
     assert set(kernels) == set(BACKENDS)
     assert tuple(DEFS["device"]["enum"]) == DEVICES == ENGINE["device"].metadata["choices"]

@@ -229,10 +229,17 @@ def test_backend_options_are_repeated_flags_quoted_for_the_shell() -> None:
     assert servers.switches({"cuda_graph": False, "defrag": False}) == []
 
 
-def test_h200_engine_bench_times_the_peers() -> None:
-    flags = study("h200").engine_flags()
-    assert "--backends custom triton sglang flashinfer " in flags
+def test_h200_engine_bench_times_every_served_configuration() -> None:
+    h200 = study("h200")
+    specs = {registry.parse_spec(s)[0]: [] for s in h200.config["engine"]["backends"]}
+    for spec in h200.config["engine"]["backends"]:
+        name, options = registry.parse_spec(spec)
+        specs[name].append(options)
+    for server in h200.config["sweep"]["servers"]:
+        assert server.get("backend_options", {}) in specs[server["backend"]], server["name"]
+    flags = h200.engine_flags()
     assert "--parts anatomy loop --loop-contexts 185000" in flags
+    assert "--backends custom custom:model=sm120 triton sglang " in flags
 
 
 def test_engine_flags_fill_the_schemas_defaults() -> None:
@@ -246,7 +253,7 @@ def test_bench_flags_only_what_the_config_sets() -> None:
     h200 = study("h200").bench_extra_flags()
     assert h200 == (
         "--repeats 20 --triton-config sm90 sm120 --decode-splits sglang 8 64"
-        " --custom-variants auto v1 v4 v5 --sm120-model"
+        " --custom-variants auto v4 v5 --sm120-model"
     )
     assert study().build_extra_flags() == ""
     assert study("h200").build_extra_flags() == "--sm120-model 90"

@@ -117,3 +117,24 @@ def test_planted_masks_on_gpu(which: int, case: int) -> None:
     torch.cuda.synchronize()
     worst = worst_row(plant, out, ref)
     assert worst["max_err"] < PLANTED_TOL, f"{name} {options} {PLANTED_CASES[case]}: {worst}"
+
+
+def test_graph_timing_replays_the_step_it_would_launch() -> None:
+    """The kernel bench's CUDA-graph timing: the replayed step writes the eager step's output,
+    and takes no longer than its eager launches (only launch gaps go)."""
+    from decodecliff.bench import core
+    from decodecliff.bench.timing import graph_median_ms, median_ms
+    from decodecliff.kernels.triton_baseline import TritonAttention
+
+    batch = random_batch([20_000], 16, 8, 1, tree=False, device="cuda", seed=3)
+    backend = TritonAttention()
+    eager, replayed = batch.new_output(), batch.new_output()
+    backend.prepare(batch, eager)()
+    step = backend.prepare(batch, replayed)
+    replayed.fill_(float("nan"))
+    graph_ms = graph_median_ms(step, repeats=10)
+    torch.testing.assert_close(replayed, eager, rtol=0, atol=0)
+    events_ms = median_ms(step, batch.device, repeats=10)
+    assert 0 < graph_ms <= events_ms * 1.1, (graph_ms, events_ms)
+    assert core.timing_label(backend, batch.device, graph=True) == "graph"
+    assert core.timing_label(backend, batch.device, graph=False) == "events"

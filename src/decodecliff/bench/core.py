@@ -19,7 +19,7 @@ from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.reference import TorchAttention, reference_attention
 from ..kernels.synthetic import random_batch, relative_error
 from . import roofline
-from .timing import median_ms, sync
+from .timing import graph_median_ms, median_ms, sync
 
 # The one tolerance of both commands: relative L2 error against the float64 reference, for every
 # backend. bf16 inputs and output with fp32 accumulation: rounding the output to bf16 alone costs
@@ -112,11 +112,29 @@ def planted_error(backend: AttentionBackend, plant: planting.Planted, ref: torch
     return {**worst, "ok": worst["max_err"] <= planting.PLANTED_TOL}
 
 
-def time_step(backend: AttentionBackend, batch: AttnBatch, repeats: int, warmup: int) -> float:
+def time_step(
+    backend: AttentionBackend, batch: AttnBatch, repeats: int, warmup: int, graph: bool = False
+) -> float:
     """Median ms of the backend's launch-only step on ``batch`` (planned outside the timed calls;
-    L2 flushed on a GPU)."""
+    L2 flushed on a GPU); replayed from a CUDA graph where ``graph`` and ``graph_timed`` say so."""
     step = backend.prepare(batch, batch.new_output())
+    if graph and graph_timed(backend, batch.device):
+        return graph_median_ms(step, repeats, warmup)
     return median_ms(step, batch.device, repeats, warmup)
+
+
+def graph_timed(backend: AttentionBackend, device: torch.device) -> bool:
+    """Whether ``time_step(graph=True)`` replays this backend's step from a CUDA graph: on a GPU,
+    for a backend whose run() can be captured (the torch reference and cuBLAS cannot)."""
+    return torch.device(device).type == "cuda" and backend.capturable
+
+
+def timing_label(backend: AttentionBackend, device: torch.device, graph: bool) -> str:
+    """How ``time_step`` timed the backend: graph (CUDA-graph replays), events (eager launches
+    between CUDA events) or wall (a CPU's clock)."""
+    if torch.device(device).type != "cuda":
+        return "wall"
+    return "graph" if graph and graph_timed(backend, device) else "events"
 
 
 def floor_ms(ctx: int, q_len: int, heads: int, batch: int, ceilings: dict) -> float:

@@ -7,9 +7,11 @@ For every (heads, page size, mode, context, backend, variant) point it builds on
 kernel that writes nothing fails): its relative error against the float64 reference on the random
 problem, and its per-row maximum error against a float64 reference on a planted problem of the same
 shape (kernels/planted.py), which fails on any wrong mask decision. Then it times the launch-only
-step (plan / metadata built outside the timed region) and reports ms per layer, effective GB/s,
-TFLOP/s and the fraction of the roofline floor (see roofline.py for the exact definitions). The
-problem, the checks, their tolerance and the timing are the ones `check-kernel` uses (core.py). A
+step (plan / metadata built outside the timed region; on a GPU replayed from a CUDA graph, as the
+graph-mode servers run it, wherever the backend can be captured: `timing` says which) and reports
+ms per layer, effective GB/s, TFLOP/s and the fraction of the roofline floor (see roofline.py for
+the exact definitions). The problem, the checks, their tolerance and the timing are the ones
+`check-kernel` uses (core.py). A
 backend that cannot serve a point (no GPU, not installed, no tree mask) records it as skipped with
 the reason. The JSON is rewritten atomically after every point, so an interrupted run keeps what it
 measured; a progress bar on stderr shows points done / total, elapsed time and an estimate.
@@ -157,9 +159,9 @@ def base_point(variant: Variant, heads: int, ctx: int, mode: str, page_size: int
     q_len, _ = parse_mode(mode)
     return Point(
         backend=variant.backend, triton_config=variant.label, heads=heads, ctx=ctx, mode=mode,
-        q_len=q_len, page_size=page_size, batch=args.batch, ms=None, gbs=None, tflops=None,
-        floor_ms=None, roofline_frac=None, rel_err=None, planted_err=None, planted_row=None,
-        detail=None, status="skipped", reason=None,
+        q_len=q_len, page_size=page_size, batch=args.batch, ragged=args.ragged, ms=None, gbs=None,
+        tflops=None, floor_ms=None, roofline_frac=None, rel_err=None, planted_err=None,
+        planted_row=None, detail=None, timing=None, status="skipped", reason=None,
     )  # fmt: skip
 
 
@@ -255,9 +257,12 @@ class Runner:
         if first * self.calls() > limit:
             point["reason"] = f"one call took {first:.1f} s; {self.calls()} would pass {limit:g} s"
             return point
-        ms = core.time_step(backend, batch, self.args.repeats, self.args.warmup)
+        graph = self.args.timing == "graph"
+        ms = core.time_step(backend, batch, self.args.repeats, self.args.warmup, graph=graph)
+        point["timing"] = core.timing_label(backend, self.device, graph)
         self.seconds_per_call[key] = (point["ctx"], ms / 1e3)
-        shape = (point["ctx"], point["q_len"], point["heads"], point["batch"])
+        # the floor of the tokens the step reads: ctx x batch, or a ragged batch's sum
+        shape = (sum(self.shape["kv_lens"]), point["q_len"], point["heads"], 1)
         point.update(ms=ms, status="ok", **core.rates(ms, *shape, self.ceilings))
         return point
 
@@ -363,6 +368,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=1, help="requests per step (default: 1)")
     p.add_argument(
+        "--ragged",
+        action="store_true",
+        help="a batch of mixed lengths, spread evenly from the context down to context / batch "
+        "(the floor counts the tokens read) (default: every request at the context)",
+    )
+    p.add_argument(
         "--repeats", type=int, default=None, help="timed calls (default: 20 on a GPU, 3 on a CPU)"
     )
     p.add_argument(
@@ -424,6 +435,15 @@ def parser() -> argparse.ArgumentParser:
         "on sm_120 (100 KB of shared memory per SM; labels end in -sm120): needs the libraries "
         "of `decodecliff build-kernel --sm120-model ARCH` and FlashInfer run under "
         "LD_PRELOAD of its shim (kernels/sm120_model.py) (default: the H200's own only)",
+    )
+    p.add_argument(
+        "--timing",
+        choices=["graph", "events"],
+        default="graph",
+        help="graph: each capturable backend's step replayed from a CUDA graph, as graph-mode "
+        "servers run their layers (the torch reference and cuBLAS eagerly); events: every step "
+        "launched eagerly between CUDA events; both flush the L2 before each repeat, and a CPU "
+        "reads the wall clock (default: graph)",
     )
     p.add_argument(
         "--max-seconds-per-point",
@@ -618,7 +638,7 @@ def run_shape(
             point["reason"] = f"ctx {ctx} < q_len {q_len}"
             record(doc, point, args, progress)
         return
-    kv_lens = [ctx] * args.batch
+    kv_lens = kv_lengths(ctx, q_len, args.batch, args.ragged)
     batch = core.problem(kv_lens, q_len, heads, page_size, tree, device=device, seed=args.seed)
     runner.reference, runner.planted = None, None
     runner.shape = dict(kv_lens=kv_lens, q_len=q_len, heads=heads, page_size=page_size, tree=tree)
@@ -633,6 +653,14 @@ def run_shape(
         record(doc, point, args, progress)
     del batch
     runner.reference, runner.planted = None, None
+
+
+def kv_lengths(ctx: int, q_len: int, batch: int, ragged: bool) -> list[int]:
+    """Each request's KV length: ``ctx`` for all, or (ragged) spread evenly from ``ctx`` down to
+    ``ctx / batch``, as a serving batch mixes long and short requests."""
+    if not ragged:
+        return [ctx] * batch
+    return [max(q_len, ctx * (batch - i) // batch) for i in range(batch)]
 
 
 def record(doc: dict, point: dict, args: argparse.Namespace, progress: BenchProgress) -> None:

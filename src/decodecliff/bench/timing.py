@@ -1,8 +1,10 @@
 """Timing a step, the one place the benches sync the device and read a clock.
 
 ``median_ms``: CUDA events with the L2 flushed before every repeat (a kernel's device time), or the
-synchronised wall clock on a CPU. ``wall_ms`` / ``wall_times_ms``: the synchronised wall clock on
-either device (a step whose host work counts, or a first call that also compiles).
+synchronised wall clock on a CPU. ``graph_median_ms``: the same events around replays of the step
+captured once in a CUDA graph, as a graph-mode server runs its layers (no host launch gaps).
+``wall_ms`` / ``wall_times_ms``: the synchronised wall clock on either device (a step whose host
+work counts, or a first call that also compiles).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ def wall_times_ms(
 def _cuda_median_ms(step: Callable[[], None], repeats: int, warmup: int, flush: bool) -> float:
     for _ in range(warmup):
         step()
+    return _events_median_ms(step, repeats, flush)
+
+
+def _events_median_ms(step: Callable[[], None], repeats: int, flush: bool) -> float:
     cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -71,3 +77,19 @@ def median_ms(
     if device.type == "cuda":
         return _cuda_median_ms(step, repeats, warmup, flush)
     return statistics.median(wall_times_ms(step, device, repeats, warmup))
+
+
+def graph_median_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> float:
+    """Median milliseconds of replays of ``step`` captured once in a CUDA graph (cuda only; L2
+    flushed before every replay). ``step`` runs ``warmup`` (at least one) times eagerly first, so
+    lazy compilation and allocation happen outside the capture."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(max(warmup, 1)):
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    return _events_median_ms(graph.replay, repeats, flush=True)

@@ -73,9 +73,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
 
 def spec_label(spec: str) -> str:
     """How results name a backend spec, as the kernel bench names its series:
-    "flashinfer:backend=fa3" -> "flashinfer (fa3)"; a plain name stays as it is."""
+    "flashinfer:backend=fa3" -> "flashinfer (fa3)", "flashinfer:backend=fa2,model=sm120" ->
+    "flashinfer (fa2-sm120)"; a plain name stays as it is."""
     name, options = parse_spec(spec)
-    return f"{name} ({','.join(map(str, options.values()))})" if options else name
+    return f"{name} ({'-'.join(map(str, options.values()))})" if options else name
 
 
 def get_backend(name: str, **options) -> AttentionBackend:

@@ -166,7 +166,8 @@ class Study:
         return f"--sm120-model {arch}" if arch else ""
 
     def engine_needs_kernel_lib(self) -> bool:
-        return "custom" in self.config.get("engine", {}).get("backends", [])
+        specs = self.config.get("engine", {}).get("backends", [])
+        return any(spec.partition(":")[0] == "custom" for spec in specs)
 
     def engine_flags(self) -> str:
         """bench-engine's options from the config's engine section (defaults filled in)."""

@@ -1,0 +1,51 @@
+#!/bin/bash
+# Measure part of a GPU study on a lent GPU machine, with the pipeline rules' own commands:
+#
+#   scripts/gpu_study_run.sh COMMIT COMMANDS KEY [KEY ...]            (carry: .whl .sgl)
+#
+# COMMANDS: a file of scripts/study_commands.py (scripts/study-h200.txt); KEY: build_kernel,
+# bench_kernels, bench_engine or SERVER:CTX (one sweep point: one server launch). Each command runs
+# in the tree's root and writes under results/ as the rule would (its log in results/logs/); the
+# kernel library is built first by the study's rule unless this call's machine built it so for
+# this commit. After every key, what the rules wrote (less the libraries) is packed into
+# $OUT/study.tar, so what a call measured comes back even if it is cut
+# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). A study too long
+# for one lease is measured so in several calls and sessions at one commit, and published from
+# the unpacked tars with publish_study.sh.
+set -uo pipefail
+export DECODECLIFF_GIT_REV=$1
+commands=$2
+shift 2
+source "$(dirname "$0")/gpu_env.sh"
+T0=$(date +%s)
+el() { echo "== $(($(date +%s) - T0)) s: $*"; }
+command_of() { awk -F'\t' -v k="$1" '$1 == k { print $2 }' "$commands"; }
+run_key() {
+  local cmd log rc
+  cmd=$(command_of "$1")
+  [ -n "$cmd" ] || { echo "no command for $1 in $commands"; return 1; }
+  log=$(grep -oE '> results/logs/[^ ]+' <<< "$cmd" | tail -n 1)
+  log=${log#> }
+  mkdir -p "$(dirname "$log")"
+  (eval "$cmd")
+  rc=$?
+  echo "$1: rc $rc"
+  tail -n 2 "$log"
+  return $rc
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
+built="results/build/.built-by-rule-$DECODECLIFF_GIT_REV"  # not a library an earlier call built
+[ -e "$built" ] || { el build_kernel; run_key build_kernel && touch "$built"; }
+for key in "$@"; do
+  if [ -n "${BUDGET_S:-}" ] && [ $(($(date +%s) - T0)) -gt "$BUDGET_S" ]; then
+    echo "skipped $key: past BUDGET_S"
+    continue
+  fi
+  el "$key"
+  [ "$key" = build_kernel ] && continue
+  run_key "$key"
+  (cd results && tar --exclude '*.so' -cf "$OUT/study.tar" $(ls -d build kernels engine sweep logs 2> /dev/null))
+done
+el done

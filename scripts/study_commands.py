@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The measuring commands of a GPU study, as the pipeline's rules would run them, one per line:
+
+    scripts/study_commands.py config/h200.yaml > scripts/study-h200.txt
+
+Each line is ``KEY<TAB>COMMAND``: ``build_kernel``, ``bench_kernels``, ``bench_engine`` or
+``SERVER:CTX`` (one sweep point), the rule's own shell command from ``snakemake -n -p`` on a copy
+of the workflow. `gpu_study_run.sh` runs them on a GPU machine that has no Snakemake, so a study
+too long for one machine lease is measured in parts at one commit. Run it where the peers are
+visible (FlashInfer importable, DECODECLIFF_SGLANG_PATH or SGLang installed): a point the plan
+would skip here (`--skip-reason`) stops it, since it would be skipped there too.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW = [
+    "Snakefile",
+    "config.yaml",
+    "workflow",
+    "notebooks",
+    "config",
+    "data",
+    "envs",
+    "profiles",
+]
+RULES = {
+    "build-kernel": "build_kernel",
+    "bench-kernels": "bench_kernels",
+    "bench-engine": "bench_engine",
+}
+
+
+def dry_run(config: Path) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in WORKFLOW:
+            src = REPO / name
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, Path(tmp) / name)
+        cmd = ["snakemake", "-n", "-p", "--configfile", str(config.resolve())]
+        cmd += ["--config", "published=null"]
+        return subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True).stdout
+
+
+def key(command: str) -> str | None:
+    if point := re.search(r"exec decodecliff sweep .* --name (\S+) --contexts (\d+) ", command):
+        return f"{point[1]}:{point[2]}"
+    return next((rule for word, rule in RULES.items() if f"decodecliff {word} " in command), None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    lines = []
+    for command in re.findall(r"^Shell command: (.*)$", dry_run(Path(argv[0])), re.M):
+        if "--skip-reason" in command:
+            sys.exit(f"a peer is missing here, so the plan skips a point: {command[:200]}...")
+        if (name := key(command)) is not None:
+            lines.append(f"{name}\t{command}")
+    print("\n".join(sorted(lines)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
