@@ -294,9 +294,8 @@ def _decode_stage1(
             )
             qk = _dot(q, k.to(q.dtype), UPCAST) + _dot(qpe, kpe.to(qpe.dtype), UPCAST)
             qk = tl.where(mask_h[:, None] & mask_n[None, :], qk * sm_scale, float("-inf"))
-            v = tl.load(
-                KV + loc[:, None] * stride_kv + offs_dv[None, :], mask=mask_n[:, None], other=0.0
-            )
+            tl.static_assert(D_V == D_NOPE)
+            v = tl.trans(k)  # MLA: V is K's first D_V columns, reused as SGLang's HAS_MLA does
             n_e_max = tl.maximum(tl.max(qk, 1), e_max)
             re_scale = tl.exp(e_max - n_e_max)
             p = tl.exp(qk - n_e_max[:, None])
