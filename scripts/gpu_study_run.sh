@@ -9,9 +9,11 @@
 # kernel library is built first by the study's rule unless this call's machine built it so for
 # this commit. After every key, what the rules wrote (less the libraries) is packed into
 # $OUT/study.tar, so what a call measured comes back even if it is cut
-# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). A study too long
-# for one lease is measured so in several calls and sessions at one commit, and published from
-# the unpacked tars with publish_study.sh.
+# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). GPUS=N (a host
+# of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
+# each key on one GPU alone, so list the longest first; each worker's output is prefixed with
+# its GPU. A study too long for one lease is measured so in several calls and sessions at one
+# commit, and published from the unpacked tars with publish_study.sh.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1
 commands=$2
@@ -38,14 +40,31 @@ run_key() {
   echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
 built="results/build/.built-by-rule-$DECODECLIFF_GIT_REV"  # not a library an earlier call built
 [ -e "$built" ] || { el build_kernel; run_key build_kernel && touch "$built"; }
-for key in "$@"; do
-  if [ -n "${BUDGET_S:-}" ] && [ $(($(date +%s) - T0)) -gt "$BUDGET_S" ]; then
-    echo "skipped $key: past BUDGET_S"
-    continue
+queue=$(mktemp) lock=$(mktemp)
+printf '%s\n' "$@" > "$queue"
+next_key() { flock "$lock" sh -c 'head -n 1 "$1" && sed -i 1d "$1"' _ "$queue"; }
+pack() {
+  flock "$lock" sh -c 'cd results && tar --exclude "*.so" -cf "$1" $(ls -d build kernels engine sweep logs 2> /dev/null)' _ "$OUT/study.tar"
+}
+worker() {
+  local key
+  while key=$(next_key) && [ -n "$key" ]; do
+    [ "$key" = build_kernel ] && continue
+    if [ -n "${BUDGET_S:-}" ] && [ $(($(date +%s) - T0)) -gt "$BUDGET_S" ]; then
+      echo "skipped $key: past BUDGET_S"
+      continue
+    fi
+    el "$key (GPU ${CUDA_VISIBLE_DEVICES:-all})"
+    run_key "$key"
+    pack
+  done
+}
+for gpu in $(seq 0 $((${GPUS:-1} - 1))); do
+  if [ "${GPUS:-1}" -gt 1 ]; then
+    CUDA_VISIBLE_DEVICES=$gpu worker 2>&1 | sed -u "s/^/[gpu $gpu] /" &
+  else
+    worker
   fi
-  el "$key"
-  [ "$key" = build_kernel ] && continue
-  run_key "$key"
-  (cd results && tar --exclude '*.so' -cf "$OUT/study.tar" $(ls -d build kernels engine sweep logs 2> /dev/null))
 done
+wait
 el done

@@ -1,0 +1,98 @@
+"""A GPU study measured in parts: scripts/study_commands.py lists the rules' own commands, and
+scripts/gpu_study_run.sh runs them by key, one GPU per worker, packing what they wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = REPO / "scripts" / "gpu_study_run.sh"
+
+
+def study_commands():
+    spec = importlib.util.spec_from_file_location(
+        "study_commands", REPO / "scripts/study_commands.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_commands_are_keyed_by_rule_and_point() -> None:
+    key = study_commands().key
+    sweep = (
+        "export A=1; exec decodecliff sweep --server-cmd 'x' --name custom-p1 --contexts 1024 --x"
+    )
+    assert key(sweep) == "custom-p1:1024"
+    assert key("exec decodecliff bench-kernels --device cuda --out x") == "bench_kernels"
+    assert key("decodecliff build-kernel --arch 90 --out results/build") == "build_kernel"
+    assert key("jupytext --to ipynb notebooks/report.py") is None
+
+
+def test_the_h200_commands_are_the_configs_every_point() -> None:
+    lines = (REPO / "scripts" / "study-h200.txt").read_text().splitlines()
+    keys = [line.split("\t")[0] for line in lines]
+    assert {"build_kernel", "bench_kernels", "bench_engine"} <= set(keys)
+    assert len([k for k in keys if ":" in k]) == 10 * 6  # ten servers at six contexts
+    assert not any("--skip-reason" in line for line in lines)  # every peer runs there
+
+
+def fake_runner(tmp_path: Path) -> Path:
+    """The runner in a tree of its own, its GPU machine's set-up left out, with commands that
+    write where the rules write."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(RUNNER, tmp_path / "scripts")
+    (tmp_path / "scripts" / "gpu_env.sh").write_text("")
+    (tmp_path / "results").mkdir()
+    log = "results/logs/sweep/{0}.log"
+    lines = ["build_kernel\tmkdir -p results/build > results/logs/build/build.log 2>&1"]
+    for name in "abc":
+        write = f"echo gpu=${{CUDA_VISIBLE_DEVICES:-}} > results/sweep/{name}.json"
+        lines.append(
+            f"{name}:1\t{{ sleep 0.3; mkdir -p results/sweep; {write}; }} > {log.format(name)}"
+        )
+    (tmp_path / "cmds.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def run(tree: Path, *keys: str, **env: str) -> subprocess.CompletedProcess:
+    out = tree / "out"
+    out.mkdir(exist_ok=True)
+    return subprocess.run(
+        ["bash", "scripts/gpu_study_run.sh", "abc1234", "cmds.txt", *keys],
+        cwd=tree, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(out), **env},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
+def test_keys_spread_over_the_gpus_and_what_they_wrote_comes_back(tmp_path: Path) -> None:
+    tree = fake_runner(tmp_path)
+    done = run(tree, "a:1", "b:1", "c:1", GPUS="2")
+    assert done.returncode == 0, done.stderr
+    assert "build_kernel: rc 0" in done.stdout  # the rule's build first
+    gpus = {(tree / f"results/sweep/{n}.json").read_text().strip() for n in "abc"}
+    assert gpus == {"gpu=0", "gpu=1"}
+    assert "[gpu 0] == " in done.stdout and "[gpu 1] == " in done.stdout
+    with tarfile.open(tree / "out" / "study.tar") as tar:
+        names = set(tar.getnames())
+    assert {"./sweep/a.json", "./sweep/c.json", "./logs/sweep/b.log"} <= {
+        n if n.startswith("./") else f"./{n}" for n in names
+    }
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
+def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path) -> None:
+    tree = fake_runner(tmp_path)
+    done = run(tree, "a:1", "nope:9", "b:1", BUDGET_S="-1")
+    assert done.returncode == 0, done.stderr
+    assert "skipped a:1: past BUDGET_S" in done.stdout
+    assert not (tree / "results/sweep/a.json").exists()
+    done = run(tree, "nope:9")
+    assert "no command for nope:9" in done.stdout
