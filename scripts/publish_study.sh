@@ -38,7 +38,8 @@ build_json=$(mktemp) && cp results/build/build.json "$build_json"
 decodecliff build-kernel --out results/build > /dev/null  # the library the rules name as input
 cp "$build_json" results/build/build.json  # keep the GPU machine's record of its build
 # the measured files count as up to date; only what is computed from them runs here
-measured=$(find results/build results/kernels results/engine results/sweep -name '*.json' 2> /dev/null || true)
+# (of the build, its record: the sm_120 model's JSON beside it is no rule's output)
+measured=$(find results/build/build.json results/kernels results/engine results/sweep -name '*.json' 2> /dev/null || true)
 snakemake --cores 1 --configfile "$cfg" --config published=null --touch $measured
 # a measurement the runs lack stops the publication (missing input) instead of running here
 measuring='^(build_kernel|bench_kernels|bench_engine|sweep_point)$'

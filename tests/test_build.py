@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 
@@ -152,7 +153,7 @@ def test_library_answers_through_its_bound_interface(built):
     pointers = [name for name, ctype in abi.MLA_ATTENTION[:-1] if ctype is abi.PTR]
     valid = dict.fromkeys(pointers) | dict(
         batch=1, heads=8, total_q=16, max_q_len=16, page_size=64, pt_stride=4, tree_stride=16,
-        num_splits=4, mtiles=2, variant=1, sm_scale=0.07,
+        num_splits=4, split_tokens=0, mtiles=2, variant=1, sm_scale=0.07,
     )  # fmt: skip
 
     def launch(**change) -> int:
@@ -164,6 +165,7 @@ def test_library_answers_through_its_bound_interface(built):
         assert launch(**{name: 0}) == CUDA_ERROR_INVALID_VALUE, name
     assert launch(variant=len(VARIANTS) + 1) == CUDA_ERROR_INVALID_VALUE
     assert launch(num_splits=lib.dcmla_max_splits() + 1) == CUDA_ERROR_INVALID_VALUE
+    assert launch(split_tokens=-1) == CUDA_ERROR_INVALID_VALUE
     assert launch(tree_mask=1, tree_stride=15) == CUDA_ERROR_INVALID_VALUE
 
 
@@ -179,6 +181,20 @@ def test_plan_fills_one_wave_and_respects_short_contexts():
     assert plan_launch(8, 16, 10, 1, 132, 1024, num_splits=7).num_splits == 7
     with pytest.raises(ValueError, match="num_splits"):
         plan_launch(8, 16, 10, 1, 132, 1024, num_splits=2000)
+
+
+def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
+    lens = [185_000, 138_750, 92_500, 46_250]
+    even = plan_launch(8, 16, max(lens), 4, ctas_per_wave=264, max_splits=1024)
+    assert (even.num_splits, even.split_tokens) == (16, 0)  # 185k / 16: 11,563 tokens a CTA
+    ragged = plan_launch(8, 16, max(lens), 4, 264, 1024, total_kv_len=sum(lens))
+    # 66 CTAs per row tile share 462,500 tokens: 7,008 each, so 27 splits of the longest
+    assert (ragged.split_tokens, ragged.num_splits) == (7008, 27)
+    assert sum(math.ceil(n / ragged.split_tokens) for n in lens) <= 264 // ragged.row_tiles + 4
+    # a batch of equal lengths keeps the even plan; a graph's plan (num_splits fixed) too
+    assert plan_launch(8, 16, 1000, 2, 264, 1024, total_kv_len=2000).split_tokens == 0
+    fixed = plan_launch(8, 16, max(lens), 4, 264, 1024, num_splits=8, total_kv_len=sum(lens))
+    assert (fixed.num_splits, fixed.split_tokens) == (8, 0)
 
 
 @pytest.mark.parametrize(

@@ -81,6 +81,14 @@ def test_any_split_count_gives_the_same_answer(backend, splits):
     assert relative_error(out, reference_attention(batch)) < 1e-2
 
 
+def test_a_ragged_batch_is_split_by_tokens(backend):
+    batch = random_batch([60_000, 20_000, 3_000], q_len=16, heads=8, device="cuda", seed=4)
+    attn = backend()
+    out = attn(batch)
+    assert attn.describe().get("split_tokens", 0) > 0  # the balanced plan ran
+    assert relative_error(out, reference_attention(batch)) < 1e-2
+
+
 def test_graph_replay_follows_kv_lens(backend):
     batch = random_batch([3000, 1200], q_len=16, heads=8, device="cuda", seed=5)
     attn = backend(num_splits=8)

@@ -469,6 +469,7 @@ class Engine:
             tree_mask=None if tree_mask is None else tree_mask.to(dev),
             max_q_len=max(len(t) for t in tokens),
             max_kv_len=max(kv_lens),
+            total_kv_len=sum(kv_lens),
             logit_rows=None if logit_rows is None else as_long(logit_rows),
             mha=mha,
         )

@@ -49,6 +49,7 @@ class StepInput:
     max_q_len: int
     max_kv_len: int
     logit_rows: torch.Tensor | None = None  # rows whose logits are needed; None: all
+    total_kv_len: int | None = None  # sum of kv_lens where known on the host (not in a graph)
     mha: bool = False  # prefill: decompressed multi-head attention instead of the backend
 
     def attn_meta(self, num_heads: int, page_size: int, sm_scale: float) -> AttnMeta:
@@ -64,6 +65,7 @@ class StepInput:
             tree_mask=self.tree_mask,
             max_q_len=self.max_q_len,
             max_kv_len=self.max_kv_len,
+            total_kv_len=self.total_kv_len,
         )
 
 

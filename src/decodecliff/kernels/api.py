@@ -77,6 +77,7 @@ class AttnMeta:
     tree_mask: torch.Tensor | None = None  # [B, max_q, max_q] bool; None means a causal chain
     max_q_len: int | None = None  # host-side max(q_len)
     max_kv_len: int | None = None  # host-side upper bound on kv_lens
+    total_kv_len: int | None = None  # host-side sum of kv_lens (balances a ragged batch's splits)
 
     @property
     def batch_size(self) -> int:
@@ -116,6 +117,7 @@ class AttnBatch:
         tree_mask: torch.Tensor | None = None,
         max_q_len: int | None = None,
         max_kv_len: int | None = None,
+        total_kv_len: int | None = None,
     ) -> AttnBatch:
         """A batch whose metadata takes its sizes (tokens, heads, page size) from q and cache."""
         meta = AttnMeta(
@@ -129,6 +131,7 @@ class AttnBatch:
             tree_mask=tree_mask,
             max_q_len=max_q_len,
             max_kv_len=max_kv_len,
+            total_kv_len=total_kv_len,
         )
         return cls(q, kv_cache, meta)
 
@@ -139,7 +142,7 @@ class AttnBatch:
         return AttnBatch.build(
             self.q.to(device, dtype), self.kv_cache.to(device, dtype), move(m.page_table),
             move(m.kv_lens), move(m.q_indptr), m.sm_scale, move(m.tree_mask), m.max_q_len,
-            m.max_kv_len,
+            m.max_kv_len, m.total_kv_len,
         )  # fmt: skip
 
     @property

@@ -88,6 +88,7 @@ class LaunchPlan:
     num_splits: int  # KV splits per request
     max_q_len: int
     variant: int = 1  # the kernel's template parameter (see VARIANTS)
+    split_tokens: int = 0  # > 0: tokens per split over a ragged batch (0: kv_len / num_splits)
 
 
 def plan_launch(
@@ -98,21 +99,30 @@ def plan_launch(
     ctas_per_wave: int,
     max_splits: int,
     num_splits: int | None = None,
+    total_kv_len: int | None = None,
 ) -> LaunchPlan:
     """Pick the row-tile variant and the number of KV splits (host-side, from hints only).
 
     Splits fill one wave of CTAs: (row tiles x batch x splits) ~ SMs x resident CTAs per SM, but no
-    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint.
+    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. A ragged batch
+    (``total_kv_len`` under batch x ``max_kv_len``) is split by tokens instead: one wave's CTAs
+    share the batch's tokens equally, so its longest request takes the most splits and no CTA
+    waits on a longer one (the kernel still covers any request longer than the hints).
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
     row_tiles = math.ceil(rows / (16 * mtiles))
-    if num_splits is None:
+    split_tokens = 0
+    if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
+        ctas = max(1, ctas_per_wave // row_tiles)
+        split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / ctas))
+        num_splits = min(max_splits, math.ceil(max_kv_len / split_tokens))
+    elif num_splits is None:
         num_splits = max(1, ctas_per_wave // (row_tiles * batch_size))
         num_splits = min(num_splits, max(1, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
     if not 1 <= num_splits <= max_splits:
         raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
-    return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len)
+    return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens)
 
 
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
@@ -271,10 +281,12 @@ class CustomAttention(AttentionBackend):
         return self._wave[key]
 
     def _plan_for(self, variant: str, device: torch.device, args: tuple) -> LaunchPlan:
-        heads, max_q, max_kv, batch_size = args
+        heads, max_q, max_kv, batch_size, total_kv = args
         mtiles = 1 if max_q * heads <= 16 else 2
         wave = self.ctas_per_wave(device, mtiles, variant)
-        plan = plan_launch(heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits)
+        plan = plan_launch(
+            heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv
+        )
         return replace(plan, variant=VARIANTS[variant])
 
     def launch_plan(self, meta: AttnMeta) -> LaunchPlan:
@@ -284,7 +296,7 @@ class CustomAttention(AttentionBackend):
         if meta.max_q_len is None and meta.tree_mask is not None:
             max_q = min(max_q, meta.tree_mask.shape[1])  # a tree mask bounds every q_len
         max_kv = meta.max_kv_len or meta.page_table.shape[1] * meta.page_size
-        args = (heads, max_q, max_kv, meta.batch_size)
+        args = (heads, max_q, max_kv, meta.batch_size, meta.total_kv_len)
         if self.variant != "auto":
             return self._plan_for(self.variant, meta.device, args)
         plan = self._plan_for(AUTO_VARIANTS[0], meta.device, args)
@@ -321,7 +333,11 @@ class CustomAttention(AttentionBackend):
             return {"backend": self.name, "variant": self.variant, **model}
         plan = self._step[1]
         variant = next(k for k, v in VARIANTS.items() if v == plan.variant)
-        return {"backend": self.name, "variant": variant, "num_splits": plan.num_splits, **model}
+        balance = {"split_tokens": plan.split_tokens} if plan.split_tokens else {}
+        return {
+            "backend": self.name, "variant": variant, "num_splits": plan.num_splits, **balance,
+            **model,
+        }  # fmt: skip
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """One layer of the planned step: launch only (no sync, no allocation)."""
@@ -381,6 +397,7 @@ class CustomAttention(AttentionBackend):
             batch=meta.batch_size, heads=meta.num_heads, total_q=meta.num_tokens,
             max_q_len=plan.max_q_len, page_size=meta.page_size,
             pt_stride=meta.page_table.stride(0), tree_stride=0 if tm is None else tm.shape[1],
-            num_splits=plan.num_splits, mtiles=plan.mtiles, variant=plan.variant,
+            num_splits=plan.num_splits, split_tokens=plan.split_tokens, mtiles=plan.mtiles,
+            variant=plan.variant,
             sm_scale=float(meta.sm_scale),
         ))  # fmt: skip

@@ -164,6 +164,7 @@ def planted_batch(
         tree_mask=tree_mask,
         max_q_len=q_len,
         max_kv_len=max(kv_lens),
+        total_kv_len=sum(kv_lens),
     )
     return Planted(batch.to(device), visible, hidden, vkind, hkind)
 

@@ -67,6 +67,7 @@ def random_batch(
         tree_mask=tree_mask,
         max_q_len=q_len,
         max_kv_len=max(kv_lens),
+        total_kv_len=sum(kv_lens),
     )
     return batch.to(device)
 

@@ -136,6 +136,9 @@ struct Params {
   int tree_stride;
   int num_splits;
   float scale_log2;            // sm_scale * log2(e)
+  int split_tokens;            // > 0: at least this many tokens per split (a ragged batch's
+                               // balance: short requests take fewer splits), 0: kv_len / splits.
+                               // Last: placed before scale_log2 it made ptxas spill in v4/v5.
 };
 
 // Swizzled byte offset of 16-byte chunk `chunk` of token row `tok` inside one KV tile: rows are
@@ -182,8 +185,9 @@ __device__ __forceinline__ int k_chunk0(int dq, int kk) {
 }
 
 // What one CTA works on: request b's row tile rt (R rows) over KV split `split`. The split's tokens
-// are ceil(kv_len / splits) rounded up to whole BN-token tiles, derived from kv_lens on the device,
-// so one launch configuration (and one CUDA graph) serves every context length.
+// are ceil(kv_len / splits), or split_tokens where more, rounded up to whole BN-token tiles,
+// derived from kv_lens on the device, so one launch configuration (and one CUDA graph) serves
+// every context length and every token is in some split whatever split_tokens says.
 struct CtaWork {
   int rt, split, b, tid, lane, warp, H, q_len, rows, kv_len, kv_begin, kv_end, S, prefix;
   int64_t g0;  // global row of tile row 0
@@ -200,7 +204,7 @@ __device__ __forceinline__ bool cta_work(const Params& p, CtaWork& w) {
   w.rows = w.q_len * w.H;
   if (w.rt * R >= w.rows) return false;
   w.kv_len = p.kv_lens[w.b];
-  int chunk = (w.kv_len + p.num_splits - 1) / p.num_splits;
+  int chunk = max((w.kv_len + p.num_splits - 1) / p.num_splits, p.split_tokens);
   chunk = (chunk + BN - 1) / BN * BN;
   w.kv_begin = w.split * chunk;
   w.kv_end = min(w.kv_len, w.kv_begin + chunk);
@@ -1031,11 +1035,13 @@ int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
-                        int page_size, int pt_stride, int tree_stride, int num_splits, int mtiles,
-                        int variant, float sm_scale, cudaStream_t stream) {
+                        int page_size, int pt_stride, int tree_stride, int num_splits,
+                        int split_tokens, int mtiles, int variant, float sm_scale,
+                        cudaStream_t stream) {
   if (batch <= 0 || total_q <= 0) return static_cast<int>(cudaSuccess);
   if (heads <= 0 || max_q_len <= 0 || page_size <= 0 || pt_stride <= 0 || num_splits <= 0 ||
-      num_splits > dcmla::kMaxSplits || !dcmla::valid_variant(variant, mtiles) ||
+      num_splits > dcmla::kMaxSplits || split_tokens < 0 ||
+      !dcmla::valid_variant(variant, mtiles) ||
       (tree_mask != nullptr && tree_stride < max_q_len))
     return static_cast<int>(cudaErrorInvalidValue);
   dcmla::Params p;
@@ -1052,6 +1058,7 @@ int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, co
   p.pt_stride = pt_stride;
   p.tree_stride = tree_stride;
   p.num_splits = num_splits;
+  p.split_tokens = split_tokens;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   cudaError_t err = dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
     constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
