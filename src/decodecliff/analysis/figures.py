@@ -218,16 +218,18 @@ def figure_legend(fig: Figure, axes, extra: list[Line2D] = ()) -> None:
 OWN = ("torch", "triton", "custom")  # the study's own backends; the peers have their figure
 _FIXED_SPLITS = re.compile(r"\((?:grouped|decode)-s\d+\)$")
 _TRITON_ARCH = re.compile(r"^triton \((sm\d+)\)$")
+_PINNED_VARIANT = re.compile(r"^custom \(v\d+(-sm120)?\)$")  # a variant the auto rule picks from
 
 
 def main_series(kernels: pd.DataFrame) -> pd.DataFrame:
     """The kernel series a figure draws: a backend's decode at fixed split counts (s8, s64) only
-    where its default count did not run, and the Triton block config of the GPU it ran on only
-    (all of them on a CPU); the tables keep every series."""
+    where its default count did not run, the custom kernel as its auto rule runs it (not each
+    variant it picks from), and the Triton block config of the GPU it ran on only (all of them
+    on a CPU); the tables keep every series."""
     keep = pd.Series(True, index=kernels.index)
     for _, group in kernels.groupby(["backend", "mode"]):
         names = set(group["series"])
-        fixed = {n for n in names if _FIXED_SPLITS.search(n)}
+        fixed = {n for n in names if _FIXED_SPLITS.search(n) or _PINNED_VARIANT.match(n)}
         drop = fixed if fixed and names - fixed else set()
         cap = group["gpu_capability"].dropna() if "gpu_capability" in group else pd.Series()
         arch = {n for n in names if _TRITON_ARCH.match(n)}

@@ -18,6 +18,14 @@ def ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if len(df) else df
 
 
+def as_run(df: pd.DataFrame, backend: str) -> pd.DataFrame:
+    """The backend's points as the engine runs it: its unlabelled series ("custom": the variant
+    its auto rule picks) where it has one, else every series (the Triton baseline's configs)."""
+    rows = df[df["backend"] == backend] if len(df) else df
+    own = rows[rows["series"] == backend] if "series" in rows else rows
+    return own if len(own) else rows
+
+
 def not_ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     """Failed and skipped points with their reasons ('kernels' or 'sweep' columns)."""
     cols = [c for c in NOT_OK_COLUMNS[kind] if c in df] + ["status", "reason"]
@@ -38,7 +46,7 @@ def kernel_speedup(
     """``candidate`` over each ``baseline`` series at equal shape, page size and context."""
     good = ok(kernels)
     base = good[good["backend"] == baseline]
-    cand = good[good["backend"] == candidate]
+    cand = as_run(good, candidate)
     cols = KERNEL_KEYS + ["baseline", "baseline_ms", "candidate", "candidate_ms", "speedup"]
     if base.empty or cand.empty:
         return pd.DataFrame(columns=cols)
@@ -275,7 +283,7 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> pd.Data
     good = ok(kernels)
     cols = KERNEL_KEYS + ["floor_ms", "custom_ms", "custom_of_floor", "best_peer", "peer_ms"]
     cols += ["peer_of_floor", "peer_over_custom"]
-    cand = good[good["backend"] == candidate]
+    cand = as_run(good, candidate)
     peers = good[good["backend"].isin(PEERS)].reset_index(drop=True)  # idxmin needs unique labels
     if cand.empty or peers.empty:
         return pd.DataFrame(columns=cols)

@@ -171,7 +171,7 @@ def _kernel_rows(kernels: pd.DataFrame, target: Target, backend: str) -> pd.Data
 
     A backend that ran nowhere says so first: that reason covers every shape and mode.
     """
-    rows = kernels[kernels["backend"] == backend] if len(kernels) else kernels
+    rows = tables.as_run(kernels, backend)
     if rows.empty:
         return f"{backend} not in the microbenchmark"
     if not (rows["status"] == "ok").any():
