@@ -12,7 +12,7 @@ import pytest
 import yaml
 from report_study import PUBLISHED, REPO, STUDY
 
-from decodecliff.analysis import summarize, tables, targets
+from decodecliff.analysis import figures, summarize, tables, targets
 from decodecliff.analysis.targets import MET, MISSED, NOT_MEASURED, Target
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -153,6 +153,26 @@ def test_never_slower_counts_the_worst_point_and_the_fastest_baseline_variant() 
     assert row["status"] == NOT_MEASURED and row["reason"] == (
         "no point from 64k up where both backends ran"
     )
+
+
+def test_the_custom_kernel_counts_as_its_auto_rule_runs_it_not_its_pinned_variants() -> None:
+    study = kernel_study(
+        [
+            {"backend": "custom", "mode": "decode", "ctx": 185000, "ms": 0.08},
+            {"backend": "custom", "triton_config": "v5", "mode": "decode", "ctx": 185000,
+             "ms": 0.5},  # a variant auto does not pick here
+            {"backend": "custom", "triton_config": "v4-sm120", "mode": "decode", "ctx": 185000,
+             "ms": 0.3},
+            {"backend": "triton", "triton_config": "grouped-sglang", "mode": "decode",
+             "ctx": 185000, "ms": 0.2},
+        ]
+    )  # fmt: skip
+    row = check(study, kind="kernel_speedup", min=1)
+    assert row["measured"] == pytest.approx(0.2 / 0.08)
+    row = check(study, kind="kernel_ms", mode="decode", ctx=185000, max=0.1)
+    assert row["measured"] == pytest.approx(0.08)
+    shown = set(figures.main_series(study.kernels)["series"])
+    assert shown == {"custom", "triton (grouped-sglang)"}
 
 
 def test_context_matching_takes_the_nearest_point_within_tolerance() -> None:
