@@ -2,8 +2,8 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | SERVER:CTX
-#         (a sweep point of points-h200-peers.txt)
+#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120
+#   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
 # FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
@@ -14,8 +14,6 @@
 # sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone.
-# Points: the sweep_point rule's commands for config/h200.yaml (`snakemake -n -p`, files to $W),
-# one server launch each; $W is packed into $OUT/study.tar after every point.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -37,7 +35,6 @@ export DECODECLIFF_KERNEL_LIB=$PWD/results/build/libdecodecliff_mla.so
 KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 --modes decode chain16
   --page-sizes 1 --heads 8 --repeats 20 --triton-config auto --decode-splits sglang
   --index-dtypes int64 int32 --flashinfer-backends fa2 fa3 --max-seconds-per-point 60 --quiet"
-W=/tmp/study && mkdir -p $W
 for part in "$@"; do
   # BUDGET_S: start no part after this many seconds (a call has 10 minutes; files so far return)
   if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
@@ -102,10 +99,6 @@ for lim in (0, 102400):
       timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
-    *:*) server=${part%%:*} ctx=${part##*:}
-      cmd=$(grep -- "--name $server --contexts $ctx " "$here/points-h200-peers.txt") || { echo "no command for $part"; continue; }
-      (eval "$cmd"); echo "rc $?"; tail -n 2 "$W/$server-ctx$ctx.log"
-      tar -C $W -cf "$OUT/study.tar" . ;;
     *) echo "unknown part $part" ;;
   esac
 done
