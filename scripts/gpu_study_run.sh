@@ -38,13 +38,20 @@ run_key() {
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
-built="results/build/.built-by-rule-$DECODECLIFF_GIT_REV"  # not a library an earlier call built
-[ -e "$built" ] || { el build_kernel; run_key build_kernel && touch "$built"; }
+# The study's rule builds the library once per commit on this machine (a warm machine keeps an
+# earlier call's files: another commit's are cleared, a library built otherwise is not used).
+built="results/build/.built-by-rule-$DECODECLIFF_GIT_REV"
+if [ ! -e "$built" ]; then
+  rm -rf results/{build,kernels,engine,sweep,logs}
+  el build_kernel
+  run_key build_kernel || { echo "the kernel build failed: nothing measured"; exit 1; }
+  touch "$built"
+fi
 queue=$(mktemp) lock=$(mktemp)
 printf '%s\n' "$@" > "$queue"
 next_key() { flock "$lock" sh -c 'head -n 1 "$1" && sed -i 1d "$1"' _ "$queue"; }
-pack() {
-  flock "$lock" sh -c 'cd results && tar --exclude "*.so" -cf "$1" $(ls -d build kernels engine sweep logs 2> /dev/null)' _ "$OUT/study.tar"
+pack() {  # to a new file, then renamed: a call cut short mid-pack keeps the previous tar
+  flock "$lock" sh -c 'cd results && tar --exclude "*.so" -cf "$1.new" $(ls -d build kernels engine sweep logs 2> /dev/null) && mv "$1.new" "$1"' _ "$OUT/study.tar"
 }
 worker() {
   local key
@@ -59,6 +66,7 @@ worker() {
     pack
   done
 }
+pack  # the build's record, whatever follows
 for gpu in $(seq 0 $((${GPUS:-1} - 1))); do
   if [ "${GPUS:-1}" -gt 1 ]; then
     CUDA_VISIBLE_DEVICES=$gpu worker 2>&1 | sed -u "s/^/[gpu $gpu] /" &

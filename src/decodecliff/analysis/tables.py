@@ -46,7 +46,7 @@ def kernel_speedup(
     """``candidate`` over each ``baseline`` series at equal shape, page size and context."""
     good = ok(kernels)
     base = good[good["backend"] == baseline]
-    cand = as_run(good, candidate)
+    cand = ok(as_run(kernels, candidate))  # auto that failed is not replaced by a pinned variant
     cols = KERNEL_KEYS + ["baseline", "baseline_ms", "candidate", "candidate_ms", "speedup"]
     if base.empty or cand.empty:
         return pd.DataFrame(columns=cols)
@@ -283,7 +283,7 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> pd.Data
     good = ok(kernels)
     cols = KERNEL_KEYS + ["floor_ms", "custom_ms", "custom_of_floor", "best_peer", "peer_ms"]
     cols += ["peer_of_floor", "peer_over_custom"]
-    cand = as_run(good, candidate)
+    cand = ok(as_run(kernels, candidate))
     peers = good[good["backend"].isin(PEERS)].reset_index(drop=True)  # idxmin needs unique labels
     if cand.empty or peers.empty:
         return pd.DataFrame(columns=cols)

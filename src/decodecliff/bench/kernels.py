@@ -10,8 +10,8 @@ shape (kernels/planted.py), which fails on any wrong mask decision. Then it time
 step (plan / metadata built outside the timed region; on a GPU replayed from a CUDA graph, as the
 graph-mode servers run it, wherever the backend can be captured: `timing` says which) and reports
 ms per layer, effective GB/s, TFLOP/s and the fraction of the roofline floor (see roofline.py for
-the exact definitions). The problem, the checks, their tolerance and the timing are the ones
-`check-kernel` uses (core.py). A
+the exact definitions). The problem, the checks and their tolerance are the ones `check-kernel`
+uses (core.py), which times eagerly. A
 backend that cannot serve a point (no GPU, not installed, no tree mask) records it as skipped with
 the reason. The JSON is rewritten atomically after every point, so an interrupted run keeps what it
 measured; a progress bar on stderr shows points done / total, elapsed time and an estimate.

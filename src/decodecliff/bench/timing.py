@@ -79,17 +79,23 @@ def median_ms(
     return statistics.median(wall_times_ms(step, device, repeats, warmup))
 
 
-def graph_median_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> float:
-    """Median milliseconds of replays of ``step`` captured once in a CUDA graph (cuda only; L2
-    flushed before every replay). ``step`` runs ``warmup`` (at least one) times eagerly first, so
-    lazy compilation and allocation happen outside the capture."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+def capture(step: Callable[[], None], warmup: int = 1) -> torch.cuda.CUDAGraph:
+    """``step`` captured in a CUDA graph, after ``warmup`` (at least one) eager runs, so lazy
+    compilation and allocation happen outside the capture."""
     for _ in range(max(warmup, 1)):
         step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    return graph
+
+
+def graph_median_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> float:
+    """Median milliseconds of replays of ``step`` captured once in a CUDA graph (cuda only; L2
+    flushed before every replay)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    graph = capture(step, warmup)
     graph.replay()
     return _events_median_ms(graph.replay, repeats, flush=True)

@@ -116,7 +116,9 @@ def plan_launch(
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
         split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / ctas))
-        num_splits = min(max_splits, math.ceil(max_kv_len / split_tokens))
+        # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
+        # must not multiply the grid; the kernel lengthens the splits to cover the rest
+        num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
     elif num_splits is None:
         num_splits = max(1, ctas_per_wave // (row_tiles * batch_size))
         num_splits = min(num_splits, max(1, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
