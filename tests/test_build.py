@@ -195,6 +195,10 @@ def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
     assert plan_launch(8, 16, 1000, 2, 264, 1024, total_kv_len=2000).split_tokens == 0
     fixed = plan_launch(8, 16, max(lens), 4, 264, 1024, num_splits=8, total_kv_len=sum(lens))
     assert (fixed.num_splits, fixed.split_tokens) == (8, 0)
+    assert ragged.busy_splits == 70  # 462,500 / 7,008 rounded up, plus one partial per request
+    # auto counts the CTAs with work: a long request among short ones leaves most splits empty
+    few = plan_launch(8, 16, 4000, 8, 264, 1024, total_kv_len=4000 + 7 * 256)
+    assert few.row_tiles * 8 * few.num_splits > 132 and auto_variant(few, 8, sms=132) == "v1"
     # a hint far above the lengths (an upper bound) never takes more than a wave's splits
     loose = plan_launch(8, 16, 2_000_000, 1, 264, 1024, total_kv_len=10_000)
     assert loose.num_splits <= 264 // loose.row_tiles

@@ -89,6 +89,7 @@ class LaunchPlan:
     max_q_len: int
     variant: int = 1  # the kernel's template parameter (see VARIANTS)
     split_tokens: int = 0  # > 0: tokens per split over a ragged batch (0: kv_len / num_splits)
+    busy_splits: int | None = None  # splits with work over the batch (ragged: fewer than B x S)
 
 
 def plan_launch(
@@ -112,28 +113,28 @@ def plan_launch(
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
     row_tiles = math.ceil(rows / (16 * mtiles))
-    split_tokens = 0
+    split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
         split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / ctas))
         # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
         # must not multiply the grid; the kernel lengthens the splits to cover the rest
         num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
+        busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     elif num_splits is None:
         num_splits = max(1, ctas_per_wave // (row_tiles * batch_size))
         num_splits = min(num_splits, max(1, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
     if not 1 <= num_splits <= max_splits:
         raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
-    return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens)
+    return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens,
+                      busy_splits=busy)  # fmt: skip
 
 
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
-    """The "auto" choice given the two-CTA plan: v4 only where its grid puts two CTAs on some SM."""
-    return (
-        AUTO_VARIANTS[0]
-        if plan.row_tiles * batch_size * plan.num_splits > sms
-        else AUTO_VARIANTS[1]
-    )
+    """The "auto" choice given the two-CTA plan: v4 only where its CTAs with work (a ragged plan's
+    empty splits exit at once) put two on some SM."""
+    splits = plan.busy_splits or batch_size * plan.num_splits
+    return AUTO_VARIANTS[0] if plan.row_tiles * splits > sms else AUTO_VARIANTS[1]
 
 
 def lone_cta_variant(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> str:
