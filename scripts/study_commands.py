@@ -2,13 +2,15 @@
 """The measuring commands of a GPU study, as the pipeline's rules would run them, one per line:
 
     scripts/study_commands.py config/h200.yaml > scripts/study-h200.txt
+    scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/05f0426
 
 Each line is ``KEY<TAB>COMMAND``: ``build_kernel``, ``bench_kernels``, ``bench_engine`` or
 ``SERVER:CTX`` (one sweep point), the rule's own shell command from ``snakemake -n -p`` on a copy
 of the workflow. `gpu_study_run.sh` runs them on a GPU machine that has no Snakemake, so a study
 too long for one machine lease is measured in parts at one commit. Run it where the peers are
 visible (FlashInfer importable, DECODECLIFF_SGLANG_PATH or SGLang installed): a point the plan
-would skip here (`--skip-reason`) stops it, since it would be skipped there too.
+would skip here (`--skip-reason`) stops it, since it would be skipped there too. `--missing`
+prints the keys of such a file whose result a run folder (laid out as results/) lacks yet.
 """
 
 from __future__ import annotations
@@ -54,7 +56,25 @@ def key(command: str) -> str | None:
     return next((rule for word, rule in RULES.items() if f"decodecliff {word} " in command), None)
 
 
+def result_of(name: str) -> str:
+    """The file under results/ that the command of key ``name`` writes last."""
+    if ":" in name:
+        server, ctx = name.split(":")
+        return f"sweep/{server}/ctx{ctx}.json"
+    return {"build_kernel": "build/build.json", "bench_kernels": "kernels/bench.json"}.get(
+        name, "engine/bench.json"
+    )
+
+
+def missing(commands: Path, run: Path) -> list[str]:
+    keys = [line.split("\t")[0] for line in commands.read_text().splitlines() if line]
+    return [k for k in keys if not (run / result_of(k)).is_file()]
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--missing":
+        print(" ".join(missing(Path(argv[1]), Path(argv[2]))))
+        return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2

@@ -47,6 +47,17 @@ def test_the_h200_commands_are_the_configs_every_point() -> None:
     assert not any("--skip-reason" in line for line in lines)  # every peer runs there
 
 
+def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path) -> None:
+    commands = tmp_path / "cmds.txt"
+    commands.write_text("bench_engine\tx\nbuild_kernel\tx\na-p1:1024\tx\na-p1:2048\tx\n")
+    (tmp_path / "run" / "sweep" / "a-p1").mkdir(parents=True)
+    (tmp_path / "run" / "sweep" / "a-p1" / "ctx1024.json").write_text("{}")
+    (tmp_path / "run" / "build").mkdir()
+    (tmp_path / "run" / "build" / "build.json").write_text("{}")
+    missing = study_commands().missing(commands, tmp_path / "run")
+    assert missing == ["bench_engine", "a-p1:2048"]
+
+
 def fake_runner(tmp_path: Path) -> Path:
     """The runner in a tree of its own, its GPU machine's set-up left out, with commands that
     write where the rules write."""
