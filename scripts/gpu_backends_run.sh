@@ -28,10 +28,16 @@ T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
   echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
 el build
-mkdir -p results/build
+mkdir -p results/build && rm -f results/build/*.so  # no earlier call's library stands in
 decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 > "$OUT/build.log" 2>&1 \
   || tail -3 "$OUT/build.log"
 export DECODECLIFF_KERNEL_LIB=$PWD/results/build/libdecodecliff_mla.so
+MODEL_LIB=$PWD/results/build/libdecodecliff_mla_sm120model.so
+SHIM=$PWD/results/build/libdecodecliff_smem_shim.so  # FlashInfer's dispatch sees sm_120's 100 KB
+have_model() { [ -e "$MODEL_LIB" ] || { echo "no sm_120-model library: see $OUT/build.log"; false; }; }
+# custom and FlashInfer on the H200's resources and as configured on sm_120 (labels -sm120)
+SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
+  --flashinfer-backends fa2 fa3 --repeats 20 --max-seconds-per-point 60 --quiet"
 KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 --modes decode chain16
   --page-sizes 1 --heads 8 --repeats 20 --triton-config auto --decode-splits sglang
   --index-dtypes int64 int32 --flashinfer-backends fa2 fa3 --max-seconds-per-point 60 --quiet"
@@ -54,42 +60,34 @@ for part in "$@"; do
         --parts anatomy --out "$OUT/engine.json" > "$OUT/bench_engine.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine.log" | tail -n 20 ;;
     sm120)
-      decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
-        > "$OUT/build_sm120.log" 2>&1 || { tail -3 "$OUT/build_sm120.log"; continue; }
+      have_model || continue
       timeout 150 decodecliff check-kernel --quick --no-timing --variants v4 v5 --seed 1 \
         --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check rc $?"; tail -n 3 "$OUT/check.log"
-      DECODECLIFF_KERNEL_LIB=$PWD/results/build/libdecodecliff_mla_sm120model.so timeout 150 \
+      DECODECLIFF_KERNEL_LIB=$MODEL_LIB timeout 150 \
         decodecliff check-kernel --quick --no-timing --variants v1 v2 v4 v5 --seed 2 \
         --out "$OUT/check_sm120.json" > "$OUT/check_sm120.log" 2>&1
       echo "check sm120 rc $?"; tail -n 3 "$OUT/check_sm120.log"
-      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so python3 -c "
+      LD_PRELOAD=$SHIM python3 -c "
 import ctypes; p = ctypes.CDLL(None); v = ctypes.c_int(); import torch; torch.cuda.init()
 for lim in (0, 102400):
     p.dc_set_smem_per_sm(lim); p.cudaDeviceGetAttribute(ctypes.byref(v), 81, 0)
     print('shim limit', lim, '-> smem per SM', v.value)"
-      SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
-        --custom-variants v1 v4 v5 auto --flashinfer-backends fa2 fa3 --repeats 20
-        --max-seconds-per-point 60 --quiet"
-      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 300 $SM \
+      LD_PRELOAD=$SHIM timeout 300 $SM --custom-variants v1 v4 v5 auto \
         --contexts 16384 185000 --modes decode chain16 tree64 --page-sizes 1 --heads 8 64 \
         --out "$OUT/sm120.json" > "$OUT/bench_sm120.log" 2>&1; echo "rc $?"
-      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 120 $SM \
+      LD_PRELOAD=$SHIM timeout 120 $SM --custom-variants v1 v4 v5 auto \
         --contexts 185000 --modes chain16 --page-sizes 64 --heads 8 \
         --out "$OUT/sm120_p64.json" > "$OUT/bench_sm120_p64.log" 2>&1; echo "rc $?" ;;
     sm120-more)
-      SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
-        --custom-variants v4 v5 auto --flashinfer-backends fa2 fa3 --repeats 20
-        --max-seconds-per-point 60 --quiet --contexts 185000 --page-sizes 1"
-      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 150 $SM \
-        --modes chain16 --heads 16 --out "$OUT/sm120_h16.json" > "$OUT/bench_sm120_h16.log" 2>&1
+      have_model || continue
+      MORE="$SM --custom-variants v4 v5 auto --contexts 185000 --page-sizes 1"
+      LD_PRELOAD=$SHIM timeout 150 $MORE --modes chain16 --heads 16 --out "$OUT/sm120_h16.json" > "$OUT/bench_sm120_h16.log" 2>&1
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_h16.log"
-      LD_PRELOAD=$PWD/results/build/libdecodecliff_smem_shim.so timeout 200 $SM \
-        --modes chain16 decode --heads 8 --batch 4 --ragged \
+      LD_PRELOAD=$SHIM timeout 200 $MORE --modes chain16 decode --heads 8 --batch 4 --ragged \
         --out "$OUT/sm120_ragged.json" > "$OUT/bench_sm120_ragged.log" 2>&1
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
     engine-sm120)
-      decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
-        > "$OUT/build_sm120.log" 2>&1 || { tail -3 "$OUT/build_sm120.log"; continue; }
+      have_model || continue
       EB="decodecliff bench-engine --preset kimi-k2-tp8-rank --device cuda --paths graphs
         --modes chain --draft-len 16 --repeats 5"
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

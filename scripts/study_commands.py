@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from decodecliff.study import paths
+
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = [
     "Snakefile",
@@ -33,11 +35,12 @@ WORKFLOW = [
     "envs",
     "profiles",
 ]
-RULES = {
-    "build-kernel": "build_kernel",
-    "bench-kernels": "bench_kernels",
-    "bench-engine": "bench_engine",
+RULES = {  # command -> (key, the file its rule writes, under results/)
+    "build-kernel": ("build_kernel", paths.BUILD_INFO),
+    "bench-kernels": ("bench_kernels", paths.KERNEL_BENCH),
+    "bench-engine": ("bench_engine", paths.ENGINE_BENCH),
 }
+OUTPUTS = dict(RULES.values())
 
 
 def dry_run(config: Path) -> str:
@@ -53,17 +56,13 @@ def dry_run(config: Path) -> str:
 def key(command: str) -> str | None:
     if point := re.search(r"exec decodecliff sweep .* --name (\S+) --contexts (\d+) ", command):
         return f"{point[1]}:{point[2]}"
-    return next((rule for word, rule in RULES.items() if f"decodecliff {word} " in command), None)
+    return next((k for word, (k, _) in RULES.items() if f"decodecliff {word} " in command), None)
 
 
 def result_of(name: str) -> str:
     """The file under results/ that the command of key ``name`` writes last."""
-    if ":" in name:
-        server, ctx = name.split(":")
-        return f"sweep/{server}/ctx{ctx}.json"
-    return {"build_kernel": "build/build.json", "bench_kernels": "kernels/bench.json"}.get(
-        name, "engine/bench.json"
-    )
+    path = paths.point_file(*name.split(":")) if ":" in name else OUTPUTS[name]
+    return path.removeprefix(f"{paths.RESULTS}/")
 
 
 def missing(commands: Path, run: Path) -> list[str]:
