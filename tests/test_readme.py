@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,3 +52,17 @@ def test_headline_is_generated_from_the_published_study():
     text = (ROOT / "README.md").read_text()
     start, end = text.index(readme.START), text.index(readme.END) + len(readme.END)
     assert text[start:end] == readme.section(study, "results/published/h200")
+
+
+def test_the_kernel_table_puts_each_mode_under_its_floor():
+    """One floor row per mode, no time below it; the custom kernel as its auto rule runs it."""
+    from decodecliff.analysis import readme
+
+    table = readme.kernel_rows(ROOT / "results/published/h200", [1024, 16384, 65536, 185000])
+    assert not table["backend"].str.match(r"custom \(v\d").any()
+    assert not table["backend"].isin(["torch", "cublas"]).any()
+    for mode, group in table.groupby("mode"):
+        assert group["backend"].iloc[0] == "**floor**", mode
+        times = group.iloc[:, 2:].apply(pd.to_numeric, errors="coerce")
+        assert (times.iloc[1:] >= times.iloc[0]).all().all(), mode
+        assert "custom" in set(group["backend"]), mode
