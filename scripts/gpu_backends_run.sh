@@ -2,7 +2,7 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120
+#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -13,7 +13,9 @@
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim);
 # sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
-# the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone.
+# the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
+# engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy with its
+# weight GEMMs on cuBLAS, tuned per shape (auto) and chained by programmatic dependent launch.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -38,6 +40,8 @@ have_model() { [ -e "$MODEL_LIB" ] || { echo "no sm_120-model library: see $OUT/
 # custom and FlashInfer on the H200's resources and as configured on sm_120 (labels -sm120)
 SM="decodecliff bench-kernels --device cuda --backends custom flashinfer --sm120-model
   --flashinfer-backends fa2 fa3 --repeats 20 --max-seconds-per-point 60 --quiet"
+EB="decodecliff bench-engine --preset kimi-k2-tp8-rank --device cuda --paths graphs
+  --modes chain --draft-len 16 --repeats 5"
 KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 --modes decode chain16
   --page-sizes 1 --heads 8 --repeats 20 --triton-config auto --decode-splits sglang
   --index-dtypes int64 int32 --flashinfer-backends fa2 fa3 --max-seconds-per-point 60 --quiet"
@@ -88,8 +92,6 @@ for lim in (0, 102400):
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
     engine-sm120)
       have_model || continue
-      EB="decodecliff bench-engine --preset kimi-k2-tp8-rank --device cuda --paths graphs
-        --modes chain --draft-len 16 --repeats 5"
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \
         --backends custom custom:model=sm120 flashinfer:model=sm120 \
         --out "$OUT/engine_sm120.json" > "$OUT/bench_engine_sm120.log" 2>&1; echo "rc $?"
@@ -97,6 +99,14 @@ for lim in (0, 102400):
       timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
+    engine-pdl)
+      timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py -k pdl \
+        > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"; tail -n 1 "$OUT/pytest_pdl.log"
+      for gemm in cublas auto pdl; do
+        timeout 150 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \
+          --out "$OUT/engine_$gemm.json" > "$OUT/bench_engine_$gemm.log" 2>&1; echo "$gemm rc $?"
+        grep -E "step .* ms|failed" "$OUT/bench_engine_$gemm.log"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done

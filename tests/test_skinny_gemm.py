@@ -4,6 +4,12 @@ a CPU (float16: the interpreter's bfloat16 loads are not faithful), split-K sums
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -49,3 +55,45 @@ def test_the_engine_uses_torch_on_a_cpu_and_rejects_unknown_choices():
     assert weight_gemm("cublas", torch.device("cpu")) is torch.matmul
     with pytest.raises(ValueError, match="gemm must be one of"):
         weight_gemm("cutlass", torch.device("cpu"))
+
+
+def test_pdl_kernels_wait_prefetch_and_release_in_the_ptx_of_sm90_and_sm120():
+    """Compiled for real (no GPU needed): with pdl the weight GEMM prefetches its weights to L2,
+    then waits for the kernel before and lets the next one launch, in both weight layouts, and
+    the elementwise kernel waits and releases; without pdl none of it is there."""
+    script = Path(__file__).with_name("pdl_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    for arch in (90, 120):
+        done = subprocess.run(
+            [sys.executable, str(script), str(arch)],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(done.stdout.splitlines()[-1])
+        for name, has in found.items():
+            pdl = name.endswith("pdl=True")
+            assert has["wait"] == pdl and has["launch_dependents"] == pdl, (arch, name)
+            assert has["prefetch_l2"] == (pdl and name.startswith("gemm")), (arch, name)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_the_prefetch_stays_within_its_l2_budget_one_request_per_line(layout):
+    w = weights(7168, 4608, layout).to(torch.bfloat16)
+    cfg = skinny.Config(32, 256, 2, pdl=True)
+    plan = skinny.prefetch_plan(cfg, w)
+    programs = (4608 // 32) * 2
+    assert 0 < plan["prefetch_k"] * programs * 32 * 2 <= skinny.PREFETCH_BYTES
+    line = skinny.L2_LINE_BYTES // 2
+    if layout == "kn":  # a row of the slice is 64 bytes: one line per K row
+        assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (1, 1, line)
+    else:  # each column's K run: one line per 64 rows
+        assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (line, 32, 1)
+    assert skinny.prefetch_plan(skinny.Config(32, 256, 2), w)["prefetch_k"] == 0
+
+
+def test_the_pdl_gemm_tunes_over_chained_launches_only():
+    gemm = skinny.WeightGemm(pdl=True)
+    assert gemm.candidates and all(c.pdl for c in gemm.candidates)
+    assert all(c.name.endswith("-pdl") for c in gemm.candidates)
+    assert not any(c.pdl for c in skinny.WeightGemm().candidates)
+    assert weight_gemm("pdl", torch.device("cpu")) is torch.matmul

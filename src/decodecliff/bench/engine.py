@@ -465,8 +465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weight-layout", choices=WEIGHT_LAYOUTS, default="kn",
                    help="projections stored [K, N] (kn) or N-major (nk)")  # fmt: skip
     p.add_argument("--gemm", choices=GEMMS, default="cublas",
-                   help="weight GEMMs: cuBLAS, or the fastest per shape of cuBLAS and the "
-                   "Triton kernel (auto: engine/skinny_gemm.py)")  # fmt: skip
+                   help="weight GEMMs: cuBLAS, the fastest per shape of cuBLAS and the Triton "
+                   "kernel (auto), or that kernel chained with the elementwise kernels by "
+                   "programmatic dependent launch (pdl; engine/skinny_gemm.py)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")

@@ -80,7 +80,7 @@ SPEC_MODES = ("none", "chain", "tree")
 # serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
 PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
-GEMMS = ("auto", "cublas")  # engine/skinny_gemm.py: WeightGemm, or x @ w alone
+GEMMS = ("auto", "cublas", "pdl")  # engine/skinny_gemm.py: WeightGemm (pdl: chained), or x @ w
 
 
 def option(default: Any, help: str, **checks: Any) -> Any:
@@ -159,7 +159,9 @@ class EngineConfig:
         "cublas",
         "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
         "a weight-streaming Triton kernel timed at the first step (auto, CUDA; no faster in a "
-        "graph-captured H200 step: notes/engine.md)",
+        "graph-captured H200 step: notes/engine.md), or that kernel alone, chained with the "
+        "elementwise kernels by programmatic dependent launch, weights prefetched to L2 before "
+        "each waits (pdl, sm_90+)",
         choices=GEMMS,
     )
     defrag: bool = option(False, "compact the running requests' scattered KV pages")

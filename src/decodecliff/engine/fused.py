@@ -12,7 +12,8 @@ launches a handful of kernels instead of dozens:
 
 Rope reads a per-step [T, 64] float32 table of [cos | sin] rows (``RopeTable.rows``), gathered
 once per step from a cache built once. On CUDA the Triton kernels run (imported only there, so a
-CPU process never loads Triton); elsewhere the torch code below, which is the reference.
+CPU process never loads Triton); elsewhere the torch code below, which is the reference. ``pdl``
+launches a CUDA kernel as a programmatic dependent (engine/fused_triton.py); torch ignores it.
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ def _rope_torch(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, pdl: bool = False
+) -> torch.Tensor:
     """x += delta (in place, x is the residual stream), then RMSNorm(x) * weight."""
     if x.is_cuda:
         from . import fused_triton
 
-        return fused_triton.add_rms_norm(x, delta, weight, EPS)
+        return fused_triton.add_rms_norm(x, delta, weight, EPS, pdl)
     if delta is not None:
         x.add_(delta)
     return rms_norm(x, weight)
@@ -77,12 +80,13 @@ def qkv_a_post(
     cs: torch.Tensor,
     cache_rows: torch.Tensor,
     out_slots: torch.Tensor,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """qkv [T, R + C + P] -> normed q part [T, R]; [norm(latent) | rope(k_rope)] -> cache rows."""
     if qkv.is_cuda:
         from . import fused_triton
 
-        return fused_triton.qkv_a_post(qkv, q_norm, kv_norm, cs, cache_rows, out_slots, EPS)
+        return fused_triton.qkv_a_post(qkv, q_norm, kv_norm, cs, cache_rows, out_slots, EPS, pdl)
     r, c = q_norm.shape[0], kv_norm.shape[0]
     cq = rms_norm(qkv[:, :r], q_norm)
     latent = rms_norm(qkv[:, r : r + c], kv_norm)
@@ -91,21 +95,21 @@ def qkv_a_post(
     return cq
 
 
-def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """out [T, H, d] (any strides, unit last) = rope(x [T, H, d]); returns out."""
     if x.is_cuda:
         from . import fused_triton
 
-        return fused_triton.rope(x, cs, out)
+        return fused_triton.rope(x, cs, out, pdl)
     out.copy_(_rope_torch(x, cs))
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """[T, 2M] -> silu(gate) * up [T, M], silu rounded to the dtype first (as unfused)."""
     if gate_up.is_cuda:
         from . import fused_triton
 
-        return fused_triton.silu_mul(gate_up)
+        return fused_triton.silu_mul(gate_up, pdl)
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up

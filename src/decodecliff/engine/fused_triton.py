@@ -3,7 +3,9 @@
 One program per token row (per (token, head) for rope): at decode/verify sizes (T = 1..256 rows)
 these kernels are launch-bound, so the point is one launch where the unfused code made ten.
 Every kernel reads its inputs in the stored dtype, computes in float32 and rounds once on store,
-as the torch code does.
+as the torch code does. With ``pdl`` each is launched as a programmatic dependent: it waits for
+the kernel before it and at once lets the next one launch, so a weight GEMM after it
+(engine/skinny_gemm.py) fetches its weights while it runs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _chain(PDL: tl.constexpr):
+    """A programmatic dependent's start: wait for the kernel before, let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -25,8 +35,9 @@ def _norm_row(x, w_ptr, cols, n, eps):
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, d_ptr, w_ptr, out_ptr, n, x_stride, d_stride, out_stride, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _chain(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -56,8 +67,9 @@ def _qkv_a_post_kernel(
     qkv_ptr, qn_ptr, kvn_ptr, cs_ptr, cq_ptr, cache_ptr, slots_ptr,
     qkv_stride, cq_stride, cache_stride, eps,
     R: tl.constexpr, C: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _chain(PDL)
     row = tl.program_id(0)
     base = qkv_ptr + row * qkv_stride
     if tl.program_id(1) == 0:  # the q part: RMSNorm -> cq
@@ -80,8 +92,9 @@ def _qkv_a_post_kernel(
 
 @triton.jit
 def _rope_kernel(
-    x_ptr, cs_ptr, out_ptr, heads, x_st, x_sh, o_st, o_sh, HALF: tl.constexpr
+    x_ptr, cs_ptr, out_ptr, heads, x_st, x_sh, o_st, o_sh, HALF: tl.constexpr, PDL: tl.constexpr
 ):  # fmt: skip
+    _chain(PDL)
     pid = tl.program_id(0)
     t, h = pid // heads, pid % heads
     o1, o2 = _rope_pair(x_ptr + t * x_st + h * x_sh, cs_ptr + t * 2 * HALF, HALF)
@@ -92,7 +105,10 @@ def _rope_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, m, gu_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, m, gu_stride, out_stride, BLOCK: tl.constexpr, PDL: tl.constexpr
+):  # fmt: skip
+    _chain(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < m
@@ -106,8 +122,12 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8
 
 
+def _launch(pdl: bool) -> dict:
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, pdl: bool
 ) -> torch.Tensor:
     rows, n = x.shape
     out = torch.empty_like(x)
@@ -115,7 +135,7 @@ def add_rms_norm(
     d = x if delta is None else delta
     _add_rms_norm_kernel[(rows,)](
         x, d, weight, out, n, x.stride(0), d.stride(0), out.stride(0), eps,
-        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_warps(block),
+        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_warps(block), **_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -128,6 +148,7 @@ def qkv_a_post(
     cache_rows: torch.Tensor,
     out_slots: torch.Tensor,
     eps: float,
+    pdl: bool,
 ) -> torch.Tensor:
     rows = qkv.shape[0]
     r, c = q_norm.shape[0], kv_norm.shape[0]
@@ -138,25 +159,26 @@ def qkv_a_post(
         qkv, q_norm, kv_norm, cs, cq, cache_rows, out_slots,
         qkv.stride(0), cq.stride(0), cache_rows.stride(0), eps,
         R=r, C=c, HALF=half, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(c),
-        num_warps=_warps(block_r),
+        num_warps=_warps(block_r), **_launch(pdl),
     )  # fmt: skip
     return cq
 
 
-def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor, pdl: bool) -> torch.Tensor:
     t, h, d = x.shape
     _rope_kernel[(t * h,)](
         x, cs, out, h, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        HALF=d // 2, num_warps=1,
+        HALF=d // 2, num_warps=1, **_launch(pdl),
     )  # fmt: skip
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, pdl: bool) -> torch.Tensor:
     rows, m = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, m, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(m, block))](
-        gate_up, out, m, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4
-    )
+        gate_up, out, m, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+        **_launch(pdl),
+    )  # fmt: skip
     return out

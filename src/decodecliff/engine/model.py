@@ -150,14 +150,17 @@ class _Maker:
 def weight_gemm(
     gemm: str, device: torch.device
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The step's ``x @ w``: tuned per shape on CUDA ("auto": engine/skinny_gemm.py), else torch."""
+    """The step's ``x @ w``: tuned per shape on CUDA ("auto", and "pdl" chained by programmatic
+    dependent launch: engine/skinny_gemm.py), else torch."""
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
-    if gemm == "auto" and device.type == "cuda":
-        from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
+    if gemm == "cublas" or device.type != "cuda":
+        return torch.matmul
+    if gemm == "pdl" and torch.cuda.get_device_capability(device) < (9, 0):
+        raise ValueError("gemm pdl needs programmatic dependent launch: compute capability >= 9.0")
+    from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
 
-        return WeightGemm()
-    return torch.matmul
+    return WeightGemm(pdl=gemm == "pdl")
 
 
 class SyntheticMLA:
@@ -172,6 +175,8 @@ class SyntheticMLA:
     ) -> None:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.mm = weight_gemm(gemm, self.device)
+        # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
+        self.pdl = gemm == "pdl" and self.device.type == "cuda"
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]
@@ -224,13 +229,14 @@ class SyntheticMLA:
             bufs = self._buffers(T)
         delta = None
         for i, layer in enumerate(self.layers):
-            h = fused.add_rms_norm(x, delta, layer.attn_norm)
+            h = fused.add_rms_norm(x, delta, layer.attn_norm, self.pdl)
             delta = self._attention(layer, h, cs, step, kv_cache[i], backend, spans, bufs)
-            h = fused.add_rms_norm(x, delta, layer.mlp_norm)
+            h = fused.add_rms_norm(x, delta, layer.mlp_norm, self.pdl)
             delta = self._mlp(layer, h)
         if step.logit_rows is not None:
             x, delta = x[step.logit_rows], delta[step.logit_rows]
-        return self.mm(fused.add_rms_norm(x, delta, self.final_norm), self.lm_head).float()
+        h = fused.add_rms_norm(x, delta, self.final_norm, self.pdl)
+        return self.mm(h, self.lm_head).float()
 
     def _buffers(self, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-step scratch shared by the layers: queries [T,H,576], latent out, V out."""
@@ -265,11 +271,12 @@ class SyntheticMLA:
             cs,
             cache.view(-1, cfg.kv_row_dim),
             step.out_slots,
+            self.pdl,
         )
         q = self.mm(cq, layer.w_qb).view(T, cfg.num_heads, -1)
         q_nope, q_rope = q.split([cfg.qk_nope_dim, cfg.qk_rope_dim], dim=-1)
         if spans is not None:
-            q_rope = fused.rope(q_rope, cs, torch.empty_like(q_rope))
+            q_rope = fused.rope(q_rope, cs, torch.empty_like(q_rope), self.pdl)
             v = torch.cat([self._mha(layer, q_nope, q_rope, cache, s) for s in spans])
             return v.reshape(T, -1) @ layer.w_o
         q_buf, out, v_buf = bufs if bufs is not None else self._buffers(T)
@@ -277,7 +284,7 @@ class SyntheticMLA:
         torch.bmm(
             q_nope.transpose(0, 1), layer.w_kc, out=q_buf[..., : cfg.kv_lora_rank].transpose(0, 1)
         )
-        fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :])
+        fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :], self.pdl)
         backend.run(q_buf, cache, out)  # [T, H, 512]
         torch.bmm(out.transpose(0, 1), layer.w_vc, out=v_buf.transpose(0, 1))  # [T, H, 128]
         return self.mm(v_buf.view(T, -1), layer.w_o)
@@ -315,7 +322,7 @@ class SyntheticMLA:
         return out[0, ..., :dv].transpose(0, 1)  # [T, H, 128]
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        return self.mm(fused.silu_mul(self.mm(h, layer.w_gate_up)), layer.w_down)
+        return self.mm(fused.silu_mul(self.mm(h, layer.w_gate_up), self.pdl), layer.w_down)
 
 
 def layer_attention(

@@ -11,11 +11,19 @@ launch (a CUDA graph replays the same buffers).
 ``WeightGemm`` picks, per (M, K, N, weight strides), the fastest of cuBLAS (``x @ w``) and the
 configurations in ``CANDIDATES``, timed once on first use outside graph capture; a step captured
 before a shape was timed takes cuBLAS for it.
+
+With ``pdl`` (programmatic dependent launch, sm_90 and newer) a projection starts while the kernel
+before it still runs: each program first asks the L2 for the head of its weight slice (the weights
+do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and lets the next kernel
+launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) that keeps the
+step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
+the H200 measured); the elementwise kernels of engine/fused_triton.py take part the same way, so
+a layer's kernels form chains broken only by the cuBLAS bmm's and the attention kernel.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -29,10 +37,12 @@ class Config:
     split_k: int
     warps: int = 4
     stages: int = 4
+    pdl: bool = False  # launched as a programmatic dependent, weights prefetched before the wait
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}k{self.block_k}s{self.split_k}w{self.warps}p{self.stages}"
+        name = f"n{self.block_n}k{self.block_k}s{self.split_k}w{self.warps}p{self.stages}"
+        return name + ("-pdl" if self.pdl else "")
 
 
 # Slices of 16..64 columns and 1..8 K-splits: enough programs to cover 132 SMs at every
@@ -42,13 +52,43 @@ CONFIGS = tuple(Config(n, k, s) for n in (16, 32, 64) for k in (128, 256) for s 
 CANDIDATES = tuple(Config(n, 256, s) for n in (16, 32, 64) for s in (1, 2, 4, 8))
 MAX_M = 64
 TUNE_REPEATS = 5
+# What a projection asks the L2 for before its wait, over all its programs: a third of an H200's
+# 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
+PREFETCH_BYTES = 16 << 20
+L2_LINE_BYTES = 128
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask the L2 for the 128-byte lines at ``ptrs`` (no registers, no wait)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _prefetch_slice(
+    w_ptr, swk, swn, k_begin, k_end, n0, N,
+    TK: tl.constexpr, STEP_K: tl.constexpr, TN: tl.constexpr, STEP_N: tl.constexpr,
+):  # fmt: skip
+    """One prefetch per L2 line of the weight rows [k_begin, k_end) x columns [n0, n0 + TN *
+    STEP_N): lines run along N for [K, N] storage (STEP_N = a line's elements, STEP_K = 1) and
+    along K for N-major storage (STEP_K = a line's elements, STEP_N = 1)."""
+    rn = n0 + tl.arange(0, TN) * STEP_N
+    for k in range(k_begin, k_end, TK * STEP_K):
+        rk = k + tl.arange(0, TK) * STEP_K
+        inside = (rk[:, None] < k_end) & (rn[None, :] < N)
+        at = w_ptr + tl.where(inside, rk[:, None] * swk + rn[None, :] * swn, 0)
+        _prefetch_l2(at)
 
 
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, y_ptr, ws_ptr, ticket_ptr, M, N, K,
-    sxm, sxk, swk, swn, sym, syn,
+    sxm, sxk, swk, swn, sym, syn, prefetch_k,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False, PF_TK: tl.constexpr = 1, PF_STEP_K: tl.constexpr = 1,
+    PF_TN: tl.constexpr = 1, PF_STEP_N: tl.constexpr = 1,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -57,6 +97,13 @@ def _skinny_gemm_kernel(
     k_share = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_begin = pid_k * k_share
     k_end = tl.minimum(k_begin + k_share, K)
+    if PDL:  # the weights are the previous kernel's input, never its output: fetch them now
+        pf_end = tl.minimum(k_begin + prefetch_k, k_end)
+        _prefetch_slice(
+            w_ptr, swk, swn, k_begin, pf_end, pid_n * BLOCK_N, N, PF_TK, PF_STEP_K, PF_TN, PF_STEP_N
+        )
+        tl.extra.cuda.gdc_wait()  # x (and y, the workspace) belong to the kernels before
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_begin, k_end, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
@@ -93,6 +140,21 @@ def block_m(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
+def prefetch_plan(cfg: Config, w: torch.Tensor) -> dict:
+    """The kernel's prefetch arguments for w: K rows per program (PREFETCH_BYTES over the grid)
+    and the tile of one prefetch per L2 line, along w's contiguous dimension."""
+    k, n = w.shape
+    line = L2_LINE_BYTES // w.element_size()
+    programs = triton.cdiv(n, cfg.block_n) * cfg.split_k
+    rows = PREFETCH_BYTES // (programs * cfg.block_n * w.element_size()) if cfg.pdl else 0
+    if w.stride(1) == 1:  # [K, N] rows: a slice of <= one line's columns per row
+        per_row = max(cfg.block_n // line, 1)
+        tile = {"PF_TK": 64, "PF_STEP_K": 1, "PF_TN": per_row, "PF_STEP_N": line}
+    else:  # N-major: each column's K run is contiguous
+        tile = {"PF_TK": 16, "PF_STEP_K": line, "PF_TN": cfg.block_n, "PF_STEP_N": 1}
+    return {"prefetch_k": min(rows, k), "PDL": cfg.pdl, **tile}
+
+
 class SkinnyGemm:
     """y = x @ w for x [M <= 64, K], w a [K, N] view (row-major or the transpose of [N, K])."""
 
@@ -119,11 +181,12 @@ class SkinnyGemm:
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, tickets = self.scratch(cfg, m, n, x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+        pdl = {"launch_pdl": True, **prefetch_plan(cfg, w)} if cfg.pdl else {"prefetch_k": 0}
         _skinny_gemm_kernel[grid](
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.warps, num_stages=cfg.stages,
+            num_warps=cfg.warps, num_stages=cfg.stages, **pdl,
         )  # fmt: skip
         return y
 
@@ -135,10 +198,15 @@ class WeightGemm:
     choice is timed on its first call, with the L2 flushed before each repeat (a step streams
     weights the L2 cannot hold); a call during CUDA-graph capture before that takes cuBLAS.
     On a CPU, and above MAX_M rows (prefill chunks), it is cuBLAS's (torch's) ``x @ w``.
+
+    ``pdl``: every shape takes the fastest candidate launched as a programmatic dependent, not
+    cuBLAS (a cuBLAS kernel in the chain waits for the whole kernel before it and makes the next
+    one wait for all of it). The choice is still timed one kernel alone, where no overlap shows.
     """
 
-    def __init__(self, candidates: tuple[Config, ...] = CANDIDATES) -> None:
-        self.candidates = candidates
+    def __init__(self, candidates: tuple[Config, ...] = CANDIDATES, pdl: bool = False) -> None:
+        self.pdl = pdl
+        self.candidates = tuple(replace(c, pdl=True) for c in candidates) if pdl else candidates
         self.skinny = SkinnyGemm()
         self.choices: dict[tuple, Config | None] = {}  # None: cuBLAS
 
@@ -158,6 +226,8 @@ class WeightGemm:
 
         ref = x @ w
         best, best_ms = None, median_ms(lambda: x @ w, x.device, TUNE_REPEATS)
+        if self.pdl:
+            best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
         for cfg in self.candidates:
             y = self.skinny(x, w, cfg)
             if not torch.allclose(
