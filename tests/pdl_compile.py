@@ -2,9 +2,9 @@
 
     TRITON_INTERPRET=0 python tests/pdl_compile.py ARCH
 
-Prints one JSON object: for the weight GEMM and the add+RMSNorm kernel, with and without ``pdl``,
-whether the PTX waits for the kernel before (griddepcontrol.wait), lets the next one launch
-(griddepcontrol.launch_dependents) and prefetches to L2.
+Prints one JSON object: for the weight GEMM, the per-head GEMM and the add+RMSNorm kernel, with
+and without ``pdl``, whether the PTX waits for the kernel before (griddepcontrol.wait), lets the
+next one launch (griddepcontrol.launch_dependents) and prefetches to L2.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ GEMM_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "ticket_ptr": "*i32",
     **{name: "i32" for name in ("M", "N", "K", "sxm", "sxk", "swk", "swn", "sym", "syn")},
     "prefetch_k": "i32",
+}  # fmt: skip
+HEADS_SIGNATURE = {
+    "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
+    **{name: "i32" for name in ("M", "K", "N", "sxm", "sxh", "sxk", "swh", "swk", "swn")},
+    **{name: "i32" for name in ("sym", "syh", "syn")},
 }  # fmt: skip
 NORM_SIGNATURE = {
     "x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
@@ -56,6 +61,10 @@ def main(arch: int) -> dict:
             out[f"gemm {layout} pdl={pdl}"] = features(
                 ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, gemm, arch)
             )
+        heads = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PDL": pdl}
+        out[f"head_gemm pdl={pdl}"] = features(
+            ptx(skinny_gemm._head_gemm_kernel, HEADS_SIGNATURE, heads, arch)
+        )
         norm = {"HAS_DELTA": True, "BLOCK": 8192, "PDL": pdl}
         out[f"add_rms_norm pdl={pdl}"] = features(
             ptx(fused_triton._add_rms_norm_kernel, NORM_SIGNATURE, norm, arch)

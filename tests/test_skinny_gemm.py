@@ -60,7 +60,8 @@ def test_the_engine_uses_torch_on_a_cpu_and_rejects_unknown_choices():
 def test_pdl_kernels_wait_prefetch_and_release_in_the_ptx_of_sm90_and_sm120():
     """Compiled for real (no GPU needed): with pdl the weight GEMM prefetches its weights to L2,
     then waits for the kernel before and lets the next one launch, in both weight layouts, and
-    the elementwise kernel waits and releases; without pdl none of it is there."""
+    the per-head GEMM and the elementwise kernel wait and release; without pdl none of it is
+    there."""
     script = Path(__file__).with_name("pdl_compile.py")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     for arch in (90, 120):
@@ -97,3 +98,22 @@ def test_the_pdl_gemm_tunes_over_chained_launches_only():
     assert all(c.name.endswith("-pdl") for c in gemm.candidates)
     assert not any(c.pdl for c in skinny.WeightGemm().candidates)
     assert weight_gemm("pdl", torch.device("cpu")) is torch.matmul
+
+
+@pytest.mark.parametrize(("t", "heads", "k", "n"), [(16, 8, 128, 512), (5, 3, 512, 128)])
+def test_the_head_gemm_is_a_bmm_into_strided_rows(t, heads, k, n):
+    """The absorbed heads' projections: x [T, H, K] @ w [H, K, N] per head, written into a slice
+    of wider rows (as the queries' latent part of [T, H, 576]), nothing beside it touched."""
+    torch.manual_seed(t)
+    x = torch.randn(t, heads, k + 64, dtype=torch.float16)[..., :k]  # a strided view, as q_nope
+    w = torch.randn(heads, k, n, dtype=torch.float16) / k**0.5
+    rows = torch.full((t, heads, n + 64), float("nan"), dtype=torch.float16)
+    skinny.head_gemm(x, w, rows[..., :n], pdl=False)
+    ref = torch.bmm(x.double().transpose(0, 1), w.double()).transpose(0, 1)
+    assert ((rows[..., :n].double() - ref).norm() / ref.norm()).item() < 1e-3
+    assert rows[..., n:].isnan().all()
+
+
+def test_a_head_gemm_of_mismatched_shapes_is_a_clear_error():
+    with pytest.raises(ValueError, match="head GEMM takes"):
+        skinny.head_gemm(torch.zeros(4, 2, 8), torch.zeros(3, 8, 16), torch.zeros(4, 2, 16), False)

@@ -53,7 +53,7 @@ HOST = torch.device("cpu")  # the drafter is host work: timed without a device s
 MODES = {"decode": "none", "chain": "chain", "tree": "tree"}
 PARTS = ("anatomy", "gemms", "loop", "drafter", "host")
 GEMM_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
-SKINNY_KERNEL = "_skinny_gemm_kernel"  # engine/skinny_gemm.py's kernel, as a profiler names it
+SKINNY_KERNELS = ("_skinny_gemm_kernel", "_head_gemm_kernel")  # engine/skinny_gemm.py's
 # Targets on the anatomy of a chain verify step (issue: a verify step at its memory floor).
 TARGETS = {
     "graphs_non_attention_over_floor": 1.3,
@@ -112,7 +112,7 @@ def time_step(
 
 def is_gemm(key: str) -> bool:
     """A profiler entry of a weight GEMM: an aten matmul op or the Triton weight-streaming one."""
-    return key in GEMM_OPS or key.startswith(SKINNY_KERNEL)
+    return key in GEMM_OPS or key.startswith(SKINNY_KERNELS)
 
 
 def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> dict:

@@ -163,6 +163,16 @@ def weight_gemm(
     return WeightGemm(pdl=gemm == "pdl")
 
 
+def head_gemm(pdl: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    """``out [T, H, N] = x [T, H, K] @ w [H, K, N]`` per head: torch's bmm, or in a chain of
+    programmatic dependent launches the Triton kernel of engine/skinny_gemm.py."""
+    if pdl:
+        from .skinny_gemm import head_gemm as chained  # Triton: CUDA processes only
+
+        return lambda x, w, out: chained(x, w, out, pdl=True)
+    return lambda x, w, out: torch.bmm(x.transpose(0, 1), w, out=out.transpose(0, 1))
+
+
 class SyntheticMLA:
     def __init__(
         self,
@@ -177,6 +187,7 @@ class SyntheticMLA:
         self.mm = weight_gemm(gemm, self.device)
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
         self.pdl = gemm == "pdl" and self.device.type == "cuda"
+        self.heads_mm = head_gemm(self.pdl)
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]
@@ -281,12 +292,10 @@ class SyntheticMLA:
             return v.reshape(T, -1) @ layer.w_o
         q_buf, out, v_buf = bufs if bufs is not None else self._buffers(T)
         # q_nope W_kc and rope(q_rope) land in place in the [T, H, 576] query rows.
-        torch.bmm(
-            q_nope.transpose(0, 1), layer.w_kc, out=q_buf[..., : cfg.kv_lora_rank].transpose(0, 1)
-        )
+        self.heads_mm(q_nope, layer.w_kc, q_buf[..., : cfg.kv_lora_rank])
         fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :], self.pdl)
         backend.run(q_buf, cache, out)  # [T, H, 512]
-        torch.bmm(out.transpose(0, 1), layer.w_vc, out=v_buf.transpose(0, 1))  # [T, H, 128]
+        self.heads_mm(out, layer.w_vc, v_buf)  # [T, H, 128]
         return self.mm(v_buf.view(T, -1), layer.w_o)
 
     def _mha(

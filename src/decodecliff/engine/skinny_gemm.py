@@ -18,7 +18,8 @@ do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and l
 launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) that keeps the
 step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
 the H200 measured); the elementwise kernels of engine/fused_triton.py take part the same way, so
-a layer's kernels form chains broken only by the cuBLAS bmm's and the attention kernel.
+the absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm: a layer is one
+chain but for its attention kernel.
 """
 
 from __future__ import annotations
@@ -134,6 +135,50 @@ def _skinny_gemm_kernel(
                 total += tl.load(at, mask=out_mask, other=0.0, cache_modifier=".cg")
             tl.store(y_at, total.to(y_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(ticket_ptr + pid_n, 0)  # re-armed for the next launch
+
+
+@triton.jit
+def _head_gemm_kernel(
+    x_ptr, w_ptr, y_ptr, M, K, N,
+    sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """y[:, h] = x[:, h] @ w[h] for one head (program axis 1) and BLOCK_N of its columns."""
+    pid_n, h = tl.program_id(0), tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        x_at = x_ptr + h * sxh + rm[:, None] * sxm + rk[None, :] * sxk
+        x = tl.load(x_at, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        w_at = w_ptr + h * swh + rk[:, None] * swk + rn[None, :] * swn
+        w = tl.load(w_at, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(x, w, acc)
+    y_at = y_ptr + h * syh + rm[:, None] * sym + rn[None, :] * syn
+    tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def head_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """out [T, H, N] = x [T, H, K] @ w [H, K, N] per head (the absorbed MLA heads' up- and
+    down-projections, any strides): torch.bmm's result, in a kernel that can join the chain."""
+    t, heads, k = x.shape
+    n = w.shape[2]
+    if t > MAX_M or w.shape[:2] != (heads, k) or out.shape != (t, heads, n):
+        shapes = f"{tuple(x.shape)} x {tuple(w.shape)} -> {tuple(out.shape)}"
+        raise ValueError(
+            f"head GEMM takes [<= {MAX_M}, H, K] x [H, K, N] -> [T, H, N], got {shapes}"
+        )
+    block_n = 64
+    _head_gemm_kernel[(triton.cdiv(n, block_n), heads)](
+        x, w, out, t, k, n, *x.stride(), *w.stride(), *out.stride(),
+        BLOCK_M=block_m(t), BLOCK_N=block_n, BLOCK_K=128, PDL=pdl, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
+    )  # fmt: skip
+    return out
 
 
 def block_m(m: int) -> int:
