@@ -194,6 +194,8 @@ def test_a_pdl_chain_computes_what_plain_launches_do():
     w2, w3 = rand(8192, 4096).t(), rand(4096, 2048)  # gate|up stored N-major
     plain = _mlp_chain(x, w1, norm, w2, w3, pdl=False)
     assert torch.isfinite(plain).all() and plain.abs().max() > 0
+    # the allocator's reused blocks now hold another input's values, not the answer's
+    _mlp_chain(-x, w1, norm, w2, w3, pdl=True)
     assert torch.equal(_mlp_chain(x, w1, norm, w2, w3, pdl=True), plain)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -218,3 +220,24 @@ def test_the_pdl_engine_s_graphs_give_its_eager_tokens(backend):
     assert outputs(eng) == eager
     assert eng.graphs.captured_shapes() and not eng.graphs.uncapturable
     assert {c["impl"] for c in eng.model.mm.describe()} == {"triton"}
+    assert not eng.model.mm.untuned_in_capture  # no cuBLAS GEMM in the graphs
+
+
+@needs_pdl
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_a_chained_gemm_of_ragged_shapes_matches_its_plain_launch(layout):
+    """Ragged K and N (the prefetch's masks) and split-K back to back on one workspace: the same
+    bits as the plain launch, every ticket re-armed."""
+    from decodecliff.engine.skinny_gemm import Config, SkinnyGemm
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(5, 3000, generator=g, device="cuda").bfloat16()
+    w = torch.randn(3000, 1000, generator=g, device="cuda").bfloat16()
+    w = w if layout == "kn" else w.t().contiguous().t()
+    gemm = SkinnyGemm()
+    for cfg in (Config(32, 256, 4), Config(16, 128, 3)):
+        plain = gemm(x, w, cfg)
+        chained = dataclasses.replace(cfg, pdl=True)
+        first, second = gemm(x, w, chained), gemm(-x, w, chained)
+        assert torch.equal(first, plain) and torch.equal(second, -plain)
+        assert not gemm.scratch(chained, 5, 1000, x.device)[1].any()

@@ -83,12 +83,15 @@ def test_the_prefetch_stays_within_its_l2_budget_one_request_per_line(layout):
     cfg = skinny.Config(32, 256, 2, pdl=True)
     plan = skinny.prefetch_plan(cfg, w)
     programs = (4608 // 32) * 2
-    assert 0 < plan["prefetch_k"] * programs * 32 * 2 <= skinny.PREFETCH_BYTES
     line = skinny.L2_LINE_BYTES // 2
     if layout == "kn":  # a row of the slice is 64 bytes: one line per K row
         assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (1, 1, line)
-    else:  # each column's K run: one line per 64 rows
+        fetched = plan["prefetch_k"] * 32 * 2
+    else:  # each column's K run: one line per 64 rows, whole lines only
         assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (line, 32, 1)
+        assert plan["prefetch_k"] % line == 0
+        fetched = plan["prefetch_k"] // line * 32 * skinny.L2_LINE_BYTES
+    assert 0 < fetched * programs <= skinny.PREFETCH_BYTES
     assert skinny.prefetch_plan(skinny.Config(32, 256, 2), w)["prefetch_k"] == 0
 
 

@@ -191,11 +191,13 @@ def prefetch_plan(cfg: Config, w: torch.Tensor) -> dict:
     k, n = w.shape
     line = L2_LINE_BYTES // w.element_size()
     programs = triton.cdiv(n, cfg.block_n) * cfg.split_k
-    rows = PREFETCH_BYTES // (programs * cfg.block_n * w.element_size()) if cfg.pdl else 0
+    per_program = PREFETCH_BYTES // programs if cfg.pdl else 0
     if w.stride(1) == 1:  # [K, N] rows: a slice of <= one line's columns per row
         per_row = max(cfg.block_n // line, 1)
+        rows = per_program // (cfg.block_n * w.element_size())
         tile = {"PF_TK": 64, "PF_STEP_K": 1, "PF_TN": per_row, "PF_STEP_N": line}
-    else:  # N-major: each column's K run is contiguous
+    else:  # N-major: each column's K run is contiguous, fetched in whole lines
+        rows = per_program // (cfg.block_n * L2_LINE_BYTES) * line
         tile = {"PF_TK": 16, "PF_STEP_K": line, "PF_TN": cfg.block_n, "PF_STEP_N": 1}
     return {"prefetch_k": min(rows, k), "PDL": cfg.pdl, **tile}
 
@@ -254,6 +256,7 @@ class WeightGemm:
         self.candidates = tuple(replace(c, pdl=True) for c in candidates) if pdl else candidates
         self.skinny = SkinnyGemm()
         self.choices: dict[tuple, Config | None] = {}  # None: cuBLAS
+        self.untuned_in_capture: set[tuple] = set()
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda or x.shape[0] > MAX_M:
@@ -261,6 +264,7 @@ class WeightGemm:
         key = (block_m(x.shape[0]), x.shape[1], w.shape[1], w.stride(), x.dtype)
         if key not in self.choices:
             if torch.cuda.is_current_stream_capturing():
+                self.untuned_in_capture.add(key)  # cuBLAS in the graph: recorded, not hidden
                 return x @ w
             self.choices[key] = self._tune(x, w)
         cfg = self.choices[key]
