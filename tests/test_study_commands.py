@@ -111,3 +111,83 @@ def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path
     assert not (tree / "results/sweep/a.json").exists()
     done = run(tree, "nope:9")
     assert "no command for nope:9" in done.stdout
+
+
+def _tar(path: Path, files: dict[str, str], inner: bool = False) -> Path:
+    """A study.tar of ``files`` (results/ paths), or a call's tar holding one at s/study.tar."""
+    import io
+
+    def pack(target, members: dict[str, bytes]) -> None:
+        opened = {"fileobj": target} if isinstance(target, io.BytesIO) else {"name": target}
+        with tarfile.open(mode="w", **opened) as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    members = {f"./{name}": text.encode() for name, text in files.items()}
+    if not inner:
+        pack(path, members)
+        return path
+    buf = io.BytesIO()
+    pack(buf, members)
+    pack(path, {"./s/env.txt": b"H200\n", "./s/study.tar": buf.getvalue()})
+    return path
+
+
+LOG = "sweep/custom-p1/server-custom-p1.log"
+
+
+def launch(n: int) -> str:
+    return f"\n==== launch 1 at 2026-12-04T1{n}:00:00: ['decodecliff', 'serve']\nready\nbye\n"
+
+
+def test_a_run_folder_is_filled_from_calls_by_merging(tmp_path: Path) -> None:
+    from decodecliff.study import runs
+
+    run = tmp_path / "run"
+    (run / "sweep/custom-p1").mkdir(parents=True)
+    (run / "build").mkdir()
+    (run / "sweep/custom-p1/ctx1024.json").write_text("{1k}")
+    (run / LOG).write_text(launch(1))
+    (run / "build/build.json").write_text("{build}")
+    (run / "build/ptxas.log").write_text("ptxas /tmp/a")
+    first = {
+        "sweep/custom-p1/ctx1024.json": "{1k}",  # the same bytes: left alone
+        "sweep/custom-p1/ctx64000.json": "{64k}",
+        LOG: launch(1) + launch(2),
+        "build/build.json": "{build}",
+        "build/ptxas.log": "ptxas /tmp/b",  # the same build's log, another temporary name
+        "build/.built-by-rule-abc": "",
+        "build/lib.so": "ELF",
+    }
+    second = {**first, "sweep/custom-p1/ctx128000.json": "{128k}", LOG: launch(1) + launch(2)}
+    second[LOG] += launch(3)
+    merge = runs.merge_calls(
+        [_tar(tmp_path / "c1.tar", first, inner=True), _tar(tmp_path / "c2.tar", second)], run
+    )
+    assert (run / LOG).read_text() == launch(1) + launch(2) + launch(3)
+    assert (run / "sweep/custom-p1/ctx64000.json").read_text() == "{64k}"
+    assert (run / "sweep/custom-p1/ctx128000.json").read_text() == "{128k}"
+    assert (run / "build/ptxas.log").read_text() == "ptxas /tmp/a"
+    assert not (run / "build/.built-by-rule-abc").exists() and not (run / "build/lib.so").exists()
+    assert set(merge.added) == {"sweep/custom-p1/ctx64000.json", "sweep/custom-p1/ctx128000.json"}
+    again = runs.merge_calls([tmp_path / "c2.tar"], run)  # a second unpacking changes nothing
+    assert not again.added and not again.extended
+
+
+def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_path, capsys):
+    from decodecliff.study import runs
+
+    run = tmp_path / "run"
+    (run / "sweep/custom-p1").mkdir(parents=True)
+    (run / "sweep/custom-p1/ctx1024.json").write_text("{1k}")
+    call = _tar(
+        tmp_path / "c.tar",
+        {"sweep/custom-p1/ctx1024.json": "{1k again}", "sweep/custom-p1/ctx11000.json": "{11k}"},
+    )
+    with pytest.raises(ValueError, match=r"other bytes for 1 file.*ctx1024\.json"):
+        runs.merge_calls([call], run)
+    assert not (run / "sweep/custom-p1/ctx11000.json").exists()
+    assert runs.main([str(call), "--into", str(run)]) == 1
+    assert "nothing written" in capsys.readouterr().err
