@@ -13,7 +13,8 @@
 # of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
 # each key on one GPU alone, so list the longest first; each worker's output is prefixed with
 # its GPU. A study too long for one lease is measured so in several calls and sessions at one
-# commit, and published from the unpacked tars with publish_study.sh.
+# commit: each call's tar merged into one run folder (python -m decodecliff.study.runs), which
+# publish_study.sh publishes.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1
 commands=$2
