@@ -13,7 +13,7 @@
 # of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
 # each key on one GPU alone, so list the longest first; each worker's output is prefixed with
 # its GPU. A study too long for one lease is measured so in several calls and sessions at one
-# commit: each call's tar merged into one run folder (python -m decodecliff.study.runs), which
+# commit: each call's tar merged into one run folder (python -m decodecliff.study.runs merge), which
 # publish_study.sh publishes.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1

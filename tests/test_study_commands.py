@@ -189,5 +189,30 @@ def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_p
     with pytest.raises(ValueError, match=r"other bytes for 1 file.*ctx1024\.json"):
         runs.merge_calls([call], run)
     assert not (run / "sweep/custom-p1/ctx11000.json").exists()
-    assert runs.main([str(call), "--into", str(run)]) == 1
+    assert runs.main(["merge", str(call), "--into", str(run)]) == 1
     assert "nothing written" in capsys.readouterr().err
+
+
+def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
+    import json
+
+    from decodecliff.study import runs
+
+    def point(ctx: int, status: str, start: str, requests: int) -> None:
+        doc = {"env": {"git": "abc1234"}, "status": status, "requests": [{}] * requests,
+               "started_at": f"2026-12-04T{start}:00.000+00:00",
+               "finished_at": f"2026-12-04T{start}:30.000+00:00"}  # fmt: skip
+        (tmp_path / f"sweep/triton-p1/ctx{ctx}.json").write_text(json.dumps(doc))
+
+    (tmp_path / "sweep/triton-p1").mkdir(parents=True)
+    point(185000, "failed", "19:05", 0)
+    point(1024, "ok", "17:44", 3)
+    (tmp_path / "kernels").mkdir()
+    bench = {"env": {"git": "abc1234"}, "points": [{"status": "ok"}, {"status": "failed"}]}
+    (tmp_path / "kernels/bench.json").write_text(json.dumps(bench))
+    table = runs.describe(tmp_path).splitlines()
+    assert table[2] == "| `kernels/bench.json` | `abc1234` | - | 2 points, 1 failed |"
+    assert table[3] == (
+        "| `sweep/triton-p1/` | `abc1234` | 2026-12-04 17:44 - 19:05 | 2 points "
+        "(1k ok, 185k failed), 0 or 3 requests each |"
+    )

@@ -1,6 +1,10 @@
-"""A GPU study's run folder, filled from the tars its device calls bring back.
+"""A GPU study's run folder: filled from the tars its device calls bring back, and described.
 
-    python -m decodecliff.study.runs CALL_TAR [CALL_TAR ...] --into results/runs/h200/05f0426
+    python -m decodecliff.study.runs merge CALL_TAR [CALL_TAR ...] --into results/runs/h200/05f0426
+    python -m decodecliff.study.runs describe results/runs/h200/05f0426
+
+`describe` prints what the folder holds, read from its files (commit, when, points and their
+status): the table a published study's README gives for each run.
 
 `scripts/gpu_study_run.sh` packs what the rules wrote into ``study.tar`` after every key (a
 call's own tar may hold it one level down, as ``*/study.tar``). The calls of one machine lease
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import sys
 import tarfile
@@ -127,11 +132,62 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     return merge
 
 
+def _when(stamps: list[str]) -> str:
+    """The UTC span of ISO timestamps, to the minute ('2026-12-04 17:44 - 19:30')."""
+    if not stamps:
+        return "-"
+    first, last = (t[:16].replace("T", " ") for t in (min(stamps), max(stamps)))
+    return first if first == last else f"{first} - {last[11:] if last[:10] == first[:10] else last}"
+
+
+def _ctx(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 else str(n)
+
+
+def describe(run_dir: Path) -> str:
+    """A markdown table of what ``run_dir`` holds: one row per bench and per swept server."""
+    rows = ["| file(s) | commit | measured (UTC) | what |", "|---|---|---|---|"]
+    for rel, what in (("kernels/bench.json", "points"), ("engine/bench.json", "rows")):
+        if (run_dir / rel).is_file():
+            doc = json.loads((run_dir / rel).read_text())
+            items = doc.get(what, [])
+            failed = sum(1 for i in items if i.get("status", "ok") not in ("ok", "skipped"))
+            rows.append(
+                f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
+                f"{failed} failed |"
+            )
+    for server_dir in sorted((run_dir / "sweep").glob("*/")):
+        points = sorted(server_dir.glob("ctx*.json"), key=lambda f: int(f.stem[3:]))
+        docs = [json.loads(f.read_text()) for f in points]
+        if not docs:
+            continue
+        commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
+        stamps = [t for d in docs for t in (d.get("started_at"), d.get("finished_at")) if t]
+        status = [
+            f"{_ctx(int(f.stem[3:]))} {d['status']}" for f, d in zip(points, docs, strict=True)
+        ]
+        requests = sorted({len(d.get("requests") or []) for d in docs})
+        rows.append(
+            f"| `sweep/{server_dir.name}/` | {commits} | {_when(stamps)} | {len(docs)} points "
+            f"({', '.join(status)}), {' or '.join(map(str, requests))} requests each |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("tars", nargs="+", type=Path, help="call tars or study.tar files, in order")
-    p.add_argument("--into", type=Path, required=True, help="the run folder (laid out as results/)")
+    sub = p.add_subparsers(dest="command", required=True)
+    merge_p = sub.add_parser("merge", help="merge device calls' tars into a run folder")
+    merge_p.add_argument(
+        "tars", nargs="+", type=Path, help="call tars or study.tar files, in order"
+    )
+    merge_p.add_argument("--into", type=Path, required=True, help="the run folder (as results/)")
+    describe_p = sub.add_parser("describe", help="what a run folder holds, as a markdown table")
+    describe_p.add_argument("run_dir", type=Path)
     args = p.parse_args(argv)
+    if args.command == "describe":
+        print(describe(args.run_dir))
+        return 0
     try:
         merge = merge_calls(args.tars, args.into)
     except (ValueError, tarfile.TarError, OSError) as exc:
