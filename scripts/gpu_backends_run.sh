@@ -100,7 +100,7 @@ for lim in (0, 102400):
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
     engine-pdl)
-      timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py -k pdl \
+      timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py -k "pdl or chained" \
         > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"; tail -n 1 "$OUT/pytest_pdl.log"
       for gemm in cublas auto pdl; do
         timeout 150 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \

@@ -153,7 +153,7 @@ def test_library_answers_through_its_bound_interface(built):
     pointers = [name for name, ctype in abi.MLA_ATTENTION[:-1] if ctype is abi.PTR]
     valid = dict.fromkeys(pointers) | dict(
         batch=1, heads=8, total_q=16, max_q_len=16, page_size=64, pt_stride=4, tree_stride=16,
-        num_splits=4, split_tokens=0, mtiles=2, variant=1, sm_scale=0.07,
+        num_splits=4, split_tokens=0, mtiles=2, variant=1, dependent=0, sm_scale=0.07,
     )  # fmt: skip
 
     def launch(**change) -> int:
@@ -166,6 +166,7 @@ def test_library_answers_through_its_bound_interface(built):
     assert launch(variant=len(VARIANTS) + 1) == CUDA_ERROR_INVALID_VALUE
     assert launch(num_splits=lib.dcmla_max_splits() + 1) == CUDA_ERROR_INVALID_VALUE
     assert launch(split_tokens=-1) == CUDA_ERROR_INVALID_VALUE
+    assert launch(dependent=2) == CUDA_ERROR_INVALID_VALUE
     assert launch(tree_mask=1, tree_stride=15) == CUDA_ERROR_INVALID_VALUE
 
 

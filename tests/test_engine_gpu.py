@@ -241,3 +241,35 @@ def test_a_chained_gemm_of_ragged_shapes_matches_its_plain_launch(layout):
         first, second = gemm(x, w, chained), gemm(-x, w, chained)
         assert torch.equal(first, plain) and torch.equal(second, -plain)
         assert not gemm.scratch(chained, 5, 1000, x.device)[1].any()
+
+
+@needs_pdl
+@pytest.mark.parametrize("backend", capturable_backends())
+def test_a_chained_forward_is_bit_identical_to_its_kernels_launched_plainly(backend):
+    """Every kernel of the step chained (the GEMMs, the per-head GEMMs, the elementwise kernels
+    and, for the custom backend, attention and its combine launched as dependents) against the
+    same kernels with the same configurations launched one after another: the same bits."""
+    from test_model_fused import verify_step
+
+    from decodecliff.engine.skinny_gemm import head_gemm
+    from decodecliff.kernels.registry import get_backend
+
+    cfg = dataclasses.replace(PRESETS["tiny"], num_layers=3)
+    model = SyntheticMLA(cfg, "cuda", torch.bfloat16, seed=5, gemm="pdl")
+    step, pages = verify_step([300, 41], 16, 1, False, seed=3)
+    step = dataclasses.replace(
+        step, **{f.name: getattr(step, f.name).cuda() for f in dataclasses.fields(step)
+                 if isinstance(getattr(step, f.name), torch.Tensor)},
+    )  # fmt: skip
+    g = torch.Generator(device="cuda").manual_seed(2)
+    cache = torch.randn(3, pages, 1, cfg.kv_row_dim, generator=g, device="cuda").bfloat16()
+    attention = get_backend(backend)
+    chained = model.forward(step, cache.clone(), attention)
+    model.pdl = False
+    model.heads_mm = lambda x, w, out: head_gemm(x, w, out, pdl=False)
+    model.mm.choices = {
+        key: c and dataclasses.replace(c, pdl=False) for key, c in model.mm.choices.items()
+    }
+    plain = model.forward(step, cache.clone(), attention)
+    assert torch.isfinite(plain).all()
+    assert torch.equal(chained, plain)

@@ -48,7 +48,7 @@ def py_kind(ctype: type) -> str:
 
 def test_c_parser_reads_the_attention_prototype() -> None:
     ret, params = c_exports()["dcmla_mla_attention"]
-    assert ret == "int" and len(params) == 22
+    assert ret == "int" and len(params) == 23
     assert params[0] == ("q", "ptr") and params[-2:] == [("sm_scale", "float"), ("stream", "ptr")]
 
 

@@ -52,7 +52,9 @@ class StepInput:
     total_kv_len: int | None = None  # sum of kv_lens where known on the host (not in a graph)
     mha: bool = False  # prefill: decompressed multi-head attention instead of the backend
 
-    def attn_meta(self, num_heads: int, page_size: int, sm_scale: float) -> AttnMeta:
+    def attn_meta(
+        self, num_heads: int, page_size: int, sm_scale: float, chained: bool = False
+    ) -> AttnMeta:
         """The step's attention metadata, planned once and shared by every layer."""
         return AttnMeta(
             page_table=self.page_table,
@@ -66,6 +68,7 @@ class StepInput:
             max_q_len=self.max_q_len,
             max_kv_len=self.max_kv_len,
             total_kv_len=self.total_kv_len,
+            chained=chained,
         )
 
 
@@ -215,7 +218,8 @@ class SyntheticMLA:
 
     def plan(self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend) -> None:
         """The step's attention plan, shared by every layer (``forward`` does it unless told)."""
-        backend.plan(step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale))
+        meta = step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale, self.pdl)
+        backend.plan(meta)
 
     def forward(
         self,

@@ -18,8 +18,9 @@ do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and l
 launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) that keeps the
 step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
 the H200 measured); the elementwise kernels of engine/fused_triton.py take part the same way, so
-the absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm: a layer is one
-chain but for its attention kernel.
+the absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm, and the custom
+attention backend launches its kernels as dependents too (``AttnMeta.chained``): a layer is one
+chain.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ MLA_ATTENTION: Params = (
     ("tree_mask", PTR), ("out", PTR), ("ws_o", PTR), ("ws_lse", PTR),
     ("batch", INT), ("heads", INT), ("total_q", INT), ("max_q_len", INT), ("page_size", INT),
     ("pt_stride", INT), ("tree_stride", INT), ("num_splits", INT), ("split_tokens", INT),
-    ("mtiles", INT), ("variant", INT), ("sm_scale", FLOAT),
+    ("mtiles", INT), ("variant", INT), ("dependent", INT), ("sm_scale", FLOAT),
     ("stream", PTR),  # last, so a prepared call's arguments can be fixed before the stream is known
 )  # fmt: skip
 

@@ -78,6 +78,9 @@ class AttnMeta:
     max_q_len: int | None = None  # host-side max(q_len)
     max_kv_len: int | None = None  # host-side upper bound on kv_lens
     total_kv_len: int | None = None  # host-side sum of kv_lens (balances a ragged batch's splits)
+    # the step's kernels run as programmatic dependents (sm_90+): a backend that can launches
+    # its kernels so too, each waiting for the one before it; the others launch plainly
+    chained: bool = False
 
     @property
     def batch_size(self) -> int:

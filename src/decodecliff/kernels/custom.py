@@ -401,6 +401,6 @@ class CustomAttention(AttentionBackend):
             max_q_len=plan.max_q_len, page_size=meta.page_size,
             pt_stride=meta.page_table.stride(0), tree_stride=0 if tm is None else tm.shape[1],
             num_splits=plan.num_splits, split_tokens=plan.split_tokens, mtiles=plan.mtiles,
-            variant=plan.variant,
+            variant=plan.variant, dependent=int(meta.chained),
             sm_scale=float(meta.sm_scale),
         ))  # fmt: skip

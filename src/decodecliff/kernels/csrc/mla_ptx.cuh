@@ -1,10 +1,22 @@
 // Thin wrappers over the PTX instructions the MLA kernel is built from. Everything here exists on
-// sm_80, sm_90 and sm_120 alike: cp.async, ldmatrix and mma.sync (no wgmma, no tcgen05).
+// sm_80, sm_90 and sm_120 alike: cp.async, ldmatrix and mma.sync (no wgmma, no tcgen05); the
+// programmatic-dependent-launch controls exist from sm_90 (sm_120 included) and compile to
+// nothing on sm_80.
 #pragma once
 
 #include <cstdint>
 
 namespace dcmla {
+
+// A kernel launched as a programmatic dependent starts early: wait here for the kernel before it
+// to finish and flush (every input may be its output), then let the next kernel launch. Without
+// a programmatic launch both instructions return at once.
+__device__ __forceinline__ void dependent_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));

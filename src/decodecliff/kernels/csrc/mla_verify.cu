@@ -845,6 +845,7 @@ template <int MT, int V>
 __global__ void __launch_bounds__(threads_of<V>(), min_blocks<MT, V>()) mla_attn_kernel(
     const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
+  dependent_launch_start();
   if constexpr (V == 5)
     attn_body_v5(p, smem);  // MT = 4: 64-row tiles
   else
@@ -858,6 +859,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
   __shared__ float weight[kMaxSplits];
   __shared__ float red[kCombineThreads / 32];
   __shared__ float4 acc_smem[kCombineThreads / 32][kCombineCols / 4];
+  dependent_launch_start();
   const int64_t g = blockIdx.x;
   const int seg = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -949,6 +951,28 @@ cudaError_t prepare_kernel() {
   return err;
 }
 
+// A launch on the stream, as a programmatic dependent of the kernel before it when `dependent`
+// (the kernel then waits for that one itself: dependent_launch_start); else a plain launch.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool dependent, Args... args) {
+  if (!dependent) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <int N>
 using IntC = std::integral_constant<int, N>;
 
@@ -1031,16 +1055,17 @@ int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
 // out[total_q, H, 512] = attention(q, paged latent KV). ws_o holds total_q*H*num_splits*512 floats,
 // ws_lse total_q*H*num_splits floats. max_q_len only sizes the grid (an upper bound is fine).
 // variant: 1..5 (see the top of this file); mtiles: 1 (16-row tiles) or 2 (32-row tiles) for
-// v1..v4; v5 always runs 64-row tiles (mtiles only has to be 1 or 2).
+// v1..v4; v5 always runs 64-row tiles (mtiles only has to be 1 or 2). dependent: 1 launches both
+// kernels as programmatic dependents of the kernel before them (sm_90+), 0 plainly.
 int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, const int* kv_lens,
                         const int* q_indptr, const uint8_t* tree_mask, void* out, float* ws_o,
                         float* ws_lse, int batch, int heads, int total_q, int max_q_len,
                         int page_size, int pt_stride, int tree_stride, int num_splits,
-                        int split_tokens, int mtiles, int variant, float sm_scale,
+                        int split_tokens, int mtiles, int variant, int dependent, float sm_scale,
                         cudaStream_t stream) {
   if (batch <= 0 || total_q <= 0) return static_cast<int>(cudaSuccess);
   if (heads <= 0 || max_q_len <= 0 || page_size <= 0 || pt_stride <= 0 || num_splits <= 0 ||
-      num_splits > dcmla::kMaxSplits || split_tokens < 0 ||
+      num_splits > dcmla::kMaxSplits || split_tokens < 0 || (dependent != 0 && dependent != 1) ||
       !dcmla::valid_variant(variant, mtiles) ||
       (tree_mask != nullptr && tree_stride < max_q_len))
     return static_cast<int>(cudaErrorInvalidValue);
@@ -1066,15 +1091,15 @@ int dcmla_mla_attention(const void* q, const void* kv, const int* page_table, co
     if (e != cudaSuccess) return e;
     const int row_tiles = (max_q_len * heads + 16 * MT - 1) / (16 * MT);
     dim3 grid(row_tiles, p.num_splits, batch);
-    dcmla::mla_attn_kernel<MT, V>
-        <<<grid, dcmla::threads_of<V>(), dcmla::smem_of<MT, V>(), stream>>>(p);
-    return cudaGetLastError();
+    return dcmla::launch(dcmla::mla_attn_kernel<MT, V>, grid, dcmla::threads_of<V>(),
+                         dcmla::smem_of<MT, V>(), stream, dependent != 0, p);
   });
   if (err != cudaSuccess) return static_cast<int>(err);
   dim3 grid(static_cast<unsigned>(total_q) * heads, dcmla::kDv / dcmla::kCombineCols);
-  dcmla::mla_combine_kernel<<<grid, dcmla::kCombineThreads, 0, stream>>>(
-      ws_o, ws_lse, static_cast<__nv_bfloat16*>(out), num_splits);
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(dcmla::launch(
+      dcmla::mla_combine_kernel, grid, dcmla::kCombineThreads, 0, stream, dependent != 0,
+      static_cast<const float*>(ws_o), static_cast<const float*>(ws_lse),
+      static_cast<__nv_bfloat16*>(out), num_splits));
 }
 
 }  // extern "C"
