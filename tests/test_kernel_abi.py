@@ -124,3 +124,10 @@ def test_missing_library_error_lists_every_place_looked(elsewhere) -> None:
         for folder in custom.BUILD_DIRS:
             assert str(root / folder / build.LIB_NAME) in message
     assert "decodecliff build-kernel" in message
+
+
+def test_a_library_of_another_interface_is_refused_by_name() -> None:
+    """A library built from older source (no dcmla_abi_version, or another number) would read a
+    launch's arguments in the wrong places: binding it is a clear error."""
+    with pytest.raises(abi.StaleLibrary, match="has no interface version.*rebuild it"):
+        abi.bind(ctypes.CDLL(None))  # this process: no dcmla_* at all

@@ -24,8 +24,12 @@ MLA_ATTENTION: Params = (
     ("stream", PTR),  # last, so a prepared call's arguments can be fixed before the stream is known
 )  # fmt: skip
 
+# The library's dcmla_abi_version() this table describes (raised with any parameter change).
+ABI_VERSION = 2
+
 # name -> (return type, parameters): every function the library exports.
 FUNCTIONS: dict[str, tuple[type, Params]] = {
+    "dcmla_abi_version": (INT, ()),
     "dcmla_max_splits": (INT, ()),
     "dcmla_model_smem_per_sm": (INT, ()),
     "dcmla_smem_bytes": (INT, (("variant", INT), ("mtiles", INT))),
@@ -35,8 +39,22 @@ FUNCTIONS: dict[str, tuple[type, Params]] = {
 }
 
 
+class StaleLibrary(RuntimeError):
+    """A kernel library built from other source than this package's: its calls would misread
+    their arguments."""
+
+
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the argtypes and restype of every function in FUNCTIONS on a loaded library."""
+    """Set the argtypes and restype of every function in FUNCTIONS on a loaded library, after
+    checking that it was built for this interface (StaleLibrary otherwise)."""
+    version = getattr(lib, "dcmla_abi_version", None)
+    found = None if version is None else ctypes.CFUNCTYPE(INT)(version)()
+    if found != ABI_VERSION:
+        has = "no interface version" if found is None else f"interface version {found}"
+        raise StaleLibrary(
+            f"{getattr(lib, '_name', 'the kernel library')} has {has}, this package needs "
+            f"{ABI_VERSION}: rebuild it (decodecliff build-kernel)"
+        )
     for name, (restype, params) in FUNCTIONS.items():
         fn = getattr(lib, name)
         fn.argtypes = [ctype for _, ctype in params]

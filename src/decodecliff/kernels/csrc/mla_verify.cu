@@ -960,7 +960,7 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t 
     kernel<<<grid, block, smem, stream>>>(args...);
     return cudaGetLastError();
   }
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
@@ -1005,6 +1005,10 @@ inline bool valid_variant(int variant, int mtiles) {
 extern "C" {
 
 // Python binds these through kernels/abi.py; tests/test_kernel_abi.py checks that the two agree.
+
+// The interface's version: raised whenever a function's parameters change, so a library built
+// from older source (left in a build folder) is refused by name instead of misreading arguments.
+int dcmla_abi_version() { return 2; }
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
 
