@@ -168,12 +168,23 @@ def weight_gemm(
 
 def head_gemm(pdl: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
     """``out [T, H, N] = x [T, H, K] @ w [H, K, N]`` per head: torch's bmm, or in a chain of
-    programmatic dependent launches the Triton kernel of engine/skinny_gemm.py."""
-    if pdl:
-        from .skinny_gemm import head_gemm as chained  # Triton: CUDA processes only
+    programmatic dependent launches the Triton kernel of engine/skinny_gemm.py (up to its
+    MAX_M rows: a prefill chunk or a large batch takes the bmm, as the weight GEMMs take cuBLAS)."""
 
-        return lambda x, w, out: chained(x, w, out, pdl=True)
-    return lambda x, w, out: torch.bmm(x.transpose(0, 1), w, out=out.transpose(0, 1))
+    def bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        torch.bmm(x.transpose(0, 1), w, out=out.transpose(0, 1))
+
+    if not pdl:
+        return bmm
+    from .skinny_gemm import MAX_M  # Triton: CUDA processes only
+    from .skinny_gemm import head_gemm as chained
+
+    def chained_or_bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        if x.shape[0] > MAX_M:
+            return bmm(x, w, out)
+        chained(x, w, out, pdl=True)
+
+    return chained_or_bmm
 
 
 class SyntheticMLA:
