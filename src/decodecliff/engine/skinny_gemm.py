@@ -258,6 +258,7 @@ class WeightGemm:
         self.skinny = SkinnyGemm()
         self.choices: dict[tuple, Config | None] = {}  # None: cuBLAS
         self.untuned_in_capture: set[tuple] = set()
+        self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms: cuBLAS, the choice
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda or x.shape[0] > MAX_M:
@@ -267,15 +268,17 @@ class WeightGemm:
             if torch.cuda.is_current_stream_capturing():
                 self.untuned_in_capture.add(key)  # cuBLAS in the graph: recorded, not hidden
                 return x @ w
-            self.choices[key] = self._tune(x, w)
+            self.choices[key], self.timed[key] = self._tune(x, w)
         cfg = self.choices[key]
         return x @ w if cfg is None else self.skinny(x, w, cfg)
 
-    def _tune(self, x: torch.Tensor, w: torch.Tensor) -> Config | None:
+    def _tune(self, x: torch.Tensor, w: torch.Tensor) -> tuple[Config | None, dict[str, float]]:
+        """The fastest choice for this shape, and the ms of cuBLAS and of that choice (alone)."""
         from decodecliff.bench.timing import median_ms
 
         ref = x @ w
         best, best_ms = None, median_ms(lambda: x @ w, x.device, TUNE_REPEATS)
+        cublas_ms = best_ms
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
         for cfg in self.candidates:
@@ -287,12 +290,13 @@ class WeightGemm:
             ms = median_ms(lambda cfg=cfg: self.skinny(x, w, cfg), x.device, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
-        return best
+        return best, {"cublas_ms": cublas_ms, "ms": best_ms if best else cublas_ms}
 
     def describe(self) -> list[dict]:
-        """What each tuned shape runs (for the bench's records)."""
+        """What each tuned shape runs, and its tuning's times alone (for the bench's records)."""
         return [
-            {"m_tile": m, "k": k, "n": n, "impl": "cublas" if c is None else "triton",
-             "config": None if c is None else c.name}
-            for (m, k, n, _, _), c in self.choices.items()
+            {"m_tile": key[0], "k": key[1], "n": key[2],
+             "impl": "cublas" if c is None else "triton", "config": None if c is None else c.name,
+             **self.timed.get(key, {})}
+            for key, c in self.choices.items()
         ]  # fmt: skip
