@@ -4,6 +4,7 @@ shapes SGLang's, vLLM's and GuideLLM's benchmark clients send; error shapes and 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -427,10 +428,17 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
 
 
 @pytest.mark.slow  # a long chat streams beside the short requests
+def retractions(srv) -> float:
+    """The server's count of running requests sent back to the queue (its /metrics)."""
+    found = re.search(r"^sglang:num_retractions_total\{.*\} (\S+)$", srv.get("/metrics").text, re.M)
+    return float(found[1])
+
+
 def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
     # Without max_tokens a chat request generates at most its fair share of the pool (pool / max
     # running requests), not the whole pool, so short requests run beside it instead of waiting
-    # for it (or being retracted for it): their latency stays within 2x of running alone.
+    # for it (they all end before it) or being retracted for it (the server counts none). Their
+    # latency beside it is not asserted: a wall-clock ratio follows the machine's other load.
     done: list[str] = []
     msgs = [{"role": "user", "content": "tell me everything"}]
 
@@ -440,14 +448,11 @@ def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         done.append("chat")
 
-    def shorts() -> float:
-        """Median seconds of 16 concurrent short requests."""
-        seconds: list[float] = []
+    def shorts() -> None:
+        """16 concurrent short requests, each noted in ``done`` as it ends."""
 
         def short(i: int) -> None:
-            start = time.perf_counter()
             native(srv, IDS[i:], 4)
-            seconds.append(time.perf_counter() - start)
             done.append("short")
 
         threads = [threading.Thread(target=short, args=(i,)) for i in range(16)]
@@ -455,18 +460,18 @@ def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
             t.start()
         for t in threads:
             t.join(120)
-        return sorted(seconds)[len(seconds) // 2]
 
-    alone = shorts()
+    shorts()
     done.clear()
+    retracted = retractions(srv)
     chat = threading.Thread(target=long_chat)
     chat.start()
     while srv.get("/get_server_info").json()["running_requests"] == 0 and chat.is_alive():
         time.sleep(0.01)
-    beside = shorts()
+    shorts()
     chat.join(120)
     assert done == ["short"] * 16 + ["chat"]
-    assert beside <= 2 * alone, (beside, alone)
+    assert retractions(srv) == retracted
     body = {"messages": msgs, "ignore_eos": True}
     out = srv.post("/v1/chat/completions", body).json()
     assert out["usage"]["completion_tokens"] == 4096 // 8  # the fair share of this pool
