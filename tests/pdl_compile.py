@@ -41,11 +41,22 @@ def ptx(fn, signature: dict, constexprs: dict, arch: int) -> str:
     return triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
 
 
+LOADS = ("ld.global", "cp.async", "ld.volatile.global", "atom.global")
+
+
 def features(text: str) -> dict:
+    """What the PTX holds, and whether its first load from global memory (or atomic) comes after
+    the wait and its prefetches before it (the text's order: these kernels wait in their entry
+    block)."""
+    wait = text.find("griddepcontrol.wait")
+    loads = [i for i in (text.find(op) for op in LOADS) if i >= 0]
+    prefetch = text.find("prefetch.global.L2")
     return {
-        "wait": "griddepcontrol.wait" in text,
+        "wait": wait >= 0,
         "launch_dependents": "griddepcontrol.launch_dependents" in text,
-        "prefetch_l2": "prefetch.global.L2" in text,
+        "prefetch_l2": prefetch >= 0,
+        "loads_after_wait": wait >= 0 and bool(loads) and min(loads) > wait,
+        "prefetch_before_wait": 0 <= prefetch < wait,
     }
 
 

@@ -75,6 +75,9 @@ def test_pdl_kernels_wait_prefetch_and_release_in_the_ptx_of_sm90_and_sm120():
             pdl = name.endswith("pdl=True")
             assert has["wait"] == pdl and has["launch_dependents"] == pdl, (arch, name)
             assert has["prefetch_l2"] == (pdl and name.startswith("gemm")), (arch, name)
+            if pdl:  # nothing the kernel before may write is read before the wait
+                assert has["loads_after_wait"], (arch, name)
+                assert has["prefetch_before_wait"] == name.startswith("gemm"), (arch, name)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
