@@ -12,7 +12,9 @@
 # override. Nothing is measured here: the raw files are marked up to date (`snakemake --touch`)
 # and only the summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md
 # is rendered by the `notes` rule from the result files (workflow/report/notes.md.j2); one in a
-# RAW_DIR is dropped, so no typed number is published. FlashInfer's sm_120 build check is
+# RAW_DIR is dropped, so no typed number is published. RUNS.md lists what each RAW_DIR held
+# (commit, when, points and their status: `python -m decodecliff.study.runs describe`), read from
+# its files, for the hand-written README.md beside it. FlashInfer's sm_120 build check is
 # computed here too (nvcc, no GPU): install flashinfer-python and apache-tvm-ffi (`--no-deps`, see
 # the `peers` extra) first, or it is published as skipped.
 set -euo pipefail
@@ -25,6 +27,9 @@ trap 'rm -rf "$work"' EXIT
 
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
+{ echo "# What each run held (generated from its files by publish_study.sh)"
+  for raw in "$@"; do printf '\n## `%s`\n\n' "$raw"; python3 -m decodecliff.study.runs describe "$raw"; done
+} > "$work/RUNS.md"
 for raw in "$@"; do
   clash=$(cd "$raw" && find . -type f | while read -r f; do
     if [ -e "$work/results/$f" ]; then echo "${f#./}"; fi
@@ -47,6 +52,7 @@ snakemake --cores 2 --configfile "$cfg" --config published=null \
   --allowed-rules $(snakemake --list-rules --configfile "$cfg" | grep -vE "$measuring")
 
 mkdir -p "$dest"
+cp RUNS.md "$dest/"
 tar -C results --exclude '*.so' --exclude ./logs --exclude ./benchmarks --exclude ./build/ptxas.log \
   -cf - . | tar -C "$dest" -xf -
 echo "published $(find "$dest" -type f | wc -l) files to $dest"

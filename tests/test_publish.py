@@ -58,6 +58,10 @@ def test_two_runs_publish_as_one_study(tmp_path: Path) -> None:
     assert servers == {server["name"] for server in study_config()["sweep"]["servers"]}
     assert (dest / "report.html").stat().st_size > 0
     assert (dest / "NOTES.md").read_text().strip()
+    runs = (dest / "RUNS.md").read_text()  # what each run held, from its files
+    later = runs.split("run-b")[1]
+    assert f"| `sweep/{LATER_SERVER}/` |" in later and "kernels/bench.json" not in later
+    assert "| `kernels/bench.json` |" in runs.split("run-b")[0]
 
 
 @needs_nvcc
