@@ -16,8 +16,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _chain(PDL: tl.constexpr):
-    """A programmatic dependent's start: wait for the kernel before, let the next one launch."""
+def chain_start(PDL: tl.constexpr):
+    """A programmatic dependent's start: wait for the kernel before, let the next one launch
+    (the weight GEMMs of engine/skinny_gemm.py call it too)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -37,7 +38,7 @@ def _add_rms_norm_kernel(
     x_ptr, d_ptr, w_ptr, out_ptr, n, x_stride, d_stride, out_stride, eps,
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _chain(PDL)
+    chain_start(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -69,7 +70,7 @@ def _qkv_a_post_kernel(
     R: tl.constexpr, C: tl.constexpr, HALF: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _chain(PDL)
+    chain_start(PDL)
     row = tl.program_id(0)
     base = qkv_ptr + row * qkv_stride
     if tl.program_id(1) == 0:  # the q part: RMSNorm -> cq
@@ -94,7 +95,7 @@ def _qkv_a_post_kernel(
 def _rope_kernel(
     x_ptr, cs_ptr, out_ptr, heads, x_st, x_sh, o_st, o_sh, HALF: tl.constexpr, PDL: tl.constexpr
 ):  # fmt: skip
-    _chain(PDL)
+    chain_start(PDL)
     pid = tl.program_id(0)
     t, h = pid // heads, pid % heads
     o1, o2 = _rope_pair(x_ptr + t * x_st + h * x_sh, cs_ptr + t * 2 * HALF, HALF)
@@ -108,7 +109,7 @@ def _rope_kernel(
 def _silu_mul_kernel(
     gu_ptr, out_ptr, m, gu_stride, out_stride, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):  # fmt: skip
-    _chain(PDL)
+    chain_start(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < m
@@ -122,7 +123,8 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8
 
 
-def _launch(pdl: bool) -> dict:
+def chained(pdl: bool) -> dict:
+    """The launch options of a kernel that calls chain_start: its constant and the launch flag."""
     return {"PDL": pdl, "launch_pdl": pdl}
 
 
@@ -135,7 +137,7 @@ def add_rms_norm(
     d = x if delta is None else delta
     _add_rms_norm_kernel[(rows,)](
         x, d, weight, out, n, x.stride(0), d.stride(0), out.stride(0), eps,
-        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_warps(block), **_launch(pdl),
+        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_warps(block), **chained(pdl),
     )  # fmt: skip
     return out
 
@@ -159,7 +161,7 @@ def qkv_a_post(
         qkv, q_norm, kv_norm, cs, cq, cache_rows, out_slots,
         qkv.stride(0), cq.stride(0), cache_rows.stride(0), eps,
         R=r, C=c, HALF=half, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(c),
-        num_warps=_warps(block_r), **_launch(pdl),
+        num_warps=_warps(block_r), **chained(pdl),
     )  # fmt: skip
     return cq
 
@@ -168,7 +170,7 @@ def rope(x: torch.Tensor, cs: torch.Tensor, out: torch.Tensor, pdl: bool) -> tor
     t, h, d = x.shape
     _rope_kernel[(t * h,)](
         x, cs, out, h, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        HALF=d // 2, num_warps=1, **_launch(pdl),
+        HALF=d // 2, num_warps=1, **chained(pdl),
     )  # fmt: skip
     return out
 
@@ -179,6 +181,6 @@ def silu_mul(gate_up: torch.Tensor, pdl: bool) -> torch.Tensor:
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(m, block))](
         gate_up, out, m, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4,
-        **_launch(pdl),
+        **chained(pdl),
     )  # fmt: skip
     return out

@@ -17,8 +17,8 @@ before it still runs: each program first asks the L2 for the head of its weight 
 do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and lets the next kernel
 launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) that keeps the
 step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
-the H200 measured); the elementwise kernels of engine/fused_triton.py take part the same way, so
-the absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm, and the custom
+the H200 measured). The elementwise kernels of engine/fused_triton.py take part the same way, the
+absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm, and the custom
 attention backend launches its kernels as dependents too (``AttnMeta.chained``): a layer is one
 chain.
 """
@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+
+from .fused_triton import chain_start, chained
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,7 @@ def _skinny_gemm_kernel(
         _prefetch_slice(
             w_ptr, swk, swn, k_begin, pf_end, pid_n * BLOCK_N, N, PF_TK, PF_STEP_K, PF_TN, PF_STEP_N
         )
-        tl.extra.cuda.gdc_wait()  # x (and y, the workspace) belong to the kernels before
-        tl.extra.cuda.gdc_launch_dependents()
+    chain_start(PDL)  # x (and y, the workspace) belong to the kernels before
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_begin, k_end, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
@@ -148,9 +149,7 @@ def _head_gemm_kernel(
     pid_n, h = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    chain_start(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
@@ -176,8 +175,7 @@ def head_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pdl: bool) ->
     block_n = 64
     _head_gemm_kernel[(triton.cdiv(n, block_n), heads)](
         x, w, out, t, k, n, *x.stride(), *w.stride(), *out.stride(),
-        BLOCK_M=block_m(t), BLOCK_N=block_n, BLOCK_K=128, PDL=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        BLOCK_M=block_m(t), BLOCK_N=block_n, BLOCK_K=128, num_warps=4, **chained(pdl),
     )  # fmt: skip
     return out
 
@@ -229,7 +227,7 @@ class SkinnyGemm:
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, tickets = self.scratch(cfg, m, n, x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-        pdl = {"launch_pdl": True, **prefetch_plan(cfg, w)} if cfg.pdl else {"prefetch_k": 0}
+        pdl = {**prefetch_plan(cfg, w), **chained(True)} if cfg.pdl else {"prefetch_k": 0}
         _skinny_gemm_kernel[grid](
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
