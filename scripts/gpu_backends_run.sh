@@ -14,8 +14,9 @@
 # sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
-# engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy with its
-# step chained by programmatic dependent launch (--gemm pdl) and plain on cuBLAS.
+# engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy (its kernels
+# folded by layer) plain on cuBLAS, with the other kernels chained by programmatic dependent
+# launch (--gemm cublas-pdl), and with every kernel chained (--gemm pdl).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -99,13 +100,14 @@ for lim in (0, 102400):
       timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
-    engine-pdl)  # one call: tests (Triton compiles each candidate once), then the two steps
-      timeout 240 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py -k "pdl or chained" \
-        > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"; tail -n 1 "$OUT/pytest_pdl.log"
-      for gemm in pdl cublas; do
-        timeout 170 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \
+    engine-pdl)  # one call: tests (Triton compiles each candidate once), then the three steps
+      timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
+        -k "pdl or chained or folds" > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"
+      tail -n 1 "$OUT/pytest_pdl.log"
+      for gemm in cublas cublas-pdl pdl; do
+        timeout 100 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \
           --out "$OUT/engine_$gemm.json" > "$OUT/bench_engine_$gemm.log" 2>&1; echo "$gemm rc $?"
-        grep -E "step .* ms|failed" "$OUT/bench_engine_$gemm.log"
+        grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_$gemm.log"
       done ;;
     *) echo "unknown part $part" ;;
   esac

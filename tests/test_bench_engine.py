@@ -63,3 +63,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.cli(["--device", "cpu", "--contexts", "0", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_cpu_step_has_no_kernel_timeline(doc):
+    assert all(r["timeline"] is None and r["profile"]["timeline"] is None for r in doc["rows"])

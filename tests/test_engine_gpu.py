@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 
 import pytest
 import torch
@@ -211,16 +212,22 @@ def test_a_pdl_chain_computes_what_plain_launches_do():
 
 
 @needs_pdl
+@pytest.mark.parametrize("gemm", ["pdl", "cublas-pdl"])
 @pytest.mark.parametrize("backend", capturable_backends())
-def test_the_pdl_engine_s_graphs_give_its_eager_tokens(backend):
-    eager_engine = engine(backend=backend, spec="chain", gemm="pdl")
+def test_the_pdl_engine_s_graphs_give_its_eager_tokens(backend, gemm):
+    eager_engine = engine(backend=backend, spec="chain", gemm=gemm)
     eager = outputs(eager_engine)
-    eng = engine(backend=backend, spec="chain", gemm="pdl", cuda_graph=True)
-    eng.model.mm.choices.update(eager_engine.model.mm.choices)  # the same kernel per shape
+    eng = engine(backend=backend, spec="chain", gemm=gemm, cuda_graph=True)
+    if gemm == "pdl":
+        eng.model.mm.choices.update(eager_engine.model.mm.choices)  # the same kernel per shape
     assert outputs(eng) == eager
     assert eng.graphs.captured_shapes() and not eng.graphs.uncapturable
-    assert {c["impl"] for c in eng.model.mm.describe()} == {"triton"}
-    assert not eng.model.mm.untuned_in_capture  # no cuBLAS GEMM in the graphs
+    assert eng.model.pdl
+    if gemm == "pdl":
+        assert {c["impl"] for c in eng.model.mm.describe()} == {"triton"}
+        assert not eng.model.mm.untuned_in_capture  # no cuBLAS GEMM in the graphs
+    else:
+        assert eng.model.mm is torch.matmul
 
 
 @needs_pdl
@@ -273,3 +280,24 @@ def test_a_chained_forward_is_bit_identical_to_its_kernels_launched_plainly(back
     plain = model.forward(step, cache.clone(), attention)
     assert torch.isfinite(plain).all()
     assert torch.equal(chained, plain)
+
+
+def test_bench_engine_folds_each_step_s_kernels_by_layer(tmp_path):
+    from decodecliff.bench import engine as bench
+
+    out = tmp_path / "engine.json"
+    argv = ["--device", "cuda", "--preset", "tiny", "--backends", "triton", "--contexts", "256"]
+    argv += ["--paths", "graphs", "eager", "--repeats", "2", "--out", str(out)]
+    assert bench.cli(argv) == 0
+    doc = json.loads(out.read_text())
+    layers = PRESETS["tiny"].num_layers
+    for row in doc["rows"]:  # graph replay and eager: the same kernels, the same repeat
+        folded = row["timeline"]
+        kernels = [k["kernel"] for k in folded["layer"]]
+        assert "_add_rms_norm_kernel" in kernels and "_qkv_a_post_kernel" in kernels
+        assert folded["kernels"] > layers * len(kernels)
+        assert 0 < folded["busy_us"] <= folded["span_us"]
+    graphs, eager = doc["rows"]
+    assert len(graphs["timeline"]["layer"]) == len(eager["timeline"]["layer"])
+    noop = [k["kernel"] for k in graphs["profile"]["timeline"]["layer"]]  # no attention kernels
+    assert set(noop) < {k["kernel"] for k in graphs["timeline"]["layer"]}

@@ -104,6 +104,7 @@ def test_the_pdl_gemm_tunes_over_chained_launches_only():
     assert all(c.name.endswith("-pdl") for c in gemm.candidates)
     assert not any(c.pdl for c in skinny.WeightGemm().candidates)
     assert weight_gemm("pdl", torch.device("cpu")) is torch.matmul
+    assert weight_gemm("cublas-pdl", torch.device("cpu")) is torch.matmul
 
 
 @pytest.mark.parametrize(("t", "heads", "k", "n"), [(16, 8, 128, 512), (5, 3, 512, 128)])

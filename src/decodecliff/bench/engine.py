@@ -11,6 +11,11 @@ split three ways:
   of one eager no-op step (on a CPU, their CPU time). Graphs replay the same kernels;
 * rest = the no-op step - GEMMs: elementwise kernels, launch gaps and host work.
 
+On CUDA each row also holds the step's kernels folded by layer (bench/timeline.py: per kernel of
+a layer its mean duration and the gap before it; the step's busy time against its span), traced
+on the step's own path, and the profile holds the same for the eager no-op step, where the host's
+launches leave every kernel its own duration.
+
 Each part stands beside its floor, from ceilings measured in the same run (bench/roofline.py):
 GEMMs max(weight bytes / copy rate, GEMM FLOPs / matmul rate), attention max(KV bytes / copy rate,
 attention FLOPs / matmul rate), rest 0. ``--parts loop`` runs the engine's serving loop (drafting,
@@ -46,7 +51,7 @@ from decodecliff.kernels import sm120_model
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
-from . import gemms, roofline
+from . import gemms, roofline, timeline
 from .timing import sync, wall_ms, wall_times_ms
 
 HOST = torch.device("cpu")  # the drafter is host work: timed without a device sync
@@ -115,32 +120,52 @@ def is_gemm(key: str) -> bool:
     return key in GEMM_OPS or key.startswith(SKINNY_KERNELS)
 
 
-def profile_step(device: torch.device, forward: Callable[[], torch.Tensor]) -> dict:
-    """GEMM time, all-kernel time and kernel count of one step (torch.profiler)."""
+def trace(device: torch.device, forward: Callable[[], torch.Tensor]):
+    """One step under torch.profiler, after an untraced one (compilation, lazy allocations)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     forward()
     sync(device)
     with profile(activities=activities) as prof:
         forward()
         sync(device)
+    return prof
+
+
+def profile_step(device: torch.device, forward: Callable[[], torch.Tensor], layers: int) -> dict:
+    """GEMM time, all-kernel time, kernel count and the kernels folded by layer of one step."""
+    prof = trace(device, forward)
     averages = prof.key_averages()
+    cuda = device.type == "cuda"
     if cuda:
         gemm_us = sum(e.device_time_total for e in averages if is_gemm(e.key))
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy_us = sum(e.device_time_total for e in kernels)
-        count = len(kernels)
+        kernels = timeline.of_profile(prof)
+        busy_us, count = sum(k.end_us - k.start_us for k in kernels), len(kernels)
+        folded = timeline.fold(kernels, layers)
     else:
         gemm_us = sum(e.cpu_time_total for e in averages if e.key in GEMM_OPS)
         busy_us, count = None, sum(e.count for e in averages if e.key.startswith("aten::"))
+        folded = None
     return {
         "gemm_ms": gemm_us / 1e3,
         "kernel_ms": None if busy_us is None else busy_us / 1e3,
         "launches": count,
         "method": "torch.profiler: " + ("CUDA kernel time" if cuda else "CPU op time"),
+        "timeline": folded,
     }
+
+
+def step_timeline(device: torch.device, forward: Callable[[], torch.Tensor], layers: int):
+    """The kernels of one step on its own path (graph replay or eager) folded by layer."""
+    if device.type != "cuda":
+        return None
+    try:
+        return timeline.fold(timeline.of_profile(trace(device, forward)), layers)
+    except Exception as exc:  # the timings stand without it
+        return {"error": repr(exc)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +243,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
     tokens = args.batch * (max(args.contexts) + room + args.page_size) + args.page_size
     engine = build_engine(args, engine_config(args, backend, spec, tokens, graphs))
     dev, q = engine.device, engine.cfg.spec_tokens
+    layers = engine.model.cfg.num_layers
     noop = NoAttention()
     if graphs:
         real_runner, noop_runner = engine.graphs, engine.graph_runner(noop)
@@ -235,7 +261,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             rest = eager_noop
         if gemm is None:  # the GEMMs do not depend on the context, the backend or the path
             try:
-                gemm = profile_step(dev, eager_noop)
+                gemm = profile_step(dev, eager_noop, layers)
             except Exception as exc:  # keep the timings even if the profiler fails here
                 gemm = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None}
                 gemm["method"] = f"profile failed: {exc!r}"
@@ -262,6 +288,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "non_attention_over_floor": noattn_ms / floor["weights_floor_ms"],
             "step_ms_all": step_all,
             "non_attention_ms_all": rest_all,
+            "timeline": step_timeline(dev, real, layers),
             "graphs_captured": real_runner.captured_shapes() if graphs else [],
             "page_fragmentation": engine.pool.fragmentation()["request_fragmentation"],
         }
@@ -273,6 +300,8 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             f"{row['non_attention_over_floor']:.2f}x its byte floor)",
             flush=True,
         )
+        if row["timeline"] and "error" not in row["timeline"]:
+            print(timeline.describe(row["timeline"]), flush=True)
         for req in reqs:
             engine.pool.close(req.row)
     return rows
@@ -467,7 +496,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gemm", choices=GEMMS, default="cublas",
                    help="weight GEMMs: cuBLAS, the fastest per shape of cuBLAS and the Triton "
                    "kernel (auto), or that kernel chained with the elementwise kernels by "
-                   "programmatic dependent launch (pdl; engine/skinny_gemm.py)")  # fmt: skip
+                   "programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
+                   "the other kernels chained (cublas-pdl)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")

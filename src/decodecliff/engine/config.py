@@ -80,7 +80,8 @@ SPEC_MODES = ("none", "chain", "tree")
 # serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
 PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
-GEMMS = ("auto", "cublas", "pdl")  # engine/skinny_gemm.py: WeightGemm (pdl: chained), or x @ w
+GEMMS = ("auto", "cublas", "pdl", "cublas-pdl")  # engine/skinny_gemm.py: WeightGemm, or x @ w
+CHAINED_GEMMS = ("pdl", "cublas-pdl")  # chained by dependent launch (cublas-pdl: but the GEMMs)
 
 
 def option(default: Any, help: str, **checks: Any) -> Any:
@@ -161,7 +162,7 @@ class EngineConfig:
         "a weight-streaming Triton kernel timed at the first step (auto, CUDA; no faster in a "
         "graph-captured H200 step: notes/engine.md), or that kernel alone, chained with the "
         "elementwise kernels by programmatic dependent launch, weights prefetched to L2 before "
-        "each waits (pdl, sm_90+)",
+        "each waits (pdl, sm_90+), or cuBLAS with the other kernels chained (cublas-pdl, sm_90+)",
         choices=GEMMS,
     )
     defrag: bool = option(False, "compact the running requests' scattered KV pages")

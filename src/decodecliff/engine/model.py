@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token_slots
 
 from . import fused
-from .config import GEMMS, ModelConfig
+from .config import CHAINED_GEMMS, GEMMS, ModelConfig
 
 
 @dataclass
@@ -154,13 +154,17 @@ def weight_gemm(
     gemm: str, device: torch.device
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The step's ``x @ w``: tuned per shape on CUDA ("auto", and "pdl" chained by programmatic
-    dependent launch: engine/skinny_gemm.py), else torch."""
+    dependent launch: engine/skinny_gemm.py), else torch ("cublas-pdl" chains the rest only)."""
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
-    if gemm == "cublas" or device.type != "cuda":
+    if device.type != "cuda":
         return torch.matmul
-    if gemm == "pdl" and torch.cuda.get_device_capability(device) < (9, 0):
-        raise ValueError("gemm pdl needs programmatic dependent launch: compute capability >= 9.0")
+    if gemm in CHAINED_GEMMS and torch.cuda.get_device_capability(device) < (9, 0):
+        raise ValueError(
+            f"gemm {gemm} needs programmatic dependent launch: compute capability >= 9.0"
+        )
+    if gemm in ("cublas", "cublas-pdl"):
+        return torch.matmul
     from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
 
     return WeightGemm(pdl=gemm == "pdl")
@@ -200,7 +204,7 @@ class SyntheticMLA:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.mm = weight_gemm(gemm, self.device)
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
-        self.pdl = gemm == "pdl" and self.device.type == "cuda"
+        self.pdl = gemm in CHAINED_GEMMS and self.device.type == "cuda"
         self.heads_mm = head_gemm(self.pdl)
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
