@@ -16,7 +16,8 @@
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy (its kernels
 # folded by layer) plain on cuBLAS, with the other kernels chained by programmatic dependent
-# launch (--gemm cublas-pdl), and with every kernel chained (--gemm pdl).
+# launch (--gemm cublas-pdl), and with every kernel chained (--gemm pdl), its weights prefetched
+# to L2 before each GEMM's wait and not (--gemm-prefetch-mb 0; these two at 1k only).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -100,14 +101,16 @@ for lim in (0, 102400):
       timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
-    engine-pdl)  # one call: tests (Triton compiles each candidate once), then the three steps
-      timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
+    engine-pdl)  # one call: tests (Triton compiles each candidate once), then four steps
+      timeout 180 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
         -k "pdl or chained or folds" > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"
       tail -n 1 "$OUT/pytest_pdl.log"
-      for gemm in cublas cublas-pdl pdl; do
-        timeout 100 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \
-          --out "$OUT/engine_$gemm.json" > "$OUT/bench_engine_$gemm.log" 2>&1; echo "$gemm rc $?"
-        grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_$gemm.log"
+      for variant in cublas:185000 cublas-pdl:185000 pdl: pdl-prefetch0:; do
+        label=${variant%%:*} more=${variant#*:} gemm=${label%-prefetch0}
+        [ "$label" = "$gemm" ] || gemm="$gemm --gemm-prefetch-mb 0"
+        timeout 90 $EB --parts anatomy --gemm $gemm --contexts 1024 $more --backends custom \
+          --out "$OUT/engine_$label.json" > "$OUT/bench_engine_$label.log" 2>&1; echo "$label rc $?"
+        grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_$label.log"
       done ;;
     *) echo "unknown part $part" ;;
   esac

@@ -96,6 +96,9 @@ def test_the_prefetch_stays_within_its_l2_budget_one_request_per_line(layout):
         fetched = plan["prefetch_k"] // line * 32 * skinny.L2_LINE_BYTES
     assert 0 < fetched * programs <= skinny.PREFETCH_BYTES
     assert skinny.prefetch_plan(skinny.Config(32, 256, 2), w)["prefetch_k"] == 0
+    assert skinny.prefetch_plan(cfg, w, budget=0)["prefetch_k"] == 0  # --gemm-prefetch-mb 0
+    half = skinny.prefetch_plan(cfg, w, budget=skinny.PREFETCH_BYTES // 2)["prefetch_k"]
+    assert 0 < half < plan["prefetch_k"]
 
 
 def test_the_pdl_gemm_tunes_over_chained_launches_only():
@@ -105,6 +108,7 @@ def test_the_pdl_gemm_tunes_over_chained_launches_only():
     assert not any(c.pdl for c in skinny.WeightGemm().candidates)
     assert weight_gemm("pdl", torch.device("cpu")) is torch.matmul
     assert weight_gemm("cublas-pdl", torch.device("cpu")) is torch.matmul
+    assert skinny.WeightGemm(pdl=True, prefetch_bytes=0).skinny.prefetch_bytes == 0
 
 
 @pytest.mark.parametrize(("t", "heads", "k", "n"), [(16, 8, 128, 512), (5, 3, 512, 128)])

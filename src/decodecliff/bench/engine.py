@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 
 from decodecliff import envinfo
-from decodecliff.engine.config import GEMMS, PRESETS, EngineConfig
+from decodecliff.engine.config import GEMM_PREFETCH_MB, GEMMS, PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams
@@ -216,6 +216,7 @@ def engine_config(args: argparse.Namespace, backend: str, spec: str, tokens: int
         tree_nodes=args.tree_nodes,
         cuda_graph=graphs,
         gemm=args.gemm,
+        gemm_prefetch_mb=args.gemm_prefetch_mb,
         scatter_seed=args.scatter_seed,
         seed=args.seed,
         threads=args.threads,
@@ -228,8 +229,9 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig) -> Engine:
         engine.model = None
         gc.collect()
         engine.model = SyntheticMLA(
-            cfg.model, engine.device, cfg.torch_dtype, cfg.seed, args.weight_layout, cfg.gemm
-        )
+            cfg.model, engine.device, cfg.torch_dtype, cfg.seed, args.weight_layout, cfg.gemm,
+            cfg.gemm_prefetch_mb,
+        )  # fmt: skip
         engine.model.rope.reserve(engine.pool.max_total_tokens)
     engine.pool.cache.normal_()
     return engine
@@ -283,6 +285,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "rest_ms": noattn_ms - gemm["gemm_ms"],
             "profile": gemm,
             "gemm": args.gemm,
+            "gemm_prefetch_mb": args.gemm_prefetch_mb if args.gemm == "pdl" else None,
             "gemm_choices": getattr(engine.model.mm, "describe", list)(),
             **floor,
             "non_attention_over_floor": noattn_ms / floor["weights_floor_ms"],
@@ -498,6 +501,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "kernel (auto), or that kernel chained with the elementwise kernels by "
                    "programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
                    "the other kernels chained (cublas-pdl)")  # fmt: skip
+    p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,
+                   help="with --gemm pdl: MB of each projection's weights asked of the L2 "
+                   "before it waits (0: none)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")

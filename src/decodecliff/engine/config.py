@@ -81,6 +81,9 @@ SPEC_MODES = ("none", "chain", "tree")
 PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
 GEMMS = ("auto", "cublas", "pdl", "cublas-pdl")  # engine/skinny_gemm.py: WeightGemm, or x @ w
+# What a chained weight GEMM asks of the L2 before its wait, over all its programs: a third of an
+# H200's 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
+GEMM_PREFETCH_MB = 16
 CHAINED_GEMMS = ("pdl", "cublas-pdl")  # chained by dependent launch (cublas-pdl: but the GEMMs)
 
 
@@ -164,6 +167,13 @@ class EngineConfig:
         "elementwise kernels by programmatic dependent launch, weights prefetched to L2 before "
         "each waits (pdl, sm_90+), or cuBLAS with the other kernels chained (cublas-pdl, sm_90+)",
         choices=GEMMS,
+    )
+    gemm_prefetch_mb: int = option(
+        GEMM_PREFETCH_MB,
+        "with gemm pdl: MB of each projection's weights asked of the L2 before it waits for the "
+        "kernel before (0: none)",
+        min=0,
+        max=64,
     )
     defrag: bool = option(False, "compact the running requests' scattered KV pages")
     defrag_threshold: float = option(

@@ -99,7 +99,10 @@ class Engine:
         if cfg.threads is not None:
             # Process-wide; on a busy CPU one thread per process beats oversubscribed spinning.
             torch.set_num_threads(cfg.threads)
-        self.model = SyntheticMLA(self.mcfg, self.device, dtype, cfg.seed, gemm=cfg.gemm)
+        self.model = SyntheticMLA(
+            self.mcfg, self.device, dtype, cfg.seed, gemm=cfg.gemm,
+            gemm_prefetch_mb=cfg.gemm_prefetch_mb,
+        )  # fmt: skip
         self.backend = get_backend(cfg.backend, **cfg.backend_options)
         self.pool = KVPool(
             num_layers=self.mcfg.num_layers,

@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token_slots
 
 from . import fused
-from .config import CHAINED_GEMMS, GEMMS, ModelConfig
+from .config import CHAINED_GEMMS, GEMM_PREFETCH_MB, GEMMS, ModelConfig
 
 
 @dataclass
@@ -151,7 +151,7 @@ class _Maker:
 
 
 def weight_gemm(
-    gemm: str, device: torch.device
+    gemm: str, device: torch.device, prefetch_mb: int = GEMM_PREFETCH_MB
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The step's ``x @ w``: tuned per shape on CUDA ("auto", and "pdl" chained by programmatic
     dependent launch: engine/skinny_gemm.py), else torch ("cublas-pdl" chains the rest only)."""
@@ -167,7 +167,7 @@ def weight_gemm(
         return torch.matmul
     from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
 
-    return WeightGemm(pdl=gemm == "pdl")
+    return WeightGemm(pdl=gemm == "pdl", prefetch_bytes=prefetch_mb << 20)
 
 
 def head_gemm(pdl: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
@@ -200,9 +200,10 @@ class SyntheticMLA:
         seed: int = 0,
         weight_layout: str = "kn",
         gemm: str = "cublas",
+        gemm_prefetch_mb: int = GEMM_PREFETCH_MB,
     ) -> None:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
-        self.mm = weight_gemm(gemm, self.device)
+        self.mm = weight_gemm(gemm, self.device, gemm_prefetch_mb)
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
         self.pdl = gemm in CHAINED_GEMMS and self.device.type == "cuda"
         self.heads_mm = head_gemm(self.pdl)

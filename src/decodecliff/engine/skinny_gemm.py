@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .config import GEMM_PREFETCH_MB
 from .fused_triton import chain_start, chained
 
 
@@ -56,9 +57,7 @@ CONFIGS = tuple(Config(n, k, s) for n in (16, 32, 64) for k in (128, 256) for s 
 CANDIDATES = tuple(Config(n, 256, s) for n in (16, 32, 64) for s in (1, 2, 4, 8))
 MAX_M = 64
 TUNE_REPEATS = 5
-# What a projection asks the L2 for before its wait, over all its programs: a third of an H200's
-# 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
-PREFETCH_BYTES = 16 << 20
+PREFETCH_BYTES = GEMM_PREFETCH_MB << 20  # engine/config.py says why
 L2_LINE_BYTES = 128
 
 
@@ -184,13 +183,13 @@ def block_m(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
-def prefetch_plan(cfg: Config, w: torch.Tensor) -> dict:
-    """The kernel's prefetch arguments for w: K rows per program (PREFETCH_BYTES over the grid)
+def prefetch_plan(cfg: Config, w: torch.Tensor, budget: int = PREFETCH_BYTES) -> dict:
+    """The kernel's prefetch arguments for w: K rows per program (``budget`` bytes over the grid)
     and the tile of one prefetch per L2 line, along w's contiguous dimension."""
     k, n = w.shape
     line = L2_LINE_BYTES // w.element_size()
     programs = triton.cdiv(n, cfg.block_n) * cfg.split_k
-    per_program = PREFETCH_BYTES // programs if cfg.pdl else 0
+    per_program = budget // programs if cfg.pdl else 0
     if w.stride(1) == 1:  # [K, N] rows: a slice of <= one line's columns per row
         per_row = max(cfg.block_n // line, 1)
         rows = per_program // (cfg.block_n * w.element_size())
@@ -204,7 +203,8 @@ def prefetch_plan(cfg: Config, w: torch.Tensor) -> dict:
 class SkinnyGemm:
     """y = x @ w for x [M <= 64, K], w a [K, N] view (row-major or the transpose of [N, K])."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefetch_bytes: int = PREFETCH_BYTES) -> None:
+        self.prefetch_bytes = prefetch_bytes  # per chained launch, over all its programs
         self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def scratch(self, cfg: Config, m: int, n: int, device: torch.device):
@@ -227,7 +227,8 @@ class SkinnyGemm:
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, tickets = self.scratch(cfg, m, n, x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-        pdl = {**prefetch_plan(cfg, w), **chained(True)} if cfg.pdl else {"prefetch_k": 0}
+        plan = prefetch_plan(cfg, w, self.prefetch_bytes)
+        pdl = {**plan, **chained(True)} if cfg.pdl else {"prefetch_k": 0}
         _skinny_gemm_kernel[grid](
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
@@ -250,10 +251,15 @@ class WeightGemm:
     one wait for all of it). The choice is still timed one kernel alone, where no overlap shows.
     """
 
-    def __init__(self, candidates: tuple[Config, ...] = CANDIDATES, pdl: bool = False) -> None:
+    def __init__(
+        self,
+        candidates: tuple[Config, ...] = CANDIDATES,
+        pdl: bool = False,
+        prefetch_bytes: int = PREFETCH_BYTES,
+    ) -> None:
         self.pdl = pdl
         self.candidates = tuple(replace(c, pdl=True) for c in candidates) if pdl else candidates
-        self.skinny = SkinnyGemm()
+        self.skinny = SkinnyGemm(prefetch_bytes)
         self.choices: dict[tuple, Config | None] = {}  # None: cuBLAS
         self.untuned_in_capture: set[tuple] = set()
         self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms: cuBLAS, the choice
