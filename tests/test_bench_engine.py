@@ -62,6 +62,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     assert exc.value.code == 2 and "CUDA" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.cli(["--device", "cpu", "--contexts", "0", "--out", str(tmp_path / "x.json")])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        bench.cli(["--gemm-prefetch-mb", "65", "--out", str(tmp_path / "x.json")])
+    assert "--gemm-prefetch-mb must be in 0..64" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 

@@ -108,7 +108,13 @@ def test_the_pdl_gemm_tunes_over_chained_launches_only():
     assert not any(c.pdl for c in skinny.WeightGemm().candidates)
     assert weight_gemm("pdl", torch.device("cpu")) is torch.matmul
     assert weight_gemm("cublas-pdl", torch.device("cpu")) is torch.matmul
-    assert skinny.WeightGemm(pdl=True, prefetch_bytes=0).skinny.prefetch_bytes == 0
+    w = weights(7168, 4608, "kn").to(torch.bfloat16)
+    chained = skinny.Config(32, 256, 2, pdl=True)
+    options = skinny.WeightGemm(pdl=True).skinny.launch_options(chained, w)
+    assert options["launch_pdl"] and options["prefetch_k"] > 0
+    unfetched = skinny.WeightGemm(pdl=True, prefetch_bytes=0).skinny.launch_options(chained, w)
+    assert unfetched["launch_pdl"] and unfetched["prefetch_k"] == 0  # --gemm-prefetch-mb 0
+    assert skinny.SkinnyGemm().launch_options(skinny.Config(32, 256, 2), w) == {"prefetch_k": 0}
 
 
 @pytest.mark.parametrize(("t", "heads", "k", "n"), [(16, 8, 128, 512), (5, 3, 512, 128)])

@@ -14,7 +14,8 @@ split three ways:
 On CUDA each row also holds the step's kernels folded by layer (bench/timeline.py: per kernel of
 a layer its mean duration and the gap before it; the step's busy time against its span), traced
 on the step's own path, and the profile holds the same for the eager no-op step, where the host's
-launches leave every kernel its own duration.
+slow launches leave kernels little to overlap (a chained kernel that starts before the one it
+waits for has ended counts its wait: a negative gap before it says so).
 
 Each part stands beside its floor, from ceilings measured in the same run (bench/roofline.py):
 GEMMs max(weight bytes / copy rate, GEMM FLOPs / matmul rate), attention max(KV bytes / copy rate,
@@ -30,6 +31,7 @@ stepping, sampling, emitting; no HTTP) on one request at each context and report
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import random
@@ -136,7 +138,8 @@ def trace(device: torch.device, forward: Callable[[], torch.Tensor]):
 
 
 def profile_step(device: torch.device, forward: Callable[[], torch.Tensor], layers: int) -> dict:
-    """GEMM time, all-kernel time, kernel count and the kernels folded by layer of one step."""
+    """GEMM time, the kernels' durations summed (overlapping ones each in full: the timeline's
+    busy time counts overlap once), kernel count and the kernels folded by layer of one step."""
     prof = trace(device, forward)
     averages = prof.key_averages()
     cuda = device.type == "cuda"
@@ -265,7 +268,8 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             try:
                 gemm = profile_step(dev, eager_noop, layers)
             except Exception as exc:  # keep the timings even if the profiler fails here
-                gemm = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None}
+                gemm = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None,
+                        "timeline": None}  # fmt: skip
                 gemm["method"] = f"profile failed: {exc!r}"
         step_all = time_step(dev, real, args.warmup, args.repeats)
         rest_all = time_step(dev, rest, args.warmup, args.repeats)
@@ -525,6 +529,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--paths graphs needs a CUDA device")
     if any(c < 1 for c in args.contexts) or args.repeats < 1 or args.batch < 1:
         p.error("contexts, repeats and batch must be >= 1")
+    bounds = {f.name: f.metadata for f in dataclasses.fields(EngineConfig)}["gemm_prefetch_mb"]
+    if not bounds["min"] <= args.gemm_prefetch_mb <= bounds["max"]:
+        p.error(f"--gemm-prefetch-mb must be in {bounds['min']}..{bounds['max']}")
     return args
 
 

@@ -7,6 +7,10 @@ duration and the mean gap before it: the previous kernel's end to its start, lau
 ramp when positive, overlap when negative (a programmatic dependent starts before the kernel it
 waits for has ended, and its duration then includes the wait). The step's busy time is the union
 of its kernels' intervals, beside the span from the first start to the last end.
+
+Where a layer's repeat could start at two places (a prefix kernel named like the layer's last
+one), the earliest is taken: the engine's prefix (embedding, rope rows) shares no kernel with a
+layer, so the positions start at the layer's first kernel.
 """
 
 from __future__ import annotations
@@ -79,7 +83,8 @@ def fold(kernels: list[Kernel], layers: int) -> dict:
     layer = []
     for pos in range(period):
         at = range(offset + pos, offset + layers * period, period)
-        gaps = [kernels[i].start_us - kernels[i - 1].end_us for i in at if i > 0]
+        # the first layer's first kernel follows the prefix (on a graph path, the launch): left out
+        gaps = [kernels[i].start_us - kernels[i - 1].end_us for i in at if i > offset]
         layer.append({
             "position": pos,
             "kernel": short_name(kernels[offset + pos].name),
@@ -92,14 +97,14 @@ def fold(kernels: list[Kernel], layers: int) -> dict:
 
 
 def of_profile(prof) -> list[Kernel]:
-    """The CUDA kernel records of a torch.profiler trace, in start order."""
+    """The CUDA kernel records of a torch.profiler trace (no copies or fills), in start order."""
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
     records = [
         Kernel(e.name, e.time_range.start, e.time_range.end)
         for e in prof.events()
-        if e.device_type == cuda
+        if e.device_type == cuda and not e.name.startswith(("Memcpy", "Memset"))
     ]
     return sorted(records, key=lambda k: k.start_us)
 
@@ -109,9 +114,10 @@ def describe(folded: dict) -> str:
     if not folded["kernels"]:
         return "no kernel records"
     span, busy = folded["span_us"], folded["busy_us"]
+    share = f" ({busy / span:.0%})" if span > 0 else ""
     lines = [
-        f"{folded['kernels']} kernels, span {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms "
-        f"({busy / span:.0%}), idle {(span - busy) / 1e3:.3f} ms"
+        f"{folded['kernels']} kernels, span {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms{share}, "
+        f"idle {(span - busy) / 1e3:.3f} ms"
     ]
     if folded["layer"] is None:
         return lines[0] + "; no per-layer repeat found"

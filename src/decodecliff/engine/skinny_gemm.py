@@ -227,15 +227,19 @@ class SkinnyGemm:
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, tickets = self.scratch(cfg, m, n, x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-        plan = prefetch_plan(cfg, w, self.prefetch_bytes)
-        pdl = {**plan, **chained(True)} if cfg.pdl else {"prefetch_k": 0}
         _skinny_gemm_kernel[grid](
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.warps, num_stages=cfg.stages, **pdl,
+            num_warps=cfg.warps, num_stages=cfg.stages, **self.launch_options(cfg, w),
         )  # fmt: skip
         return y
+
+    def launch_options(self, cfg: Config, w: torch.Tensor) -> dict:
+        """A chained launch's prefetch plan (this GEMM's budget) and flag; none for a plain one."""
+        if not cfg.pdl:
+            return {"prefetch_k": 0}
+        return {**prefetch_plan(cfg, w, self.prefetch_bytes), **chained(True)}
 
 
 class WeightGemm:
