@@ -156,15 +156,16 @@ for name, study in studies.items():
 # %% [markdown]
 # ## End to end, every number
 # Verify steps per second on the client's clock, the median over each point's requests (after a
-# warm-up request per server launch) with their min–max in brackets, and each server
-# configuration's speedup over the Triton baseline at the same context. With random weights no
-# draft token is accepted, so tokens/s equal verify steps/s here; a real drafter's acceptance
-# length multiplies every server alike.
+# warm-up request per server launch) with their min–max in brackets, beside the floor's (every
+# weight and the context's latent KV read once per step at the measured copy rate), and each
+# server configuration's speedup over the Triton baseline at the same context. With random
+# weights no draft token is accepted, so tokens/s equal verify steps/s here; a real drafter's
+# acceptance length multiplies every server alike.
 
 # %%
 for name, study in studies.items():
     base = tables.baseline_server(study.sweep, baseline or None)
-    table = tables.sweep_headline(study.sweep, base)
+    table = tables.sweep_headline(study.sweep, base, study.ceilings)
     if name == "this run":
         table.to_csv(layout.table_path(results, "report", "headline"))
     display(Markdown(f"**{titles[name]}** (baseline `{base}`): {tables.counts(study.sweep)}."))

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from report_study import PUBLISHED, REPO, SERVERS, STUDY, executed
 
-from decodecliff.analysis import layout, style, summarize
+from decodecliff.analysis import floors, layout, style, summarize, tables
 
 NOTEBOOKS = ["kernels", "compare", "report"] + [f"sweep-{s}" for s in SERVERS]
 
@@ -130,11 +130,20 @@ def _spread_text(values: list[float]) -> str:
 def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
     """Each cell is the median (min–max) over the point's recorded requests, from the raw file."""
     headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
+    ceilings = json.loads((study / "results/kernels/bench.json").read_text())["ceilings"]
     checked = 0
     for point in raw_points():
         if point["status"] != "ok":
             continue
         row = next(i for i in headline.index if i.endswith(f"({point['requested_ctx']:,})"))
+        info = point["server_info"]  # the served model, as the point's file records it
+        model = {k: info[k] for k in ("preset", "num_layers", "vocab_size", "weight_bytes")}
+        model["draft_tokens"] = info["speculative_num_draft_tokens"]
+        floor = floors.step_floor(
+            model, point["requested_ctx"], ceilings["copy_gbs"], ceilings["matmul_tflops"]
+        )
+        at_floor = float(f"{1e3 / floor.ms:.3g}")  # the table's three digits
+        assert float(headline.loc[row, tables.FLOOR_LABEL]) == pytest.approx(at_floor)
         name = point["name"] + " "
         col = next(c for c in headline.columns if c.startswith(name) and " vs " not in c)
         steps = [r["metrics"]["verify_steps_s_client"] for r in point["requests"]]

@@ -616,7 +616,7 @@ ANATOMY_PARTS = [("attention_ms", "attention"), ("gemm_ms", "GEMMs"), ("rest_ms"
 
 def engine_anatomy(table: pd.DataFrame, title: str) -> Figure:
     """Stacked attention / GEMMs / rest per context, one panel per engine configuration (its
-    title in its backend's colour), with the floor (weights + KV) and the weights' floor."""
+    title in its backend's colour), with the floor (weights + attention) and the weights' floor."""
     configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
     fig, axes = plt.subplots(1, max(len(configs), 1), figsize=(3.6 * max(len(configs), 1), 3.8))
     axes = np.atleast_1d(axes)
@@ -638,7 +638,7 @@ def _anatomy_panel(ax, df: pd.DataFrame) -> None:
         height = df[col].clip(lower=0).to_numpy()
         ax.bar(x, height, bottom=bottom, color=style.PART_COLORS[label], label=label, width=0.7)
         bottom += height
-    ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + KV)")
+    ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + attention)")
     ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
     ax.set_xticks(x, [ctx_label(c) for c in df["context"]])
     ax.set_xlabel("context (tokens)")

@@ -40,7 +40,7 @@ FIGURES: dict[str, dict[str, str]] = {
     "sweep": {"metrics": "{study}: end-to-end metrics of one server configuration"},
     "engine": {
         "anatomy": "Time per verify step vs context (attention, GEMMs, rest) per configuration, "
-        "with the floor: weights + KV at the copy rate.",
+        "with the floor: the weights at the copy rate, attention at the copy or matmul rate.",
     },
 }
 TABLES: dict[str, tuple[str, ...]] = {

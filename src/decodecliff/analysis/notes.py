@@ -21,10 +21,10 @@ import jinja2
 import pandas as pd
 import yaml
 
-from . import summarize, tables, targets
+from . import floors, summarize, tables, targets
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "workflow" / "report" / "notes.md.j2"
-LATENT_BYTES = 576 * 2  # one latent KV row in bf16 (512 + 64 rope)
+FLOOR_TERMS = {"FLOPs": "its FLOPs at the matmul rate", "bytes": "its latent KV at the copy rate"}
 BENCH_PRESET = "kimi-k2-tp8-rank"  # the model whose shapes the kernel benchmark times
 VERIFY_MODE = "chain16"
 
@@ -79,7 +79,7 @@ def _attention_ms(
 def server_rows(study: summarize.Study) -> list[dict]:
     """Per server configuration at its longest ok context: the step, its parts and its floor."""
     sweep, kernels = tables.ok(study.sweep), study.kernels
-    copy_gbs = study.ceilings.get("copy_gbs")
+    copy_gbs, matmul = study.ceilings.get("copy_gbs"), study.ceilings.get("matmul_tflops")
     out = []
     for server in dict.fromkeys(study.sweep["server"]):
         rows = sweep[sweep["server"] == server].sort_values("requested_ctx")
@@ -125,16 +125,14 @@ def server_rows(study: summarize.Study) -> list[dict]:
                 "attention_share": "–" if share is None else f"{share:.0%}",
                 "attention_over": share is not None and share > 1,
             }
-        weights = r.get("weight_bytes")
-        if copy_gbs and pd.notna(weights) and pd.notna(layers):
-            kv = ctx * LATENT_BYTES * int(layers)
-            floor = (float(weights) + kv) / (copy_gbs * 1e9) * 1e3
+        floor = floors.step_floor(r, ctx, copy_gbs, matmul) if copy_gbs and matmul else None
+        if floor is not None:
             row |= {
-                "floor_ms": _num(floor, ",.2f"),
-                "weights_gb": _num(float(weights) / 1e9, ".3g"),
-                "kv_gb": _num(kv / 1e9, ".3g"),
-                "copy_gbs": _num(copy_gbs, ",.0f"),
-                "over_floor": _num(step_ms / floor) if pd.notna(step_ms) else "–",
+                "floor_ms": _num(floor.ms, ",.2f"),
+                "floor_weights_ms": _num(floor.weights_ms, ",.2f"),
+                "floor_attention_ms": _num(floor.attention_ms, ",.2f"),
+                "floor_attention_by": FLOOR_TERMS[floor.attention_by],
+                "over_floor": _num(step_ms / floor.ms) if pd.notna(step_ms) else "–",
             }
         out.append(row)
     return out

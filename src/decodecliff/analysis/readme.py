@@ -59,9 +59,10 @@ def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str, list[str]]:
     """The end-to-end headline (verify steps/s, median and min–max), what it rests on, its
     baseline server and the commits its points record, computed from the study's raw point files
     by the same functions as its report and notes."""
-    sweep = summarize.load_study(study).sweep
+    loaded = summarize.load_study(study)
+    sweep = loaded.sweep
     baseline = tables.baseline_server(sweep)
-    headline = tables.sweep_headline(sweep, baseline)
+    headline = tables.sweep_headline(sweep, baseline, loaded.ceilings)
     return headline.reset_index(), tables.counts(sweep), baseline, list(sweep["git"])
 
 
@@ -117,7 +118,9 @@ def section(study: Path, name: str | None = None) -> str:
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
             "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps: verify steps "
-            f"per second on the client's clock and the speedup over the Triton server "
+            "per second on the client's clock, beside the floor's (every weight and the "
+            "context's latent KV read once per step at the measured copy rate), and the speedup "
+            "over the Triton server "
             f"`{baseline}`; with random weights no draft token is accepted, so tok/s are the same "
             f"numbers; {counts}):",
             "",

@@ -173,7 +173,8 @@ def sweep_row(path: str | Path, servers: dict[str, dict] | None = None) -> dict:
         if key not in row and not isinstance(value, dict | list):
             row[key] = value
     info = point.get("server_info") if isinstance(point.get("server_info"), dict) else {}
-    row |= {k: info.get(k) for k in ("preset", "num_layers", "weight_bytes")}  # the step's floor
+    row |= {k: info.get(k) for k in ("preset", "num_layers", "vocab_size", "weight_bytes")}
+    row["draft_tokens"] = info.get("speculative_num_draft_tokens")  # the step's floor
     row |= _after_point(point)
     row |= {"started_at": point.get("started_at"), "finished_at": point.get("finished_at")}
     return row | _env_columns(point.get("env")) | {"file": str(path)}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import pandas as pd
+
+from . import floors
 
 KERNEL_KEYS = ["heads", "mode", "q_len", "page_size", "batch", "ctx"]
 NOT_OK_COLUMNS = {
@@ -134,6 +137,7 @@ def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
 # weights no draft is accepted, so tokens/s are the same steps counted once per token).
 PRIMARY = "verify_steps_s_client"
 PRIMARY_LABEL = "verify steps/s"
+FLOOR_LABEL = f"floor {PRIMARY_LABEL}"
 
 
 def spread(row: pd.Series, key: str, fmt: str = ".3g") -> str:
@@ -175,9 +179,12 @@ def _concurrency(sweep: pd.DataFrame) -> pd.Series:
     return sweep.groupby("server", sort=False)["concurrency"].max().fillna(1).astype(int)
 
 
-def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """Per context: each server's verify steps/s, median (min–max) over its requests, then each
-    one's speedup over the baseline (medians, at the same concurrency)."""
+def sweep_headline(
+    sweep: pd.DataFrame, baseline: str | None, ceilings: Mapping | None = None
+) -> pd.DataFrame:
+    """Per context: verify steps/s at the step's floor (given the ceilings), each server's
+    verify steps/s, median (min–max) over its requests, then each one's speedup over the
+    baseline (medians, at the same concurrency)."""
     if sweep.empty:
         return pd.DataFrame()
     df = sweep.copy()
@@ -189,6 +196,9 @@ def sweep_headline(sweep: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     )[servers].fillna("not in the sweep")
     names = {s: s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in servers}
     table.columns = [f"{names[s]} {PRIMARY_LABEL}" for s in servers]
+    floor = floors.steps_s(sweep, ceilings or {})
+    if not floor.empty:
+        table.insert(0, FLOOR_LABEL, floor.reindex(table.index).map(lambda v: f"{v:.3g}"))
     speed = sweep_speedup(sweep, baseline)
     for server in servers:
         if server == baseline or k.get(server, 1) != k.get(baseline, 1):
