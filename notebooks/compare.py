@@ -34,6 +34,7 @@ from decodecliff.analysis import figures, headline, layout, style, summarize, ta
 
 # %% tags=["parameters"]
 sweep_csv = "results/summary/sweep.csv"  # from the summarize rule
+kernels_csv = "results/summary/kernels.csv"  # its ceilings: the steps' floor (analysis/floors.py)
 reference_csv = "data/reference/seed-rtx-pro-6000-triton.csv"  # the published table
 results = "results"  # figures and tables go under {results}/figures|tables/compare/
 published = ""  # a published study folder with the same layout, shown beside this one if present
@@ -46,8 +47,10 @@ tau = 3.0  # acceptance length of "tok/s at tau" (the config's sweep.acceptance_
 style.apply()
 sweeps = {"this run": pd.read_csv(sweep_csv)}
 titles = {"this run": summarize.study_title(study_name, sweeps["this run"])}
+ceilings = {"this run": summarize.ceilings_of(pd.read_csv(kernels_csv))}
 if published and Path(published).is_dir():
-    sweeps["published"] = summarize.load_study(published).sweep
+    published_study = summarize.load_study(published)
+    sweeps["published"], ceilings["published"] = published_study.sweep, published_study.ceilings
     titles["published"] = summarize.study_title(Path(published).name, sweeps["published"], True)
 for sweep in sweeps.values():
     style.register_servers(sweep)
@@ -60,12 +63,14 @@ display(Markdown(", ".join(f"baseline of {titles[k]}: `{v}`" for k, v in bases.i
 # %% [markdown]
 # ## The finding: verify steps/s against context
 # The servers that matter (SGLang Triton, FlashInfer, the custom kernel; CUDA graphs solid, eager
-# dashed), the RTX PRO 6000 table overlaid in its own unit, the cliff and the win annotated. The
+# dashed), the rate of a step at its floor (black dashed), the RTX PRO 6000 table overlaid in its
+# own unit, the cliff and the win annotated. The
 # report page and the README open with this figure (this run's, and the published study's).
 
 # %%
 for study, sweep in sweeps.items():
-    fig = headline.figure(sweep, reference, f"{titles[study]}: verify steps/s against context")
+    title = f"{titles[study]}: verify steps/s against context"
+    fig = headline.figure(sweep, reference, title, ceilings[study])
     pub = study != "this run"
     figures.save(fig, layout.figure_path(results, "compare", "headline", published=pub))
     plt.show()

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from decodecliff.analysis import headline, style, summarize, tables
+from decodecliff.analysis import floors, headline, style, summarize, tables
 from decodecliff.analysis.tables import PRIMARY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,3 +136,23 @@ def test_a_fifth_sentence_pairs_the_servers_configured_as_on_sm120(sweep) -> Non
     assert f"{headline.num(custom)} verify steps/s at 185k" in text
     assert f"`flashinfer-sm120-graph-p1` {headline.num(fi)}, {headline._times(custom / fi)}" in text
     assert headline.sm120_pairing(sweep[sweep["server"] != "flashinfer-sm120-graph-p1"]) is None
+
+
+def test_the_figure_draws_the_floor_from_the_study_s_ceilings(sweep) -> None:
+    study = summarize.load_study(PUBLISHED)
+    assert summarize.ceilings_of(study.kernels) == {
+        k: study.ceilings[k] for k in ("copy_gbs", "matmul_tflops")
+    }
+    style.apply()
+    fig = headline.figure(sweep, None, "with its floor", study.ceilings)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    floor = lines[headline.FLOOR_LABEL]
+    expected = floors.steps_s(sweep, study.ceilings)
+    assert list(floor.get_xdata()) == list(expected.index)
+    assert list(floor.get_ydata()) == pytest.approx(list(expected.values))
+    fastest = sweep.groupby("requested_ctx")[PRIMARY].max()
+    assert (fastest.reindex(expected.index) < expected).all()  # no server beats its floor
+    plt.close(fig)
+    bare = headline.figure(sweep, None, "no ceilings")
+    assert headline.FLOOR_LABEL not in [line.get_label() for line in bare.axes[0].get_lines()]
+    plt.close(bare)

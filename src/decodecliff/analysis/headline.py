@@ -10,6 +10,7 @@ page and the README both open with them (``analysis/readme.py``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -17,10 +18,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import style
+from . import floors, style
 from .figures import context_axis, median_line, set_scale
 from .tables import PRIMARY, ctx_label, ok
 
+FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
 FAMILY_ORDER = ("sglang", "triton", "flashinfer", "custom")  # legend order: the baseline first
 WHO = {
@@ -126,8 +128,14 @@ def _times(ratio: float) -> str:
 # the figure
 
 
-def figure(sweep: pd.DataFrame, reference: pd.DataFrame | None, title: str) -> Figure:
-    """Verify steps/s vs context per server that matters, the reference overlaid, annotated."""
+def figure(
+    sweep: pd.DataFrame,
+    reference: pd.DataFrame | None,
+    title: str,
+    ceilings: Mapping | None = None,
+) -> Figure:
+    """Verify steps/s vs context per server that matters, the reference overlaid, annotated;
+    with the study's ceilings, the rate of a step at its floor above them (analysis/floors.py)."""
     fig, ax = plt.subplots(figsize=(9.6, 5.0))
     fig.subplots_adjust(left=0.08, right=0.66, bottom=0.12, top=0.92)  # the legend goes right
     ref = _reference(reference)
@@ -138,6 +146,9 @@ def figure(sweep: pd.DataFrame, reference: pd.DataFrame | None, title: str) -> F
         rows = rows.assign(ctx=rows["requested_ctx"])
         line = style.linestyle(graphs[server])
         median_line(ax, rows, PRIMARY, style.color(server), server, ls=line)
+    floor = floors.steps_s(sweep, ceilings or {})
+    if len(floor):
+        ax.plot(floor.index, floor.values, "k--", lw=1, label=FLOOR_LABEL)
     if len(ref):
         ax.plot(
             ref["actual_ctx"], ref["decode_tok_s"], color=style.REFERENCE_COLOR, ls=":",
@@ -147,7 +158,7 @@ def figure(sweep: pd.DataFrame, reference: pd.DataFrame | None, title: str) -> F
     _annotate(ax, facts(sweep))
     ax.set(ylabel="verify steps/s (median over requests)", title=title)
     handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i] == REFERENCE_LABEL)
+    order = sorted(range(len(labels)), key=lambda i: labels[i] in (FLOOR_LABEL, REFERENCE_LABEL))
     ax.legend(
         [handles[i] for i in order], [labels[i] for i in order], fontsize=7.5,
         loc="upper left", bbox_to_anchor=(1.01, 1.0), title="solid: CUDA graphs, dashed: eager",

@@ -81,10 +81,11 @@ def headline_png(study: Path) -> Path:
 def draw_headline(study: Path, reference: Path = REFERENCE) -> Path:
     """Draw the study's headline figure into the study folder, as its compare notebook does."""
     style.apply()
-    sweep = summarize.load_study(study).sweep
+    loaded = summarize.load_study(study)
     ref, _ = summarize.reference_table(reference)
-    title = f"{summarize.study_title(study.name, sweep)}: verify steps/s against context"
-    return figures.save(headline.figure(sweep, ref, title), headline_png(study))
+    title = f"{summarize.study_title(study.name, loaded.sweep)}: verify steps/s against context"
+    fig = headline.figure(loaded.sweep, ref, title, loaded.ceilings)
+    return figures.save(fig, headline_png(study))
 
 
 def finding(study: Path, rel: str, reference: Path = REFERENCE) -> list[str]:

@@ -57,6 +57,13 @@ def _env_columns(env: dict | None) -> dict:
     return {k: env.get(k) for k in ENV_KEYS}
 
 
+def ceilings_of(kernels: pd.DataFrame) -> dict:
+    """The measured ceilings a kernel table carries on every row (empty without them)."""
+    keys = [k for k in ("copy_gbs", "matmul_tflops") if k in kernels]
+    rows = kernels[keys].dropna() if keys else pd.DataFrame()
+    return {k: float(rows[k].iloc[0]) for k in keys} if len(rows) else {}
+
+
 def kernel_table(bench: dict) -> pd.DataFrame:
     """One row per microbenchmark point, with the machine's measured ceilings on every row."""
     ceilings = bench.get("ceilings") or {}

@@ -76,11 +76,13 @@ def notebooks(study: Study) -> dict[str, Notebook]:
         "compare": Notebook(
             inputs={
                 "sweep": paths.SUMMARY_SWEEP,
+                "kernels": paths.SUMMARY_KERNELS,  # the ceilings the steps' floor is counted at
                 "reference": cfg["reference"],
                 "published": published,
             },
             parameters=lambda wildcards, input: {
                 "sweep_csv": input.sweep,
+                "kernels_csv": input.kernels,
                 "reference_csv": input.reference,
                 **common,
                 **tau,
