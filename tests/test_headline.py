@@ -156,3 +156,19 @@ def test_the_figure_draws_the_floor_from_the_study_s_ceilings(sweep) -> None:
     bare = headline.figure(sweep, None, "no ceilings")
     assert headline.FLOOR_LABEL not in [line.get_label() for line in bare.axes[0].get_lines()]
     plt.close(bare)
+
+
+def test_the_win_cites_the_step_of_the_winner_s_own_configuration(sweep) -> None:
+    """Where the custom kernel's sm_120 build wins, its own step anatomy is cited, not the
+    H200 build's."""
+    faster = sweep.copy()
+    sm120 = faster["server"] == "custom-sm120-graph-p1"
+    faster.loc[sm120, PRIMARY] = faster.loc[sm120, PRIMARY] * 1.5
+    engine = pd.DataFrame([
+        {"backend": label, "path": "graphs", "mode": "chain", "context": 185000,
+         "step_ms": step, "attention_ms": attention}
+        for label, step, attention in (("custom", 21.0, 15.0), ("custom (sm120)", 30.0, 27.0))
+    ])  # fmt: skip
+    text = headline.win(faster, engine)
+    assert "`custom-sm120-graph-p1` runs" in text and "90% of its 30 ms step" in text
+    assert "of its 21 ms step" in headline.win(sweep[~sm120], engine)

@@ -275,12 +275,20 @@ def collapse(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -
     )
 
 
+def engine_label(sweep: pd.DataFrame, server: str) -> str:
+    """The engine bench's label of a custom server's configuration: "custom", or its sm_120
+    build's "custom (sm120)"."""
+    models = ok(sweep).groupby("server")["model"].first() if "model" in sweep else {}
+    model = models.get(server)
+    return f"custom ({model})" if isinstance(model, str) else "custom"
+
+
 def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
     f = facts(sweep)
     if f.winner is None:
         return "**What the custom kernel wins:** no custom server ran beside the baseline."
     graphs = style.graph_servers(sweep)[f.winner]
-    share = attention_share(engine, "custom", graphs)
+    share = attention_share(engine, engine_label(sweep, f.winner), graphs)
     at_long = share[share["context"] >= f.long * 0.95]
     step = ""
     if len(at_long):
