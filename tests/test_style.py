@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 import yaml
 
@@ -96,3 +97,26 @@ def test_kernel_figures_keep_their_legends_short() -> None:
     for name, fig in drawn.items():
         assert legend_entries(fig) <= 10, (name, legend_entries(fig))  # 8 + seaborn's subtitles
         plt.close(fig)
+
+
+def test_the_step_anatomy_of_many_configurations_is_a_grid() -> None:
+    """Seven backends on two paths: rows of four panels, none wider than four, every panel
+    titled with its configuration, the empty places hidden."""
+    backends = ["custom", "custom (sm120)", "triton", "sglang", "flashinfer (fa2)",
+                "flashinfer (fa3)", "flashinfer (fa2-sm120)"]  # fmt: skip
+    rows = [
+        {"backend": b, "path": p, "mode": "chain", "context": c, "attention_ms": 1.0 + c / 1e5,
+         "gemm_ms": 3.8, "rest_ms": 1.5, "step_floor_ms": 2.3 + c / 1e5, "weights_floor_ms": 2.25}
+        for b in backends for p in ("graphs", "eager") for c in (1024, 185000)
+    ]  # fmt: skip
+    style.apply()
+    fig = figures.engine_anatomy(pd.DataFrame(rows), "anatomy")
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(shown) == 14 and len(fig.axes) == 16
+    assert fig.get_size_inches()[0] <= 3.6 * figures.ANATOMY_COLUMNS + 1e-9
+    titles = {ax.get_title() for ax in shown}
+    assert {f"{b}, {p} (chain)" for b in backends for p in ("graphs", "eager")} == titles
+    plt.close(fig)
+    one = figures.engine_anatomy(pd.DataFrame(rows[:2]), "one")
+    assert len(one.axes) == 1
+    plt.close(one)

@@ -612,20 +612,26 @@ def kernel_vs_peers(kernels: pd.DataFrame, candidate: str = "custom") -> Figure:
 
 
 ANATOMY_PARTS = [("attention_ms", "attention"), ("gemm_ms", "GEMMs"), ("rest_ms", "rest")]
+ANATOMY_COLUMNS = 4  # panels per row: a study of seven backends on two paths reads as a grid
 
 
 def engine_anatomy(table: pd.DataFrame, title: str) -> Figure:
     """Stacked attention / GEMMs / rest per context, one panel per engine configuration (its
     title in its backend's colour), with the floor (weights + attention) and the weights' floor."""
     configs = list(table.groupby(["mode", "backend", "path"], sort=False)) if len(table) else []
-    fig, axes = plt.subplots(1, max(len(configs), 1), figsize=(3.6 * max(len(configs), 1), 3.8))
-    axes = np.atleast_1d(axes)
+    cols = min(max(len(configs), 1), ANATOMY_COLUMNS)
+    rows = -(-max(len(configs), 1) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows + 0.2), squeeze=False)
+    axes = grid.ravel()
     for ax, ((mode, backend, path), df) in zip(axes, configs, strict=False):
         _anatomy_panel(ax, df.sort_values("context"))
         ax.set_title(f"{backend}, {path} ({mode})", color=style.color(backend), fontsize=10)
     if not configs:
         _empty(axes[0], "no step anatomy measured")
-    axes[0].set_ylabel("time per verify step (ms)")
+    for ax in axes[max(len(configs), 1) :]:
+        ax.set_visible(False)  # the last row's empty places
+    for row in grid:
+        row[0].set_ylabel("time per verify step (ms)")
     fig.suptitle(title, fontweight="bold")
     figure_legend(fig, axes[:1])
     return fig
