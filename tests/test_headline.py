@@ -166,9 +166,12 @@ def test_the_win_cites_the_step_of_the_winner_s_own_configuration(sweep) -> None
     faster.loc[sm120, PRIMARY] = faster.loc[sm120, PRIMARY] * 1.5
     engine = pd.DataFrame([
         {"backend": label, "path": "graphs", "mode": "chain", "context": 185000,
-         "step_ms": step, "attention_ms": attention}
-        for label, step, attention in (("custom", 21.0, 15.0), ("custom (sm120)", 30.0, 27.0))
+         "step_ms": step, "attention_ms": attention, "step_floor_ms": floor}
+        for label, step, attention, floor in (
+            ("custom", 21.0, 15.0, float("nan")), ("custom (sm120)", 30.0, 27.0, 6.25)
+        )
     ])  # fmt: skip
     text = headline.win(faster, engine)
-    assert "`custom-sm120-graph-p1` runs" in text and "90% of its 30 ms step" in text
-    assert "of its 21 ms step" in headline.win(sweep[~sm120], engine)
+    assert "`custom-sm120-graph-p1` runs" in text
+    assert "90% of its 30 ms step there (floor 6.25 ms)" in text  # the time beside its floor
+    assert "of its 21 ms step there (floor not measured)" in headline.win(sweep[~sm120], engine)

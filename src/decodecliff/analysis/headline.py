@@ -218,14 +218,21 @@ def alt_text(sweep: pd.DataFrame) -> str:
 def attention_share(engine: pd.DataFrame | None, backend: str, graphs: bool) -> pd.DataFrame:
     """Per context: a chain verify step's time and attention's share of it, for one engine
     configuration of the step anatomy (empty where it was not measured)."""
-    cols = ["context", "step_ms", "attention_ms", "share"]
+    cols = ["context", "step_ms", "attention_ms", "share", "step_floor_ms"]
     if engine is None or engine.empty or "attention_ms" not in engine:
         return pd.DataFrame(columns=cols)
     path = "graphs" if graphs else "eager"
     rows = engine[(engine["backend"] == backend) & (engine["path"] == path)]
     rows = rows[rows["mode"] == "chain"] if "mode" in rows else rows
     rows = rows.dropna(subset=["step_ms", "attention_ms"]).sort_values("context")
+    if "step_floor_ms" not in rows:
+        rows = rows.assign(step_floor_ms=np.nan)
     return rows.assign(share=rows["attention_ms"] / rows["step_ms"])[cols]
+
+
+def _floor(row: pd.Series) -> str:
+    """', floor 6.19 ms' of an anatomy row (nothing where the bench predates its floors)."""
+    return "" if pd.isna(row["step_floor_ms"]) else f", floor {num(row['step_floor_ms'])} ms"
 
 
 def _why(engine: pd.DataFrame | None, backend: str, graphs: bool) -> str:
@@ -240,8 +247,8 @@ def _why(engine: pd.DataFrame | None, backend: str, graphs: bool) -> str:
     return (
         f", because attention grows from {lo['share']:.0%} of a verify step at "
         f"{ctx_label(lo['context'])} to {hi['share']:.1%} at {ctx_label(hi['context'])} "
-        f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms; step anatomy, {backend} "
-        f"engine {how})"
+        f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms{_floor(hi)}; step anatomy, "
+        f"{backend} engine {how})"
     )
 
 
@@ -293,7 +300,10 @@ def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
     step = ""
     if len(at_long):
         row = at_long.iloc[0]
-        step = f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there"
+        step = (
+            f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there "
+            f"({_floor(row)[2:] or 'floor not measured'})"
+        )
     return (
         f"**What the custom kernel wins:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
         f"at {ctx_label(f.long)}, {_times(f.win_rate / f.rate_long)} `{f.baseline}` "

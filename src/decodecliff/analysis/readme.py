@@ -119,9 +119,9 @@ def section(study: Path, name: str | None = None) -> str:
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
             "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps: verify steps "
-            "per second on the client's clock, beside the floor's (every weight and the "
-            "context's latent KV read once per step at the measured copy rate), and the speedup "
-            "over the Triton server "
+            "per second on the client's clock, beside the floor's (the weights read once at the "
+            "measured copy rate, each layer's attention at the copy rate or the matmul rate, the "
+            "larger), and the speedup over the Triton server "
             f"`{baseline}`; with random weights no draft token is accepted, so tok/s are the same "
             f"numbers; {counts}):",
             "",
