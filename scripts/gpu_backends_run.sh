@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
+#         | engine-gemms
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -17,7 +18,10 @@
 # engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy (its kernels
 # folded by layer) plain on cuBLAS, with the other kernels chained by programmatic dependent
 # launch (--gemm cublas-pdl), and with every kernel chained (--gemm pdl), its weights prefetched
-# to L2 before each GEMM's wait and not (--gemm-prefetch-mb 0; these two at 1k only).
+# to L2 before each GEMM's wait and not (--gemm-prefetch-mb 0; these two at 1k only);
+# engine-gemms: every projection at 16 rows alone, cuBLAS and each weight-streaming configuration
+# launched plainly, then chained with the 16 MB L2 prefetch and without (what the chain costs a
+# kernel where nothing overlaps it).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -111,6 +115,13 @@ for lim in (0, 102400):
         timeout 90 $EB --parts anatomy --gemm $gemm --contexts 1024 $more --backends custom \
           --out "$OUT/engine_$label.json" > "$OUT/bench_engine_$label.log" 2>&1; echo "$label rc $?"
         grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_$label.log"
+      done ;;
+    engine-gemms)  # the weight GEMMs alone at 16 rows: plain, chained with and without prefetch
+      for variant in cublas:16 pdl:16 pdl:0; do
+        gemm=${variant%%:*} mb=${variant#*:}
+        timeout 180 $EB --parts gemms --gemm $gemm --gemm-prefetch-mb $mb --tree-nodes 16 \
+          --out "$OUT/gemms_${gemm}_$mb.json" > "$OUT/bench_gemms_${gemm}_$mb.log" 2>&1
+        echo "$variant rc $?"; grep -E "^gemm step|failed" "$OUT/bench_gemms_${gemm}_$mb.log"
       done ;;
     *) echo "unknown part $part" ;;
   esac

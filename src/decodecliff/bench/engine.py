@@ -504,7 +504,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="weight GEMMs: cuBLAS, the fastest per shape of cuBLAS and the Triton "
                    "kernel (auto), or that kernel chained with the elementwise kernels by "
                    "programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
-                   "the other kernels chained (cublas-pdl)")  # fmt: skip
+                   "the other kernels chained (cublas-pdl); --parts gemms times the Triton "
+                   "configurations chained with pdl")  # fmt: skip
     p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,
                    help="with --gemm pdl: MB of each projection's weights asked of the L2 "
                    "before it waits (0: none)")  # fmt: skip

@@ -3,14 +3,17 @@
 For every projection of the preset (q_a|kv_a, q_b, o, gate|up, down, the LM head) at the step's
 token rows (chain: draft length x batch, tree: nodes x batch): cuBLAS (``x @ w``) with the weights
 stored [K, N] and N-major, and each configuration of the weight-streaming Triton kernel
-(engine/skinny_gemm.py), checked against cuBLAS first. The floor is the weights' bytes at the
-measured copy rate: at these M a projection is a stream of its weights. The summary sums one
-layer's projections x layers + the LM head: the step's GEMM time if each took its fastest.
+(engine/skinny_gemm.py), checked against cuBLAS first; with ``--gemm pdl`` each configuration
+is launched as a programmatic dependent with its L2 prefetch of ``--gemm-prefetch-mb`` (timed
+alone, where nothing overlaps: what the chain costs a kernel). The floor is the weights' bytes
+at the measured copy rate: at these M a projection is a stream of its weights. The summary sums
+one layer's projections x layers + the LM head: the step's GEMM time if each took its fastest.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 
@@ -50,16 +53,20 @@ def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> 
     device = torch.device("cuda")
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     floor = 2 * k * n / (ceil["copy_gbs"] * 1e6)
-    rows, skinny = [], SkinnyGemm()
+    chained = args.gemm == "pdl"
+    configs = [replace(c, pdl=True) for c in CONFIGS] if chained else CONFIGS
+    rows, skinny = [], SkinnyGemm(args.gemm_prefetch_mb << 20)
     for layout in ("kn", "nk"):
         w = weights(k, n, layout, device)
         ref = x @ w
         impls = [("cublas", None, lambda w=w: x @ w)]
         if m <= MAX_M:
-            impls += [("triton", c, lambda w=w, c=c: skinny(x, w, c)) for c in CONFIGS]
+            impls += [("triton", c, lambda w=w, c=c: skinny(x, w, c)) for c in configs]
         for impl, cfg, fn in impls:
             row = {"m": m, "k": k, "n": n, "layout": layout, "impl": impl, "floor_ms": floor}
             row["config"] = cfg.name if cfg else None
+            if cfg and cfg.pdl:
+                row["prefetch_mb"] = args.gemm_prefetch_mb
             try:
                 err = ((fn().float() - ref.float()).norm() / ref.float().norm()).item()
                 row["rel_err"] = err
