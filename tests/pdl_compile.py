@@ -28,6 +28,8 @@ HEADS_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
     **{name: "i32" for name in ("M", "K", "N", "sxm", "sxh", "sxk", "swh", "swk", "swn")},
     **{name: "i32" for name in ("sym", "syh", "syn")},
+    "r_ptr": "*bf16", "cs_ptr": "*fp32", "ro_ptr": "*bf16",
+    **{name: "i32" for name in ("srm", "srh", "som", "soh")},
 }  # fmt: skip
 NORM_SIGNATURE = {
     "x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
@@ -72,10 +74,11 @@ def main(arch: int) -> dict:
             out[f"gemm {layout} pdl={pdl}"] = features(
                 ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, gemm, arch)
             )
-        heads = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PDL": pdl}
-        out[f"head_gemm pdl={pdl}"] = features(
-            ptx(skinny_gemm._head_gemm_kernel, HEADS_SIGNATURE, heads, arch)
-        )
+        for rope in (0, 32):  # the per-head GEMM alone, and with the queries' rope folded in
+            heads = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PDL": pdl, "ROPE_HALF": rope}
+            out[f"head_gemm rope={rope} pdl={pdl}"] = features(
+                ptx(skinny_gemm._head_gemm_kernel, HEADS_SIGNATURE, heads, arch)
+            )
         norm = {"HAS_DELTA": True, "BLOCK": 8192, "PDL": pdl}
         out[f"add_rms_norm pdl={pdl}"] = features(
             ptx(fused_triton._add_rms_norm_kernel, NORM_SIGNATURE, norm, arch)

@@ -273,7 +273,7 @@ def test_a_chained_forward_is_bit_identical_to_its_kernels_launched_plainly(back
     attention = get_backend(backend)
     chained = model.forward(step, cache.clone(), attention)
     model.pdl = False
-    model.heads_mm = lambda x, w, out: head_gemm(x, w, out, pdl=False)
+    model.heads_mm = lambda x, w, out, rope=None: head_gemm(x, w, out, pdl=False, rope=rope)
     model.mm.choices = {
         key: c and dataclasses.replace(c, pdl=False) for key, c in model.mm.choices.items()
     }

@@ -131,6 +131,33 @@ def test_the_head_gemm_is_a_bmm_into_strided_rows(t, heads, k, n):
     assert rows[..., n:].isnan().all()
 
 
+@pytest.mark.parametrize("t", [16, 5])
+def test_the_head_gemm_ropes_the_queries_rope_part_in_the_same_launch(t):
+    """With ``rope``, the launch also writes rope(q_rope) beside the latent part of the [T, H,
+    576] query rows: what the separate rope (fused.py's torch code) writes, to float32
+    rounding, and the GEMM part unchanged."""
+    from decodecliff.engine import fused
+
+    heads, k, n, d = 8, 128, 512, 64
+    torch.manual_seed(t)
+    q = torch.randn(t, heads, k + d, dtype=torch.float32)  # q_b's output: nope | rope
+    q_nope, q_rope = q.split([k, d], dim=-1)
+    w = torch.randn(heads, k, n, dtype=torch.float32) / k**0.5
+    cs = fused.RopeTable(d, 10000.0, torch.device("cpu"))
+    cs.reserve(64)
+    rows = cs.rows(torch.arange(40, 40 + t))
+    plain = torch.full((t, heads, n + d), float("nan"))
+    skinny.head_gemm(q_nope, w, plain[..., :n], pdl=False)
+    fused.rope(q_rope, rows, plain[..., n:])
+    folded = torch.full((t, heads, n + d), float("nan"))
+    skinny.head_gemm(q_nope, w, folded[..., :n], pdl=False, rope=(q_rope, rows, folded[..., n:]))
+    assert torch.equal(folded[..., :n], plain[..., :n])
+    assert torch.allclose(folded[..., n:], plain[..., n:], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(folded[..., n:], q_rope, atol=1e-2)  # the rotation did something
+    with pytest.raises(ValueError, match="rope takes"):
+        skinny.head_gemm(q_nope, w, folded[..., :n], False, rope=(q_rope[:, :4], rows, q_rope))
+
+
 def test_a_head_gemm_of_mismatched_shapes_is_a_clear_error():
     with pytest.raises(ValueError, match="head GEMM takes"):
         skinny.head_gemm(torch.zeros(4, 2, 8), torch.zeros(3, 8, 16), torch.zeros(4, 2, 16), False)

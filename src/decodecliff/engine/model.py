@@ -170,23 +170,32 @@ def weight_gemm(
     return WeightGemm(pdl=gemm == "pdl", prefetch_bytes=prefetch_mb << 20)
 
 
-def head_gemm(pdl: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    """``out [T, H, N] = x [T, H, K] @ w [H, K, N]`` per head: torch's bmm, or in a chain of
-    programmatic dependent launches the Triton kernel of engine/skinny_gemm.py (up to its
-    MAX_M rows: a prefill chunk or a large batch takes the bmm, as the weight GEMMs take cuBLAS)."""
+Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (r [T, H, d], cs [T, d], r_out)
 
-    def bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+
+def head_gemm(pdl: bool) -> Callable[..., None]:
+    """``out [T, H, N] = x [T, H, K] @ w [H, K, N]`` per head, and with ``rope`` = (r, cs, r_out)
+    also ``r_out = rope(r)``: torch's bmm and the rope kernel, or in a chain of programmatic
+    dependent launches the Triton kernel of engine/skinny_gemm.py doing both in one launch (up
+    to its MAX_M rows: a prefill chunk or a large batch takes the bmm, as the weight GEMMs take
+    cuBLAS)."""
+
+    def bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None = None) -> None:
         torch.bmm(x.transpose(0, 1), w, out=out.transpose(0, 1))
+        if rope is not None:
+            fused.rope(*rope, pdl)
 
     if not pdl:
         return bmm
     from .skinny_gemm import MAX_M  # Triton: CUDA processes only
     from .skinny_gemm import head_gemm as chained
 
-    def chained_or_bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    def chained_or_bmm(
+        x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None = None
+    ) -> None:
         if x.shape[0] > MAX_M:
-            return bmm(x, w, out)
-        chained(x, w, out, pdl=True)
+            return bmm(x, w, out, rope)
+        chained(x, w, out, pdl=True, rope=rope)
 
     return chained_or_bmm
 
@@ -311,9 +320,10 @@ class SyntheticMLA:
             v = torch.cat([self._mha(layer, q_nope, q_rope, cache, s) for s in spans])
             return v.reshape(T, -1) @ layer.w_o
         q_buf, out, v_buf = bufs if bufs is not None else self._buffers(T)
-        # q_nope W_kc and rope(q_rope) land in place in the [T, H, 576] query rows.
-        self.heads_mm(q_nope, layer.w_kc, q_buf[..., : cfg.kv_lora_rank])
-        fused.rope(q_rope, cs, q_buf[..., cfg.kv_lora_rank :], self.pdl)
+        # q_nope W_kc and rope(q_rope) land in place in the [T, H, 576] query rows (one launch
+        # where the per-head GEMM is the chained Triton kernel).
+        latent, rope_part = q_buf.split([cfg.kv_lora_rank, cfg.qk_rope_dim], dim=-1)
+        self.heads_mm(q_nope, layer.w_kc, latent, rope=(q_rope, cs, rope_part))
         backend.run(q_buf, cache, out)  # [T, H, 512]
         self.heads_mm(out, layer.w_vc, v_buf)  # [T, H, 128]
         return self.mm(v_buf.view(T, -1), layer.w_o)

@@ -18,7 +18,8 @@ do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and l
 launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) that keeps the
 step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
 the H200 measured). The elementwise kernels of engine/fused_triton.py take part the same way, the
-absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm, and the custom
+absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm (the queries' rope
+folded into the first one's launch), and the custom
 attention backend launches its kernels as dependents too (``AttnMeta.chained``): a layer is one
 chain.
 """
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .config import GEMM_PREFETCH_MB
-from .fused_triton import chain_start, chained
+from .fused_triton import _rope_pair, chain_start, chained
 
 
 @dataclass(frozen=True)
@@ -139,16 +140,13 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _head_gemm_kernel(
-    x_ptr, w_ptr, y_ptr, M, K, N,
-    sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+def _head_tile(
+    x_ptr, w_ptr, y_ptr, M, K, N, sxm, sxh, sxk, swh, swk, swn, sym, syh, syn, pid_n, h,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """y[:, h] = x[:, h] @ w[h] for one head (program axis 1) and BLOCK_N of its columns."""
-    pid_n, h = tl.program_id(0), tl.program_id(1)
+    """y[:, h] = x[:, h] @ w[h] for BLOCK_N columns (the pid_n-th) of head h."""
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    chain_start(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
@@ -161,9 +159,56 @@ def _head_gemm_kernel(
     tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def head_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pdl: bool) -> torch.Tensor:
+@triton.jit
+def _rope_rows(r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h, HALF: tl.constexpr):
+    """ro[t, h] = rope(r[t, h]) for the M rows t of head h (cs: [cos | sin] per row)."""
+    i = tl.arange(0, HALF)
+    for t in range(M):
+        o1, o2 = _rope_pair(r_ptr + t * srm + h * srh, cs_ptr + t * 2 * HALF, HALF)
+        dst = ro_ptr + t * som + h * soh
+        tl.store(dst + i, o1.to(ro_ptr.dtype.element_ty))
+        tl.store(dst + HALF + i, o2.to(ro_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _head_gemm_kernel(
+    x_ptr, w_ptr, y_ptr, M, K, N,
+    sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
+    r_ptr, cs_ptr, ro_ptr, srm, srh, som, soh,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ROPE_HALF: tl.constexpr = 0,
+):  # fmt: skip
+    """One head (program axis 1) and BLOCK_N of its columns (axis 0); with ROPE_HALF, the last
+    program of axis 0 ropes the head's r rows into ro instead (the queries' rope part, which
+    would otherwise take a kernel of its own after this one)."""
+    pid_n, h = tl.program_id(0), tl.program_id(1)
+    chain_start(PDL)
+    if ROPE_HALF > 0:
+        if pid_n == tl.num_programs(0) - 1:
+            _rope_rows(r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h, ROPE_HALF)
+        else:
+            _head_tile(
+                x_ptr, w_ptr, y_ptr, M, K, N, sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
+                pid_n, h, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+    else:
+        _head_tile(
+            x_ptr, w_ptr, y_ptr, M, K, N, sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
+            pid_n, h, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+
+
+def head_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    pdl: bool,
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """out [T, H, N] = x [T, H, K] @ w [H, K, N] per head (the absorbed MLA heads' up- and
-    down-projections, any strides): torch.bmm's result, in a kernel that can join the chain."""
+    down-projections, any strides): torch.bmm's result, in a kernel that can join the chain.
+    ``rope`` = (r [T, H, d], cs [T, d], r_out [T, H, d]): the same launch also writes
+    rope(r) to r_out (engine/fused.py's ``rope``), one program per head."""
     t, heads, k = x.shape
     n = w.shape[2]
     if t > MAX_M or w.shape[:2] != (heads, k) or out.shape != (t, heads, n):
@@ -171,10 +216,15 @@ def head_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pdl: bool) ->
         raise ValueError(
             f"head GEMM takes [<= {MAX_M}, H, K] x [H, K, N] -> [T, H, N], got {shapes}"
         )
+    r, cs, r_out = rope if rope is not None else (x, x, out)  # unread without rope
+    if rope is not None and not (r.shape == r_out.shape == (t, heads, cs.shape[1])):
+        raise ValueError(f"rope takes [T, H, d] and [T, d] with T, H = {t}, {heads}")
     block_n = 64
-    _head_gemm_kernel[(triton.cdiv(n, block_n), heads)](
+    _head_gemm_kernel[(triton.cdiv(n, block_n) + (rope is not None), heads)](
         x, w, out, t, k, n, *x.stride(), *w.stride(), *out.stride(),
-        BLOCK_M=block_m(t), BLOCK_N=block_n, BLOCK_K=128, num_warps=4, **chained(pdl),
+        r, cs, r_out, r.stride(0), r.stride(1), r_out.stride(0), r_out.stride(1),
+        BLOCK_M=block_m(t), BLOCK_N=block_n, BLOCK_K=128, num_warps=4,
+        ROPE_HALF=cs.shape[1] // 2 if rope is not None else 0, **chained(pdl),
     )  # fmt: skip
     return out
 
