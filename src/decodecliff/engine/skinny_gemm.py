@@ -19,9 +19,8 @@ launch. It is meant to hide the per-GEMM ramp (launch, first bytes in flight) th
 step's projections at 59% of the copy rate behind the kernel before (notes/engine.md says what
 the H200 measured). The elementwise kernels of engine/fused_triton.py take part the same way, the
 absorbed heads' per-head GEMMs run in ``head_gemm`` instead of cuBLAS's bmm (the queries' rope
-folded into the first one's launch), and the custom
-attention backend launches its kernels as dependents too (``AttnMeta.chained``): a layer is one
-chain.
+folded into the first one's launch), and the custom attention backend launches its kernels as
+dependents too (``AttnMeta.chained``): a layer is one chain.
 """
 
 from __future__ import annotations
