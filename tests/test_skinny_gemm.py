@@ -156,6 +156,9 @@ def test_the_head_gemm_ropes_the_queries_rope_part_in_the_same_launch(t):
     assert not torch.allclose(folded[..., n:], q_rope, atol=1e-2)  # the rotation did something
     with pytest.raises(ValueError, match="rope takes"):
         skinny.head_gemm(q_nope, w, folded[..., :n], False, rope=(q_rope[:, :4], rows, q_rope))
+    strided = q[..., ::3][..., :d]  # every third element of the rows
+    with pytest.raises(ValueError, match="unit last stride"):
+        skinny.head_gemm(q_nope, w, folded[..., :n], False, rope=(strided, rows, q_rope))
 
 
 def test_a_head_gemm_of_mismatched_shapes_is_a_clear_error():

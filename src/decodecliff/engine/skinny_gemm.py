@@ -216,8 +216,11 @@ def head_gemm(
             f"head GEMM takes [<= {MAX_M}, H, K] x [H, K, N] -> [T, H, N], got {shapes}"
         )
     r, cs, r_out = rope if rope is not None else (x, x, out)  # unread without rope
-    if rope is not None and not (r.shape == r_out.shape == (t, heads, cs.shape[1])):
-        raise ValueError(f"rope takes [T, H, d] and [T, d] with T, H = {t}, {heads}")
+    unit = r.stride(-1) == r_out.stride(-1) == 1 and cs.is_contiguous()
+    if rope is not None and not (r.shape == r_out.shape == (t, heads, cs.shape[1]) and unit):
+        raise ValueError(
+            f"rope takes [T, H, d] rows of unit last stride and [T, d] cos|sin, T, H = {t}, {heads}"
+        )
     block_n = 64
     _head_gemm_kernel[(triton.cdiv(n, block_n) + (rope is not None), heads)](
         x, w, out, t, k, n, *x.stride(), *w.stride(), *out.stride(),
