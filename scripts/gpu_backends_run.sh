@@ -107,7 +107,7 @@ for lim in (0, 102400):
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
     engine-pdl)  # one call: tests (Triton compiles each candidate once), then four steps
       timeout 180 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
-        -k "pdl or chained or folds" > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"
+        -k "pdl or chained or folds or rope" > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"
       tail -n 1 "$OUT/pytest_pdl.log"
       for variant in cublas:185000 cublas-pdl:185000 pdl: pdl-prefetch0:; do
         label=${variant%%:*} more=${variant#*:} gemm=${label%-prefetch0}
@@ -116,10 +116,10 @@ for lim in (0, 102400):
           --out "$OUT/engine_$label.json" > "$OUT/bench_engine_$label.log" 2>&1; echo "$label rc $?"
         grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_$label.log"
       done ;;
-    engine-gemms)  # the weight GEMMs alone at 16 rows: plain, chained with and without prefetch
+    engine-gemms)  # a call of its own: every projection alone at 16 rows, three ways
       for variant in cublas:16 pdl:16 pdl:0; do
         gemm=${variant%%:*} mb=${variant#*:}
-        timeout 180 $EB --parts gemms --gemm $gemm --gemm-prefetch-mb $mb --tree-nodes 16 \
+        timeout 170 $EB --parts gemms --gemm $gemm --gemm-prefetch-mb $mb --tree-nodes 16 \
           --out "$OUT/gemms_${gemm}_$mb.json" > "$OUT/bench_gemms_${gemm}_$mb.log" 2>&1
         echo "$variant rc $?"; grep -E "^gemm step|failed" "$OUT/bench_gemms_${gemm}_$mb.log"
       done ;;

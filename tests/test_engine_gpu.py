@@ -301,3 +301,30 @@ def test_bench_engine_folds_each_step_s_kernels_by_layer(tmp_path):
     assert graphs["path"] == "graphs" and eager["path"] == "eager"
     noop = [k["kernel"] for k in eager["profile"]["timeline"]["layer"]]  # no attention kernels
     assert set(noop) < {k["kernel"] for k in eager["timeline"]["layer"]}
+
+
+@needs_pdl
+@pytest.mark.parametrize("t", [16, 5, 64])
+def test_the_folded_rope_writes_what_the_rope_kernel_writes(t):
+    """The per-head GEMM with the queries' rope folded in, compiled, plain and chained: the
+    latent part bit for bit the head GEMM's alone, the rope part the separate rope kernel's (to
+    bf16 rounding: the two kernels may contract the products differently)."""
+    from decodecliff.engine import fused, fused_triton
+    from decodecliff.engine.skinny_gemm import head_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    q = torch.randn(t, 8, 192, generator=g, device="cuda").bfloat16()
+    q_nope, q_rope = q.split([128, 64], dim=-1)
+    w = (torch.randn(8, 128, 512, generator=g, device="cuda") / 128**0.5).bfloat16()
+    table = fused.RopeTable(64, 10000.0, torch.device("cuda"))
+    table.reserve(4096)
+    cs = table.rows(torch.arange(1000, 1000 + t, device="cuda"))
+    apart = torch.full((t, 8, 576), float("nan"), device="cuda", dtype=torch.bfloat16)
+    head_gemm(q_nope, w, apart[..., :512], pdl=False)
+    fused_triton.rope(q_rope, cs, apart[..., 512:], False)
+    for pdl in (False, True):
+        folded = torch.full_like(apart, float("nan"))
+        head_gemm(q_nope, w, folded[..., :512], pdl=pdl, rope=(q_rope, cs, folded[..., 512:]))
+        assert torch.equal(folded[..., :512], apart[..., :512])
+        assert not folded.isnan().any()
+        torch.testing.assert_close(folded[..., 512:], apart[..., 512:], rtol=1e-2, atol=1e-2)

@@ -159,14 +159,19 @@ def _head_tile(
 
 
 @triton.jit
-def _rope_rows(r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h, HALF: tl.constexpr):
-    """ro[t, h] = rope(r[t, h]) for the M rows t of head h (cs: [cos | sin] per row)."""
-    i = tl.arange(0, HALF)
-    for t in range(M):
-        o1, o2 = _rope_pair(r_ptr + t * srm + h * srh, cs_ptr + t * 2 * HALF, HALF)
-        dst = ro_ptr + t * som + h * soh
-        tl.store(dst + i, o1.to(ro_ptr.dtype.element_ty))
-        tl.store(dst + HALF + i, o2.to(ro_ptr.dtype.element_ty))
+def _rope_rows(
+    r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h,
+    HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """ro[t, h] = rope(r[t, h]) for the M rows t of head h (cs: [cos | sin] per row), as one
+    [BLOCK_M, HALF] tile: rows past M read row M - 1 and are not stored."""
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    safe = tl.minimum(rows, M - 1)
+    o1, o2 = _rope_pair(r_ptr + h * srh + safe * srm, cs_ptr + safe * 2 * HALF, HALF)
+    i = tl.arange(0, HALF)[None, :]
+    dst = ro_ptr + h * soh + rows * som
+    tl.store(dst + i, o1.to(ro_ptr.dtype.element_ty), mask=rows < M)
+    tl.store(dst + HALF + i, o2.to(ro_ptr.dtype.element_ty), mask=rows < M)
 
 
 @triton.jit
@@ -184,7 +189,7 @@ def _head_gemm_kernel(
     chain_start(PDL)
     if ROPE_HALF > 0:
         if pid_n == tl.num_programs(0) - 1:
-            _rope_rows(r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h, ROPE_HALF)
+            _rope_rows(r_ptr, cs_ptr, ro_ptr, M, srm, srh, som, soh, h, ROPE_HALF, BLOCK_M)
         else:
             _head_tile(
                 x_ptr, w_ptr, y_ptr, M, K, N, sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
@@ -195,6 +200,14 @@ def _head_gemm_kernel(
             x_ptr, w_ptr, y_ptr, M, K, N, sxm, sxh, sxk, swh, swk, swn, sym, syh, syn,
             pid_n, h, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
+
+
+def _rope_fits(r: torch.Tensor, cs: torch.Tensor, r_out: torch.Tensor, t: int, heads: int) -> bool:
+    if cs.dim() != 2 or cs.dtype != torch.float32 or not cs.is_contiguous() or cs.shape[0] != t:
+        return False
+    d = cs.shape[1]
+    unit = r.stride(-1) == r_out.stride(-1) == 1
+    return unit and r.shape == r_out.shape == (t, heads, d) and d >= 2 and (d & (d - 1)) == 0
 
 
 def head_gemm(
@@ -216,10 +229,10 @@ def head_gemm(
             f"head GEMM takes [<= {MAX_M}, H, K] x [H, K, N] -> [T, H, N], got {shapes}"
         )
     r, cs, r_out = rope if rope is not None else (x, x, out)  # unread without rope
-    unit = r.stride(-1) == r_out.stride(-1) == 1 and cs.is_contiguous()
-    if rope is not None and not (r.shape == r_out.shape == (t, heads, cs.shape[1]) and unit):
+    if rope is not None and not _rope_fits(r, cs, r_out, t, heads):
         raise ValueError(
-            f"rope takes [T, H, d] rows of unit last stride and [T, d] cos|sin, T, H = {t}, {heads}"
+            f"rope takes [T, H, d] rows of unit last stride and [T, d] cos|sin (float32, d a "
+            f"power of two), T, H = {t}, {heads}: got {tuple(r.shape)}, {tuple(cs.shape)}"
         )
     block_n = 64
     _head_gemm_kernel[(triton.cdiv(n, block_n) + (rope is not None), heads)](
