@@ -43,9 +43,7 @@ def step_floor(model: Mapping, ctx: int, copy_gbs: float, matmul_tflops: float) 
     embedding = int(model["vocab_size"]) * cfg.hidden * WEIGHT_ELEMENT_BYTES
     weights = float(model["weight_bytes"]) - embedding
     gemm_flops = 2 * q * weights / WEIGHT_ELEMENT_BYTES  # one multiply-add per weight and row
-    kv_len = ctx + q
-    kv_bytes = roofline.attention_bytes(kv_len) * layers
-    attention_flops = roofline.attention_flops(kv_len, q, cfg.num_heads) * layers
+    kv_bytes, attention_flops = roofline.step_attention(ctx, q, cfg.num_heads, layers)
     by_bytes = kv_bytes / (copy_gbs * 1e9) >= attention_flops / (matmul_tflops * 1e12)
     return StepFloor(
         weights_ms=roofline.floor_ms(weights, gemm_flops, copy_gbs, matmul_tflops),

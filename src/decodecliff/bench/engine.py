@@ -146,15 +146,15 @@ def profile_step(device: torch.device, forward: Callable[[], torch.Tensor], laye
     if cuda:
         gemm_us = sum(e.device_time_total for e in averages if is_gemm(e.key))
         kernels = timeline.of_profile(prof)
-        busy_us, count = sum(k.end_us - k.start_us for k in kernels), len(kernels)
+        kernel_us, count = sum(k.end_us - k.start_us for k in kernels), len(kernels)
         folded = timeline.fold(kernels, layers)
     else:
         gemm_us = sum(e.cpu_time_total for e in averages if e.key in GEMM_OPS)
-        busy_us, count = None, sum(e.count for e in averages if e.key.startswith("aten::"))
+        kernel_us, count = None, sum(e.count for e in averages if e.key.startswith("aten::"))
         folded = None
     return {
         "gemm_ms": gemm_us / 1e3,
-        "kernel_ms": None if busy_us is None else busy_us / 1e3,
+        "kernel_ms": None if kernel_us is None else kernel_us / 1e3,
         "launches": count,
         "method": "torch.profiler: " + ("CUDA kernel time" if cuda else "CPU op time"),
         "timeline": folded,
@@ -177,21 +177,20 @@ def step_timeline(device: torch.device, forward: Callable[[], torch.Tensor], lay
 
 def floors(model: SyntheticMLA, rows: int, batch: int, context: int, q: int, ceil: dict) -> dict:
     """The step's floors (ms) from the measured copy rate and matmul rate."""
-    cfg = model.cfg
-    bw, rate = ceil["copy_gbs"] * 1e9, ceil["matmul_tflops"] * 1e12
+    cfg, copy, matmul = model.cfg, ceil["copy_gbs"], ceil["matmul_tflops"]
     weight_bytes = model.step_weight_bytes()
     gemm_flops = model.step_gemm_flops(rows)
-    kv_len = context + q
-    kv_bytes = roofline.attention_bytes(kv_len, batch, model.embed.element_size()) * cfg.num_layers
-    attn_flops = roofline.attention_flops(kv_len, q, cfg.num_heads, batch) * cfg.num_layers
-    gemm = max(weight_bytes / bw, gemm_flops / rate) * 1e3
-    attention = max(kv_bytes / bw, attn_flops / rate) * 1e3
+    kv_bytes, attn_flops = roofline.step_attention(
+        context, q, cfg.num_heads, cfg.num_layers, batch, model.embed.element_size()
+    )
+    gemm = roofline.floor_ms(weight_bytes, gemm_flops, copy, matmul)
+    attention = roofline.floor_ms(kv_bytes, attn_flops, copy, matmul)
     return {
         "weight_bytes": weight_bytes,
         "gemm_flops": gemm_flops,
         "kv_bytes": kv_bytes,
         "attention_flops": attn_flops,
-        "weights_floor_ms": weight_bytes / bw * 1e3,
+        "weights_floor_ms": roofline.floor_ms(weight_bytes, 0, copy, matmul),
         "gemm_floor_ms": gemm,
         "attention_floor_ms": attention,
         "rest_floor_ms": 0.0,

@@ -31,6 +31,16 @@ def attention_flops(ctx: int, q_len: int, heads: int, batch: int = 1) -> int:
     return batch * q_len * heads * ctx * (D_QK + D_V) * 2
 
 
+def step_attention(
+    context: int, q_len: int, heads: int, layers: int, batch: int = 1, elem_size: int = 2
+) -> tuple[int, int]:
+    """A verify step's attention over its layers: the latent KV bytes it reads (the context and
+    the step's own q_len rows) and its FLOPs."""
+    kv_len = context + q_len
+    kv_bytes = attention_bytes(kv_len, batch, elem_size) * layers
+    return kv_bytes, attention_flops(kv_len, q_len, heads, batch) * layers
+
+
 def floor_ms(bytes_: float, flops: float, copy_gbs: float, matmul_tflops: float) -> float:
     return max(bytes_ / (copy_gbs * 1e9), flops / (matmul_tflops * 1e12)) * 1e3
 
