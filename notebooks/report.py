@@ -156,10 +156,10 @@ for name, study in studies.items():
 # %% [markdown]
 # ## End to end, every number
 # Verify steps per second on the client's clock, the median over each point's requests (after a
-# warm-up request per server launch) with their min–max in brackets, beside the floor's (the
-# weights read once at the measured copy rate, each layer's attention at the copy rate or the
-# matmul rate, the larger), and each server configuration's speedup over the Triton baseline at
-# the same context. With random
+# warm-up request per server launch) with their min–max in brackets; a row per server
+# configuration, the fastest at the longest context first, under the floor's (the weights read
+# once at the measured copy rate, each layer's attention at the copy rate or the matmul rate, the
+# larger); after the `·`, the speedup over the Triton baseline at the same context. With random
 # weights no draft token is accepted, so tokens/s equal verify steps/s here; a real drafter's
 # acceptance length multiplies every server alike.
 

@@ -131,11 +131,11 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
     """Each cell is the median (min–max) over the point's recorded requests, from the raw file."""
     headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
     ceilings = json.loads((study / "results/kernels/bench.json").read_text())["ceilings"]
-    checked = 0
+    checked, medians = 0, {}
     for point in raw_points():
         if point["status"] != "ok":
             continue
-        row = next(i for i in headline.index if i.endswith(f"({point['requested_ctx']:,})"))
+        col = next(c for c in headline.columns if c.endswith(f"({point['requested_ctx']:,})"))
         info = point["server_info"]  # the served model, as the point's file records it
         model = {k: info[k] for k in ("preset", "num_layers", "vocab_size", "weight_bytes")}
         model["draft_tokens"] = info["speculative_num_draft_tokens"]
@@ -143,18 +143,25 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
             model, point["requested_ctx"], ceilings["copy_gbs"], ceilings["matmul_tflops"]
         )
         at_floor = float(f"{1e3 / floor.ms:.3g}")  # the table's three digits
-        assert float(headline.loc[row, tables.FLOOR_LABEL]) == pytest.approx(at_floor)
-        name = point["name"] + " "
-        col = next(c for c in headline.columns if c.startswith(name) and " vs " not in c)
+        assert float(headline.loc[tables.FLOOR_LABEL, col]) == pytest.approx(at_floor)
+        k = point["concurrency"]
+        row = point["name"] if k == 1 else f"{point['name']} ({k} streams)"
         steps = [r["metrics"]["verify_steps_s_client"] for r in point["requests"]]
-        assert len(steps) == point["requests_per_point"] * point["concurrency"]
-        assert headline.loc[row, col] == _spread_text(steps)
+        assert len(steps) == point["requests_per_point"] * k
+        assert headline.loc[row, col].split(" · ")[0] == _spread_text(steps)
+        medians[(point["name"], col)] = float(np.median(steps))
         checked += 1
     assert checked == 4
-    speed = [c for c in headline.columns if c.endswith("vs triton-chain16-p1")]
-    # the 4-stream server is not compared with a 1-stream baseline
-    assert speed == ["torch-chain16-p1 vs triton-chain16-p1"]
-    assert "torch-chain16-p1-k4 (4 streams) verify steps/s" in headline.columns
+    # after the '·', the speedup over the baseline's median at the same context; the 4-stream
+    # server is not compared with a 1-stream baseline
+    compared = {
+        r: c for r in headline.index for c in headline.columns if " · " in str(headline.loc[r, c])
+    }
+    assert set(compared) == {"torch-chain16-p1"}
+    col = compared["torch-chain16-p1"]
+    ratio = medians[("torch-chain16-p1", col)] / medians[("triton-chain16-p1", col)]
+    assert headline.loc["torch-chain16-p1", col].endswith(f" · {ratio:.3g}x")
+    assert "torch-chain16-p1-k4 (4 streams)" in headline.index
 
 
 @pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study

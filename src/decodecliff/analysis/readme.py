@@ -24,10 +24,12 @@ START, END = "<!-- headline:start", "<!-- headline:end -->"
 REFERENCE = Path(__file__).resolve().parents[3] / "data/reference/seed-rtx-pro-6000-triton.csv"
 
 
-def markdown_table(df: pd.DataFrame) -> str:
+def markdown_table(df: pd.DataFrame, labels: int = 1) -> str:
+    """A markdown table: the first ``labels`` columns left-aligned, numbers right-aligned."""
     cells = [[str(c) for c in df.columns], *[[str(v) for v in row] for row in df.to_numpy()]]
     lines = ["| " + " | ".join(row) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("---:" for _ in df.columns) + "|")
+    align = [":---" if i < labels else "---:" for i in range(len(df.columns))]
+    lines.insert(1, "|" + "|".join(align) + "|")
     return "\n".join(lines)
 
 
@@ -118,12 +120,13 @@ def section(study: Path, name: str | None = None) -> str:
             f"torch {env['torch']}, Triton {env['triton']}, {measured_at(commits, rel)}; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
-            "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps: verify steps "
-            "per second on the client's clock, beside the floor's (the weights read once at the "
-            "measured copy rate, each layer's attention at the copy rate or the matmul rate, the "
-            "larger), and the speedup over the Triton server "
-            f"`{baseline}`; with random weights no draft token is accepted, so tok/s are the same "
-            f"numbers; {counts}):",
+            "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps): verify steps "
+            "per second on the client's clock, the fastest server at the longest context "
+            "first, under the "
+            "floor's (the weights read once at the measured copy rate, each layer's attention at "
+            "the copy rate or the matmul rate, the larger); after the `·`, the speedup over the "
+            f"Triton server `{baseline}`. With random weights no draft token is accepted, so tok/s "
+            f"are the same numbers; {counts}.",
             "",
             markdown_table(headline),
             "",
@@ -131,7 +134,7 @@ def section(study: Path, name: str | None = None) -> str:
             "bytes at the measured copy rate or its FLOPs at the measured matmul rate, the "
             "larger; `-sm120`: configured within sm_120's shared memory, as on an RTX PRO 6000):",
             "",
-            markdown_table(kernels),
+            markdown_table(kernels, labels=2),
             "",
             "**Targets**: met: "
             + ("; ".join(met) or "none")

@@ -182,34 +182,41 @@ def _concurrency(sweep: pd.DataFrame) -> pd.Series:
 def sweep_headline(
     sweep: pd.DataFrame, baseline: str | None, ceilings: Mapping | None = None
 ) -> pd.DataFrame:
-    """Per context: verify steps/s at the step's floor (given the ceilings), each server's
-    verify steps/s, median (min–max) over its requests, then each one's speedup over the
-    baseline (medians, at the same concurrency)."""
+    """A row per server, fastest at the longest context first, under the row of the step's
+    floor (given the ceilings); a column per context. A cell is the server's verify steps/s,
+    median (min–max) over its requests, then after a '·' its speedup over the baseline's
+    median at the same context and concurrency."""
     if sweep.empty:
         return pd.DataFrame()
-    df = sweep.copy()
-    df["value"] = df.apply(lambda r: spread(r, PRIMARY), axis=1)
-    servers = list(dict.fromkeys(df["server"]))
     k = _concurrency(sweep)
-    table = df.pivot_table(
-        index="requested_ctx", columns="server", values="value", aggfunc="first", sort=True
-    )[servers].fillna("not in the sweep")
-    names = {s: s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in servers}
-    table.columns = [f"{names[s]} {PRIMARY_LABEL}" for s in servers]
+    speed = sweep_speedup(sweep, baseline).set_index(["server", "requested_ctx"])["speedup"]
+    keys = pd.MultiIndex.from_frame(sweep[["server", "requested_ctx"]])
+    texts = sweep.apply(lambda r: spread(r, PRIMARY), axis=1)
+    cells = [
+        text if pd.isna(x) else f"{text} · {x:.3g}x"
+        for text, x in zip(texts, speed.reindex(keys), strict=True)
+    ]
+    table = sweep.assign(cell=cells).pivot_table(
+        index="server", columns="requested_ctx", values="cell", aggfunc="first", sort=True
+    )
+    table = table.reindex(_fastest_last_first(sweep)).fillna("not in the sweep")
+    table.index = [s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in table.index]
     floor = floors.steps_s(sweep, ceilings or {})
     if not floor.empty:
-        table.insert(0, FLOOR_LABEL, floor.reindex(table.index).map(lambda v: f"{v:.3g}"))
-    speed = sweep_speedup(sweep, baseline)
-    for server in servers:
-        if server == baseline or k.get(server, 1) != k.get(baseline, 1):
-            continue
-        s = speed[speed["server"] == server].set_index("requested_ctx")["speedup"]
-        table[f"{server} vs {baseline}"] = s.reindex(table.index).map(
-            lambda v: "–" if pd.isna(v) else f"{v:.3g}x"
-        )
-    table.index = [f"{ctx_label(c)} ({int(c):,})" for c in table.index]
-    table.index.name = "context (tokens)"
+        row = floor.reindex(table.columns).map(lambda v: "–" if pd.isna(v) else f"{v:.3g}")
+        table = pd.concat([row.to_frame(FLOOR_LABEL).T, table])
+    table.columns = [f"{ctx_label(c)} ({int(c):,})" for c in table.columns]
+    table.index.name = "server"
     return table
+
+
+def _fastest_last_first(sweep: pd.DataFrame) -> list[str]:
+    """The servers by their median at the longest context (fastest first; none there: last)."""
+    servers = list(dict.fromkeys(sweep["server"]))
+    last = sweep[sweep["requested_ctx"] == sweep["requested_ctx"].max()]
+    rate = last.set_index("server")[PRIMARY].where(last.set_index("server")["status"] == "ok")
+    rate = rate[~rate.index.duplicated()].reindex(servers).fillna(-1.0)
+    return sorted(servers, key=lambda s: -rate[s])
 
 
 def short_commits(revs) -> list[str]:
