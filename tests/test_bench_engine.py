@@ -7,6 +7,7 @@ import json
 import pytest
 
 from decodecliff.bench import engine as bench
+from decodecliff.bench import engine_merge
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +72,27 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
 
 def test_a_cpu_step_has_no_kernel_timeline(doc):
     assert all(r["timeline"] is None and r["profile"]["timeline"] is None for r in doc["rows"])
+
+
+def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
+    """A run cut after its chain group and a second run of the rest make one document."""
+    base = ["--device", "cpu", "--threads", "1", "--contexts", "64", "--repeats", "1"]
+    base += ["--draft-len", "4", "--tree-nodes", "16"]
+    first, rest, out = tmp_path / "first.json", tmp_path / "rest.json", tmp_path / "bench.json"
+    chain = ["--modes", "chain", "--parts", "anatomy", "loop", "--loop-steps", "2"]
+    assert bench.cli([*base, *chain, "--out", str(first)]) == 0
+    tree = ["--modes", "tree", "--parts", "anatomy"]  # the group the cut left out
+    assert bench.cli([*base, *tree, "--out", str(rest)]) == 0
+    assert engine_merge.cli([str(first), str(rest), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    parts = [json.loads(p.read_text()) for p in (first, rest)]
+    assert [r["mode"] for r in doc["rows"]] == ["chain", "tree"]
+    assert doc["rows"] == parts[0]["rows"] + parts[1]["rows"]
+    assert doc["loop"] == parts[0]["loop"] and len(doc["loop"]) == 1
+    assert [p["command"] for p in doc["parts"]] == [p["command"] for p in parts]
+    assert doc["targets"] == bench.check_targets(doc["rows"], doc["loop"])
+    with pytest.raises(ValueError, match="measured in more than one part"):
+        engine_merge.merge([parts[0], parts[0]])
+    other = {**parts[1], "env": {**parts[1]["env"], "git": "0000000"}}
+    with pytest.raises(ValueError, match="differ in git"):
+        engine_merge.merge([parts[0], other])

@@ -131,7 +131,7 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
     """Each cell is the median (min–max) over the point's recorded requests, from the raw file."""
     headline = pd.read_csv(study / "results/tables/report/headline.csv", index_col=0)
     ceilings = json.loads((study / "results/kernels/bench.json").read_text())["ceilings"]
-    checked, medians = 0, {}
+    checked = 0
     for point in raw_points():
         if point["status"] != "ok":
             continue
@@ -149,18 +149,10 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
         steps = [r["metrics"]["verify_steps_s_client"] for r in point["requests"]]
         assert len(steps) == point["requests_per_point"] * k
         assert headline.loc[row, col].split(" · ")[0] == _spread_text(steps)
-        medians[(point["name"], col)] = float(np.median(steps))
         checked += 1
     assert checked == 4
-    # after the '·', the speedup over the baseline's median at the same context; the 4-stream
-    # server is not compared with a 1-stream baseline
-    compared = {
-        r: c for r in headline.index for c in headline.columns if " · " in str(headline.loc[r, c])
-    }
-    assert set(compared) == {"torch-chain16-p1"}
-    col = compared["torch-chain16-p1"]
-    ratio = medians[("torch-chain16-p1", col)] / medians[("triton-chain16-p1", col)]
-    assert headline.loc["torch-chain16-p1", col].endswith(f" · {ratio:.3g}x")
+    # torch and triton share no context here: no speedups (tests/test_tables.py has them)
+    assert not any(" · " in str(v) for v in headline.to_numpy().ravel())
     assert "torch-chain16-p1-k4 (4 streams)" in headline.index
 
 

@@ -1,0 +1,42 @@
+"""The end-to-end headline table (analysis/tables.py): a row per server, a column per context."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from decodecliff.analysis import tables
+
+
+def point(server: str, ctx: int, rate: float | None, status: str = "ok", k: int = 1) -> dict:
+    lo, hi = (None, None) if rate is None else (0.9 * rate, 1.1 * rate)
+    return {"server": server, "backend": server.split("-")[0], "requested_ctx": ctx,
+            "status": status, "concurrency": k, tables.PRIMARY: rate,
+            f"{tables.PRIMARY}_min": lo, f"{tables.PRIMARY}_max": hi}  # fmt: skip
+
+
+def test_rows_are_servers_fastest_at_the_longest_context_first() -> None:
+    sweep = pd.DataFrame(
+        [
+            point("triton-graph", 1024, 50.0),
+            point("triton-graph", 8192, 5.0),
+            point("custom-graph", 1024, 100.0),
+            point("custom-graph", 8192, 40.0),
+            point("flashinfer-graph", 1024, 90.0),
+            point("flashinfer-graph", 8192, 60.0),
+            point("custom-eager", 1024, None, status="failed"),
+            point("custom-k4", 1024, 30.0, k=4),
+        ]  # fmt: skip
+    )
+    table = tables.sweep_headline(sweep, "triton-graph")
+    assert list(table.columns) == ["1k (1,024)", "8k (8,192)"]
+    assert list(table.index) == [
+        "flashinfer-graph", "custom-graph", "triton-graph", "custom-eager", "custom-k4 (4 streams)"
+    ]  # fmt: skip
+    # median (min–max), then the speedup over the baseline's median at the same context
+    assert table.loc["custom-graph", "8k (8,192)"] == "40 (36–44) · 8x"
+    assert table.loc["flashinfer-graph", "1k (1,024)"] == "90 (81–99) · 1.8x"
+    assert table.loc["triton-graph", "1k (1,024)"] == "50 (45–55)"  # the baseline itself
+    assert table.loc["custom-eager", "1k (1,024)"] == "failed"
+    assert table.loc["custom-eager", "8k (8,192)"] == "not in the sweep"
+    # 4 streams are not compared with one
+    assert table.loc["custom-k4 (4 streams)", "1k (1,024)"] == "30 (27–33)"
