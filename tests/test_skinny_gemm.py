@@ -5,6 +5,7 @@ a CPU (float16: the interpreter's bfloat16 loads are not faithful), split-K sums
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,25 +81,46 @@ def test_pdl_kernels_wait_prefetch_and_release_in_the_ptx_of_sm90_and_sm120():
                 assert has["prefetch_before_wait"] == name.startswith("gemm"), (arch, name)
 
 
+def prefetched_lines(cfg: skinny.Config, w: torch.Tensor, plan: dict) -> list[int]:
+    """The L2 lines (byte offset // 128) the chained GEMM's prefetch asks for over its whole
+    grid: the kernel's address arithmetic (``_prefetch_slice``, masked lanes ask nothing)."""
+    k, n = w.shape
+    k_share = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
+    step = plan["PF_TK"] * plan["PF_STEP_K"]
+    lines = []
+    for pid_n in range(0, math.ceil(n / cfg.block_n), plan["PF_SHARE"]):
+        cols = [pid_n * cfg.block_n + j * plan["PF_STEP_N"] for j in range(plan["PF_TN"])]
+        for pid_k in range(cfg.split_k):
+            begin = pid_k * k_share
+            end = min(begin + plan["prefetch_k"], begin + k_share, k)
+            for k0 in range(begin, end, step):
+                rows = [k0 + i * plan["PF_STEP_K"] for i in range(plan["PF_TK"])]
+                lines += [
+                    (r * w.stride(0) + c * w.stride(1)) * w.element_size() // 128
+                    for r in rows if r < end for c in cols if c < n
+                ]  # fmt: skip
+    return lines
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_the_prefetch_stays_within_its_l2_budget_one_request_per_line(layout):
-    w = weights(7168, 4608, layout).to(torch.bfloat16)
-    cfg = skinny.Config(32, 256, 2, pdl=True)
-    plan = skinny.prefetch_plan(cfg, w)
-    programs = (4608 // 32) * 2
-    line = skinny.L2_LINE_BYTES // 2
-    if layout == "kn":  # a row of the slice is 64 bytes: one line per K row
-        assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (1, 1, line)
-        fetched = plan["prefetch_k"] * 32 * 2
-    else:  # each column's K run: one line per 64 rows, whole lines only
-        assert (plan["PF_STEP_K"], plan["PF_TN"], plan["PF_STEP_N"]) == (line, 32, 1)
-        assert plan["prefetch_k"] % line == 0
-        fetched = plan["prefetch_k"] // line * 32 * skinny.L2_LINE_BYTES
-    assert 0 < fetched * programs <= skinny.PREFETCH_BYTES
+@pytest.mark.parametrize(("block_n", "split_k"), [(16, 4), (32, 2), (64, 1), (128, 1)])
+def test_the_prefetch_asks_for_each_line_once_within_its_l2_budget(layout, block_n, split_k):
+    """Slices narrower than a line share it: one of them fetches it, and the budget counts
+    whole lines; each column slice's first rows are covered, in every layout."""
+    k, n = 4096, 2112
+    w = weights(k, n, layout).to(torch.bfloat16)
+    cfg = skinny.Config(block_n, 128, split_k, pdl=True)
+    budget = 4 << 20  # under the matrix's 16.5 MiB, so the rows prefetched are cut by it
+    plan = skinny.prefetch_plan(cfg, w, budget)
+    lines = prefetched_lines(cfg, w, plan)
+    assert len(lines) == len(set(lines)) > 0  # every line once
+    assert len(lines) * 128 <= budget
+    assert len(lines) * 128 > budget // 2  # and most of the budget used
+    # each program's first prefetched rows hold its whole slice: row k_begin of every column
+    every = {(r * w.stride(0) + c * w.stride(1)) * 2 // 128 for r in (0,) for c in range(n)}
+    assert every <= set(lines)
     assert skinny.prefetch_plan(skinny.Config(32, 256, 2), w)["prefetch_k"] == 0
     assert skinny.prefetch_plan(cfg, w, budget=0)["prefetch_k"] == 0  # --gemm-prefetch-mb 0
-    half = skinny.prefetch_plan(cfg, w, budget=skinny.PREFETCH_BYTES // 2)["prefetch_k"]
-    assert 0 < half < plan["prefetch_k"]
 
 
 def test_the_pdl_gemm_tunes_over_chained_launches_only():
@@ -114,6 +136,9 @@ def test_the_pdl_gemm_tunes_over_chained_launches_only():
     assert options["launch_pdl"] and options["prefetch_k"] > 0
     unfetched = skinny.WeightGemm(pdl=True, prefetch_bytes=0).skinny.launch_options(chained, w)
     assert unfetched["launch_pdl"] and unfetched["prefetch_k"] == 0  # --gemm-prefetch-mb 0
+    # the tuning times a chained launch alone without its prefetch (a budget of 0 this launch)
+    alone = skinny.WeightGemm(pdl=True).skinny.launch_options(chained, w, budget=0)
+    assert alone["launch_pdl"] and alone["prefetch_k"] == 0
     assert skinny.SkinnyGemm().launch_options(skinny.Config(32, 256, 2), w) == {"prefetch_k": 0}
 
 

@@ -25,6 +25,7 @@ dependents too (``AttnMeta.chained``): a layer is one chain.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,11 +63,12 @@ L2_LINE_BYTES = 128
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Ask the L2 for the 128-byte lines at ``ptrs`` (no registers, no wait)."""
+def _prefetch_l2(ptrs, mask):
+    """Ask the L2 for the 128-byte lines at ``ptrs`` where ``mask`` (no registers, no wait)."""
     tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -81,8 +83,7 @@ def _prefetch_slice(
     for k in range(k_begin, k_end, TK * STEP_K):
         rk = k + tl.arange(0, TK) * STEP_K
         inside = (rk[:, None] < k_end) & (rn[None, :] < N)
-        at = w_ptr + tl.where(inside, rk[:, None] * swk + rn[None, :] * swn, 0)
-        _prefetch_l2(at)
+        _prefetch_l2(w_ptr + tl.where(inside, rk[:, None] * swk + rn[None, :] * swn, 0), inside)
 
 
 @triton.jit
@@ -91,7 +92,7 @@ def _skinny_gemm_kernel(
     sxm, sxk, swk, swn, sym, syn, prefetch_k,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr = False, PF_TK: tl.constexpr = 1, PF_STEP_K: tl.constexpr = 1,
-    PF_TN: tl.constexpr = 1, PF_STEP_N: tl.constexpr = 1,
+    PF_TN: tl.constexpr = 1, PF_STEP_N: tl.constexpr = 1, PF_SHARE: tl.constexpr = 1,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -100,7 +101,9 @@ def _skinny_gemm_kernel(
     k_share = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_begin = pid_k * k_share
     k_end = tl.minimum(k_begin + k_share, K)
-    if PDL:  # the weights are the previous kernel's input, never its output: fetch them now
+    # The weights are the previous kernel's input, never its output: fetch them now, once per
+    # line (of PF_SHARE slices whose rows share a line, the first fetches the line).
+    if PDL and pid_n % PF_SHARE == 0:
         pf_end = tl.minimum(k_begin + prefetch_k, k_end)
         _prefetch_slice(
             w_ptr, swk, swn, k_begin, pf_end, pid_n * BLOCK_N, N, PF_TK, PF_STEP_K, PF_TN, PF_STEP_N
@@ -249,20 +252,25 @@ def block_m(m: int) -> int:
 
 
 def prefetch_plan(cfg: Config, w: torch.Tensor, budget: int = PREFETCH_BYTES) -> dict:
-    """The kernel's prefetch arguments for w: K rows per program (``budget`` bytes over the grid)
-    and the tile of one prefetch per L2 line, along w's contiguous dimension."""
+    """The kernel's prefetch arguments for w: K rows per fetching program (``budget`` bytes of
+    L2 lines over the grid) and the tile of one prefetch per L2 line, along w's contiguous
+    dimension. In [K, N] rows a slice narrower than a line shares each line with its
+    neighbours: the first of each PF_SHARE slices fetches it."""
     k, n = w.shape
     line = L2_LINE_BYTES // w.element_size()
-    programs = triton.cdiv(n, cfg.block_n) * cfg.split_k
-    per_program = budget // programs if cfg.pdl else 0
-    if w.stride(1) == 1:  # [K, N] rows: a slice of <= one line's columns per row
+    if w.stride(1) == 1:  # [K, N] rows: per K row, the line(s) holding the slice's columns
+        share = max(line // cfg.block_n, 1)
         per_row = max(cfg.block_n // line, 1)
-        rows = per_program // (cfg.block_n * w.element_size())
         tile = {"PF_TK": 64, "PF_STEP_K": 1, "PF_TN": per_row, "PF_STEP_N": line}
+        row_bytes = per_row * L2_LINE_BYTES
     else:  # N-major: each column's K run is contiguous, fetched in whole lines
-        rows = per_program // (cfg.block_n * L2_LINE_BYTES) * line
+        share = 1
         tile = {"PF_TK": 16, "PF_STEP_K": line, "PF_TN": cfg.block_n, "PF_STEP_N": 1}
-    return {"prefetch_k": min(rows, k), "PDL": cfg.pdl, **tile}
+        row_bytes = cfg.block_n * w.element_size()
+    fetching = triton.cdiv(triton.cdiv(n, cfg.block_n), share) * cfg.split_k
+    rows = (budget // fetching // row_bytes if cfg.pdl else 0) // tile["PF_STEP_K"]
+    rows *= tile["PF_STEP_K"]  # N-major: whole lines of each column
+    return {"prefetch_k": min(rows, k), "PDL": cfg.pdl, "PF_SHARE": share, **tile}
 
 
 class SkinnyGemm:
@@ -282,8 +290,14 @@ class SkinnyGemm:
         return self._scratch[key]
 
     def __call__(
-        self, x: torch.Tensor, w: torch.Tensor, cfg: Config, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        cfg: Config,
+        out: torch.Tensor | None = None,
+        prefetch_bytes: int | None = None,
     ) -> torch.Tensor:
+        """``prefetch_bytes``: this launch's prefetch budget, if not the instance's."""
         m, k = x.shape
         n = w.shape[1]
         if m > MAX_M or w.shape[0] != k:
@@ -296,15 +310,18 @@ class SkinnyGemm:
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.warps, num_stages=cfg.stages, **self.launch_options(cfg, w),
+            num_warps=cfg.warps, num_stages=cfg.stages,
+            **self.launch_options(cfg, w, prefetch_bytes),
         )  # fmt: skip
         return y
 
-    def launch_options(self, cfg: Config, w: torch.Tensor) -> dict:
-        """A chained launch's prefetch plan (this GEMM's budget) and flag; none for a plain one."""
+    def launch_options(self, cfg: Config, w: torch.Tensor, budget: int | None = None) -> dict:
+        """A chained launch's prefetch plan (this GEMM's budget unless ``budget``) and flag;
+        none for a plain one."""
         if not cfg.pdl:
             return {"prefetch_k": 0}
-        return {**prefetch_plan(cfg, w, self.prefetch_bytes), **chained(True)}
+        budget = self.prefetch_bytes if budget is None else budget
+        return {**prefetch_plan(cfg, w, budget), **chained(True)}
 
 
 class WeightGemm:
@@ -317,7 +334,10 @@ class WeightGemm:
 
     ``pdl``: every shape takes the fastest candidate launched as a programmatic dependent, not
     cuBLAS (a cuBLAS kernel in the chain waits for the whole kernel before it and makes the next
-    one wait for all of it). The choice is still timed one kernel alone, where no overlap shows.
+    one wait for all of it). The choice is timed one kernel alone, where no overlap shows, and
+    so without its prefetch: alone, a chained launch's prefetch is a prologue issued before its
+    loads with nothing to hide under (up to the whole slice for the small projections), and
+    would rank the configurations by it rather than by their main loop (notes/engine.md).
     """
 
     def __init__(
@@ -360,7 +380,8 @@ class WeightGemm:
                 y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item()
             ):
                 continue  # never pick a configuration that disagrees with cuBLAS
-            ms = median_ms(lambda cfg=cfg: self.skinny(x, w, cfg), x.device, TUNE_REPEATS)
+            run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0)
+            ms = median_ms(run, x.device, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
         return best, {"cublas_ms": cublas_ms, "ms": best_ms if best else cublas_ms}
