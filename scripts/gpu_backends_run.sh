@@ -15,10 +15,12 @@
 # sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
-# engine-pdl: the chained launches' GPU tests, then the custom server's step anatomy (its kernels
-# folded by layer) plain on cuBLAS, with the other kernels chained by programmatic dependent
-# launch (--gemm cublas-pdl), and with every kernel chained (--gemm pdl), its weights prefetched
-# to L2 before each GEMM's wait and not (--gemm-prefetch-mb 0; these two at 1k only);
+# engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
+# anatomy (its kernels folded by layer) plain on cuBLAS, tuned per shape (--gemm auto: cuBLAS or
+# the weight-streaming kernel, bmm + rope or the per-head kernel with the rope folded in), with
+# the other kernels chained by programmatic dependent launch (--gemm cublas-pdl), and with every
+# kernel chained (--gemm pdl), its weights prefetched to L2 before each GEMM's wait and not
+# (--gemm-prefetch-mb 0; these two at 1k only);
 # engine-gemms: every projection at 16 rows alone, cuBLAS and each weight-streaming configuration
 # launched plainly, then chained with the 16 MB L2 prefetch and without (what the chain costs a
 # kernel where nothing overlaps it).
@@ -105,11 +107,11 @@ for lim in (0, 102400):
       timeout 120 $EB --parts anatomy --gemm cublas --contexts 1024 185000 --backends custom \
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
-    engine-pdl)  # one call: tests (Triton compiles each candidate once), then four steps
+    engine-pdl)  # one call: tests (Triton compiles each candidate once), then five steps
       timeout 180 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
-        -k "pdl or chained or folds or rope" > "$OUT/pytest_pdl.log" 2>&1; echo "tests rc $?"
-      tail -n 1 "$OUT/pytest_pdl.log"
-      for variant in cublas:185000 cublas-pdl:185000 pdl: pdl-prefetch0:; do
+        -k "pdl or chained or folds or rope or auto" > "$OUT/pytest_pdl.log" 2>&1
+      echo "tests rc $?"; tail -n 1 "$OUT/pytest_pdl.log"
+      for variant in cublas:185000 auto:185000 cublas-pdl:185000 pdl: pdl-prefetch0:; do
         label=${variant%%:*} more=${variant#*:} gemm=${label%-prefetch0}
         [ "$label" = "$gemm" ] || gemm="$gemm --gemm-prefetch-mb 0"
         timeout 90 $EB --parts anatomy --gemm $gemm --contexts 1024 $more --backends custom \

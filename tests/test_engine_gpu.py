@@ -328,3 +328,20 @@ def test_the_folded_rope_writes_what_the_rope_kernel_writes(t):
         assert torch.equal(folded[..., :512], apart[..., :512])
         assert not folded.isnan().any()
         torch.testing.assert_close(folded[..., 512:], apart[..., 512:], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend", capturable_backends())
+def test_auto_tunes_the_per_head_gemms_and_its_graphs_give_its_eager_tokens(backend):
+    """gemm auto: each per-head shape (with and without the queries' rope) takes the faster of
+    torch's bmm + the rope kernel and the Triton kernel with the rope folded in, tuned eagerly;
+    with the same choices the graphs replay the eager step's kernels, so the same tokens."""
+    eager_engine = engine(backend=backend, spec="chain", gemm="auto")
+    eager = outputs(eager_engine)
+    choices = eager_engine.model.heads_mm.describe()
+    assert {c["rope"] for c in choices} == {True, False}
+    assert all(0 < c["ms"] <= c["bmm_ms"] for c in choices)
+    eng = engine(backend=backend, spec="chain", gemm="auto", cuda_graph=True)
+    eng.model.mm.choices.update(eager_engine.model.mm.choices)
+    eng.model.heads_mm.choices.update(eager_engine.model.heads_mm.choices)
+    assert outputs(eng) == eager
+    assert not eng.model.heads_mm.untuned_in_capture

@@ -289,7 +289,10 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "profile": gemm,
             "gemm": args.gemm,
             "gemm_prefetch_mb": args.gemm_prefetch_mb if args.gemm == "pdl" else None,
-            "gemm_choices": getattr(engine.model.mm, "describe", list)(),
+            "gemm_choices": [
+                *getattr(engine.model.mm, "describe", list)(),
+                *getattr(engine.model.heads_mm, "describe", list)(),
+            ],
             **floor,
             "non_attention_over_floor": noattn_ms / floor["weights_floor_ms"],
             "step_ms_all": step_all,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 EPS = 1e-6
+Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (r [T, H, d], cs [T, d], r_out)
 
 
 class RopeTable:

@@ -170,32 +170,35 @@ def weight_gemm(
     return WeightGemm(pdl=gemm == "pdl", prefetch_bytes=prefetch_mb << 20)
 
 
-Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (r [T, H, d], cs [T, d], r_out)
-
-
-def head_gemm(pdl: bool) -> Callable[..., None]:
+def head_gemm(gemm: str, device: torch.device) -> Callable[..., None]:
     """``out [T, H, N] = x [T, H, K] @ w [H, K, N]`` per head, and with ``rope`` = (r, cs, r_out)
-    also ``r_out = rope(r)``: torch's bmm and the rope kernel, or in a chain of programmatic
-    dependent launches the Triton kernel of engine/skinny_gemm.py doing both in one launch (up
-    to its MAX_M rows: a prefill chunk or a large batch takes the bmm, as the weight GEMMs take
-    cuBLAS)."""
+    also ``r_out = rope(r)``: torch's bmm and the rope kernel; with ``auto`` on CUDA per shape
+    the faster of that and the Triton kernel of engine/skinny_gemm.py doing both in one launch;
+    in a chain of programmatic dependent launches that kernel chained (up to its MAX_M rows: a
+    prefill chunk or a large batch takes the bmm, as the weight GEMMs take cuBLAS)."""
+    pdl = gemm in CHAINED_GEMMS and device.type == "cuda"
 
-    def bmm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None = None) -> None:
+    def bmm(
+        x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: fused.Rope | None = None
+    ) -> None:
         torch.bmm(x.transpose(0, 1), w, out=out.transpose(0, 1))
         if rope is not None:
             fused.rope(*rope, pdl)
 
-    if not pdl:
+    if device.type != "cuda" or gemm == "cublas":
         return bmm
-    from .skinny_gemm import MAX_M  # Triton: CUDA processes only
-    from .skinny_gemm import head_gemm as chained
+    from .skinny_gemm import MAX_M, TunedHeadGemm  # Triton: CUDA processes only
+    from .skinny_gemm import head_gemm as triton_heads
+
+    if not pdl:
+        return TunedHeadGemm(bmm)
 
     def chained_or_bmm(
-        x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None = None
+        x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: fused.Rope | None = None
     ) -> None:
         if x.shape[0] > MAX_M:
             return bmm(x, w, out, rope)
-        chained(x, w, out, pdl=True, rope=rope)
+        triton_heads(x, w, out, pdl=True, rope=rope)
 
     return chained_or_bmm
 
@@ -215,7 +218,7 @@ class SyntheticMLA:
         self.mm = weight_gemm(gemm, self.device, gemm_prefetch_mb)
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
         self.pdl = gemm in CHAINED_GEMMS and self.device.type == "cuda"
-        self.heads_mm = head_gemm(self.pdl)
+        self.heads_mm = head_gemm(gemm, self.device)
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]

@@ -26,13 +26,16 @@ dependents too (``AttnMeta.chained``): a layer is one chain.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from .config import GEMM_PREFETCH_MB
+from .fused import Rope
 from .fused_triton import _rope_pair, chain_start, chained
 
 
@@ -214,11 +217,7 @@ def _rope_fits(r: torch.Tensor, cs: torch.Tensor, r_out: torch.Tensor, t: int, h
 
 
 def head_gemm(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor,
-    pdl: bool,
-    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pdl: bool, rope: Rope | None = None
 ) -> torch.Tensor:
     """out [T, H, N] = x [T, H, K] @ w [H, K, N] per head (the absorbed MLA heads' up- and
     down-projections, any strides): torch.bmm's result, in a kernel that can join the chain.
@@ -324,7 +323,31 @@ class SkinnyGemm:
         return {**prefetch_plan(cfg, w, budget), **chained(True)}
 
 
-class WeightGemm:
+class PerShape:
+    """A choice per shape, timed on the shape's first call; a call during CUDA-graph capture
+    before that gets None (the caller's fallback), recorded in ``untuned_in_capture``."""
+
+    def __init__(self) -> None:
+        self.choices: dict[tuple, Any] = {}  # None: the fallback
+        self.untuned_in_capture: set[tuple] = set()
+        self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms, alone
+
+    def choice(self, key: tuple, tune: Callable[[], tuple[Any, dict[str, float]]]) -> Any:
+        if key not in self.choices:
+            if torch.cuda.is_current_stream_capturing():
+                self.untuned_in_capture.add(key)  # the fallback in the graph: recorded
+                return None
+            self.choices[key], self.timed[key] = tune()
+        return self.choices[key]
+
+
+def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
+    """A tuned kernel's result is the reference's to bf16 rounding (never pick one that is not)."""
+    atol = 2e-2 * ref.abs().max().item()
+    return torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=atol)
+
+
+class WeightGemm(PerShape):
     """``x @ w`` for a step's projections: per shape the fastest of cuBLAS and ``CANDIDATES``.
 
     A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype). Its
@@ -346,23 +369,16 @@ class WeightGemm:
         pdl: bool = False,
         prefetch_bytes: int = PREFETCH_BYTES,
     ) -> None:
+        super().__init__()  # choices: a Config, or None for cuBLAS
         self.pdl = pdl
         self.candidates = tuple(replace(c, pdl=True) for c in candidates) if pdl else candidates
         self.skinny = SkinnyGemm(prefetch_bytes)
-        self.choices: dict[tuple, Config | None] = {}  # None: cuBLAS
-        self.untuned_in_capture: set[tuple] = set()
-        self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms: cuBLAS, the choice
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda or x.shape[0] > MAX_M:
             return x @ w
         key = (block_m(x.shape[0]), x.shape[1], w.shape[1], w.stride(), x.dtype)
-        if key not in self.choices:
-            if torch.cuda.is_current_stream_capturing():
-                self.untuned_in_capture.add(key)  # cuBLAS in the graph: recorded, not hidden
-                return x @ w
-            self.choices[key], self.timed[key] = self._tune(x, w)
-        cfg = self.choices[key]
+        cfg = self.choice(key, lambda: self._tune(x, w))
         return x @ w if cfg is None else self.skinny(x, w, cfg)
 
     def _tune(self, x: torch.Tensor, w: torch.Tensor) -> tuple[Config | None, dict[str, float]]:
@@ -375,11 +391,8 @@ class WeightGemm:
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
         for cfg in self.candidates:
-            y = self.skinny(x, w, cfg)
-            if not torch.allclose(
-                y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item()
-            ):
-                continue  # never pick a configuration that disagrees with cuBLAS
+            if not agrees(self.skinny(x, w, cfg), ref):
+                continue
             run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0)
             ms = median_ms(run, x.device, TUNE_REPEATS)
             if ms < best_ms:
@@ -392,5 +405,55 @@ class WeightGemm:
             {"m_tile": key[0], "k": key[1], "n": key[2],
              "impl": "cublas" if c is None else "triton", "config": None if c is None else c.name,
              **self.timed.get(key, {})}
+            for key, c in self.choices.items()
+        ]  # fmt: skip
+
+
+class TunedHeadGemm(PerShape):
+    """The absorbed heads' per-head GEMMs for ``gemm: auto``: per shape the faster of
+    ``fallback`` (torch's bmm, then the rope kernel) and ``head_gemm`` with the rope folded into
+    its launch (one kernel where the fallback takes two), each timed alone with the L2 flushed;
+    a shape whose results disagree, or whose rope ``head_gemm`` does not take, keeps the
+    fallback, as does a CPU and a shape above MAX_M rows."""
+
+    def __init__(self, fallback: Callable[..., None]) -> None:
+        super().__init__()  # choices: True for head_gemm, None for the fallback
+        self.fallback = fallback
+
+    def __call__(
+        self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None = None
+    ) -> None:
+        if not x.is_cuda or x.shape[0] > MAX_M:
+            return self.fallback(x, w, out, rope)
+        key = (block_m(x.shape[0]), *w.shape, rope is not None, x.dtype)
+        if self.choice(key, lambda: self._tune(x, w, out, rope)):
+            head_gemm(x, w, out, False, rope)
+        else:
+            self.fallback(x, w, out, rope)
+
+    def _tune(
+        self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None
+    ) -> tuple[bool | None, dict[str, float]]:
+        from decodecliff.bench.timing import median_ms
+
+        written = [out] if rope is None else [out, rope[2]]
+        self.fallback(x, w, out, rope)
+        refs = [t.clone() for t in written]
+        bmm_ms = median_ms(lambda: self.fallback(x, w, out, rope), x.device, TUNE_REPEATS)
+        timed = {"bmm_ms": bmm_ms, "ms": bmm_ms}
+        try:
+            head_gemm(x, w, out, False, rope)
+        except ValueError:  # shapes or a rope layout the kernel does not take
+            return None, timed
+        if not all(agrees(t, ref) for t, ref in zip(written, refs, strict=True)):
+            return None, timed
+        ms = median_ms(lambda: head_gemm(x, w, out, False, rope), x.device, TUNE_REPEATS)
+        return (True, {**timed, "ms": ms}) if ms < bmm_ms else (None, timed)
+
+    def describe(self) -> list[dict]:
+        """What each tuned shape runs, and its tuning's times alone (for the bench's records)."""
+        return [
+            {"m_tile": key[0], "heads": key[1], "k": key[2], "n": key[3], "rope": key[4],
+             "impl": "triton-heads" if c else "bmm", **self.timed.get(key, {})}
             for key, c in self.choices.items()
         ]  # fmt: skip
