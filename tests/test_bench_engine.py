@@ -77,9 +77,9 @@ def test_a_cpu_step_has_no_kernel_timeline(doc):
 def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     """A run cut after its chain group and a second run of the rest make one document."""
     base = ["--device", "cpu", "--threads", "1", "--contexts", "64", "--repeats", "1"]
-    base += ["--draft-len", "4", "--tree-nodes", "16"]
+    base += ["--draft-len", "4", "--tree-nodes", "16", "--loop-steps", "2"]
     first, rest, out = tmp_path / "first.json", tmp_path / "rest.json", tmp_path / "bench.json"
-    chain = ["--modes", "chain", "--parts", "anatomy", "loop", "--loop-steps", "2"]
+    chain = ["--modes", "chain", "--parts", "anatomy", "loop"]
     assert bench.cli([*base, *chain, "--out", str(first)]) == 0
     tree = ["--modes", "tree", "--parts", "anatomy"]  # the group the cut left out
     assert bench.cli([*base, *tree, "--out", str(rest)]) == 0
@@ -89,6 +89,8 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     assert [r["mode"] for r in doc["rows"]] == ["chain", "tree"]
     assert doc["rows"] == parts[0]["rows"] + parts[1]["rows"]
     assert doc["loop"] == parts[0]["loop"] and len(doc["loop"]) == 1
+    assert doc["args"]["modes"] == ["chain", "tree"] and doc["args"]["out"] == str(first)
+    assert doc["args"]["parts"] == ["anatomy", "loop"]
     assert [p["command"] for p in doc["parts"]] == [p["command"] for p in parts]
     assert doc["targets"] == bench.check_targets(doc["rows"], doc["loop"])
     with pytest.raises(ValueError, match="measured in more than one part"):
@@ -96,3 +98,10 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     other = {**parts[1], "env": {**parts[1]["env"], "git": "0000000"}}
     with pytest.raises(ValueError, match="differ in git"):
         engine_merge.merge([parts[0], other])
+    otherwise = {**parts[1], "args": {**parts[1]["args"], "gemm": "auto", "repeats": 3}}
+    with pytest.raises(ValueError, match="differ in gemm, repeats"):
+        engine_merge.merge([parts[0], otherwise])
+    twice = {**parts[1], "gemms": [{"m": 16}]}
+    with pytest.raises(ValueError, match="gemms measured in more than one part"):
+        engine_merge.merge([{**parts[0], "gemms": [{"m": 16}]}, twice])
+    assert engine_merge.merge([parts[0], twice])["gemms"] == [{"m": 16}]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 
@@ -339,9 +340,62 @@ def test_auto_tunes_the_per_head_gemms_and_its_graphs_give_its_eager_tokens(back
     eager = outputs(eager_engine)
     choices = eager_engine.model.heads_mm.describe()
     assert {c["rope"] for c in choices} == {True, False}
-    assert all(0 < c["ms"] <= c["bmm_ms"] for c in choices)
+    assert {c["impl"] for c in choices} <= {"triton-heads", "bmm"}
     eng = engine(backend=backend, spec="chain", gemm="auto", cuda_graph=True)
     eng.model.mm.choices.update(eager_engine.model.mm.choices)
     eng.model.heads_mm.choices.update(eager_engine.model.heads_mm.choices)
     assert outputs(eng) == eager
     assert not eng.model.heads_mm.untuned_in_capture
+
+
+def _heads_case(t: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(t, 8, 192, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(8, 128, 512, generator=g, device="cuda") / 128**0.5).bfloat16()
+    cs = torch.rand(t, 64, generator=g, device="cuda")
+    return x[..., :128], w, x[..., 128:], cs
+
+
+@pytest.mark.parametrize("t", [16, 5])
+def test_the_tuned_per_head_gemm_runs_what_it_chose(t):
+    """After tuning, a call runs the chosen kernel (the Triton kernel with the rope folded in, or
+    bmm + the rope kernel): its bits, every element written."""
+    from decodecliff.engine import skinny_gemm
+    from decodecliff.engine.model import head_gemm
+
+    tuned = head_gemm("auto", torch.device("cuda"))
+    q_nope, w, q_rope, cs = _heads_case(t, seed=t)
+    first = torch.full((t, 8, 576), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tuned(q_nope, w, first[..., :512], rope=(q_rope, cs, first[..., 512:]))
+    (choice,) = tuned.describe()
+    again, direct = (torch.full_like(first, float("nan")) for _ in range(2))
+    tuned(q_nope, w, again[..., :512], rope=(q_rope, cs, again[..., 512:]))
+    run = (
+        functools.partial(skinny_gemm.head_gemm, pdl=False)
+        if choice["impl"] == "triton-heads"
+        else tuned.fallback
+    )
+    run(q_nope, w, direct[..., :512], rope=(q_rope, cs, direct[..., 512:]))
+    assert not again.isnan().any() and torch.equal(again, direct)
+
+
+def test_the_per_head_tuning_refuses_a_kernel_that_leaves_elements_unwritten(monkeypatch):
+    """A fault no real input causes: a per-head kernel that writes half its output. The check
+    against the fallback's result (outputs poisoned first) keeps the fallback."""
+    from decodecliff.engine import skinny_gemm
+    from decodecliff.engine.model import head_gemm
+
+    real = skinny_gemm.head_gemm
+
+    def half_written(x, w, out, pdl, rope=None):
+        real(x, w, out, pdl, rope)
+        out[:, :, : out.shape[2] // 2].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(skinny_gemm, "head_gemm", half_written)
+    tuned = head_gemm("auto", torch.device("cuda"))
+    q_nope, w, _, _ = _heads_case(16, seed=3)
+    out = torch.empty(16, 8, 512, device="cuda", dtype=torch.bfloat16)
+    tuned(q_nope, w, out)
+    assert [c["impl"] for c in tuned.describe()] == ["bmm"]
+    assert not out.isnan().any()

@@ -116,8 +116,11 @@ def test_the_prefetch_asks_for_each_line_once_within_its_l2_budget(layout, block
     assert len(lines) == len(set(lines)) > 0  # every line once
     assert len(lines) * 128 <= budget
     assert len(lines) * 128 > budget // 2  # and most of the budget used
-    # each program's first prefetched rows hold its whole slice: row k_begin of every column
-    every = {(r * w.stride(0) + c * w.stride(1)) * 2 // 128 for r in (0,) for c in range(n)}
+    # each program's first prefetched row holds its whole slice: row k_begin of every column,
+    # in every K-split
+    k_share = math.ceil(math.ceil(k / split_k) / cfg.block_k) * cfg.block_k
+    firsts = range(0, k, k_share)
+    every = {(r * w.stride(0) + c * w.stride(1)) * 2 // 128 for r in firsts for c in range(n)}
     assert every <= set(lines)
     assert skinny.prefetch_plan(skinny.Config(32, 256, 2), w)["prefetch_k"] == 0
     assert skinny.prefetch_plan(cfg, w, budget=0)["prefetch_k"] == 0  # --gemm-prefetch-mb 0

@@ -30,7 +30,7 @@ def test_rows_are_servers_fastest_at_the_longest_context_first() -> None:
     table = tables.sweep_headline(sweep, "triton-graph")
     assert list(table.columns) == ["1k (1,024)", "8k (8,192)"]
     assert list(table.index) == [
-        "flashinfer-graph", "custom-graph", "triton-graph", "custom-eager", "custom-k4 (4 streams)"
+        "flashinfer-graph", "custom-graph", "triton-graph", "custom-k4 (4 streams)", "custom-eager"
     ]  # fmt: skip
     # median (min–max), then the speedup over the baseline's median at the same context
     assert table.loc["custom-graph", "8k (8,192)"] == "40 (36–44) · 8x"
@@ -40,3 +40,37 @@ def test_rows_are_servers_fastest_at_the_longest_context_first() -> None:
     assert table.loc["custom-eager", "8k (8,192)"] == "not in the sweep"
     # 4 streams are not compared with one
     assert table.loc["custom-k4 (4 streams)", "1k (1,024)"] == "30 (27–33)"
+
+
+def test_servers_without_the_longest_context_are_ordered_by_the_next_one() -> None:
+    sweep = pd.DataFrame(
+        [
+            point("a", 1024, 10.0),
+            point("b", 1024, 30.0),
+            point("c", 1024, 20.0),
+            point("c", 8192, 1.0),
+            point("d", 1024, None, status="failed"),
+        ]  # fmt: skip
+    )
+    assert list(tables.sweep_headline(sweep, None).index) == ["c", "b", "a", "d"]
+    nothing = pd.DataFrame(
+        [point("x", 1024, None, status="failed"), point("y", 64, None, "skipped")]
+    )
+    assert list(tables.sweep_headline(nothing, None).index) == ["x", "y"]
+
+
+def test_a_failed_point_gives_no_speedup_even_with_a_partial_rate() -> None:
+    """A failed point may carry its failing request's rate; it is compared with nothing."""
+    sweep = pd.DataFrame(
+        [
+            point("base", 1024, 5.0, status="failed"),
+            point("base", 8192, 5.0),
+            point("fast", 1024, 40.0),
+            point("fast", 8192, 20.0, status="failed"),
+        ]  # fmt: skip
+    )
+    table = tables.sweep_headline(sweep, "base")
+    assert table.loc["fast", "1k (1,024)"] == "40 (36–44)"
+    assert table.loc["fast", "8k (8,192)"] == "failed"
+    speed = tables.sweep_speedup(sweep, "base")
+    assert speed["speedup"].isna().all()

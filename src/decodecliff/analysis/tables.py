@@ -167,6 +167,8 @@ def sweep_speedup(sweep: pd.DataFrame, baseline: str | None, metric: str = PRIMA
     base = base.rename(columns={"status": "baseline_status", metric: f"baseline_{metric}"})
     out = sweep[cols].merge(base, on="requested_ctx", how="left")
     out["speedup"] = out[metric] / out[f"baseline_{metric}"]
+    # a failed point may carry a failing request's partial rate: no speedup from it either side
+    out.loc[(out["status"] != "ok") | (out["baseline_status"] != "ok"), "speedup"] = float("nan")
     same = k.reindex(out["server"]).to_numpy() == k.get(baseline, 1)
     out.loc[~same, "speedup"] = float("nan")
     return out[out["server"] != baseline][out_cols].reset_index(drop=True)
@@ -211,12 +213,17 @@ def sweep_headline(
 
 
 def _fastest_last_first(sweep: pd.DataFrame) -> list[str]:
-    """The servers by their median at the longest context (fastest first; none there: last)."""
-    servers = list(dict.fromkeys(sweep["server"]))
-    last = sweep[sweep["requested_ctx"] == sweep["requested_ctx"].max()]
-    rate = last.set_index("server")[PRIMARY].where(last.set_index("server")["status"] == "ok")
-    rate = rate[~rate.index.duplicated()].reindex(servers).fillna(-1.0)
-    return sorted(servers, key=lambda s: -rate[s])
+    """The servers by their medians from the longest context down: the fastest at the longest
+    context first, ties and servers without a point there ordered by the next one, and so on."""
+    rates = ok(sweep).pivot_table(
+        index="server", columns="requested_ctx", values=PRIMARY, aggfunc="first"
+    )
+    rates = rates.reindex(list(dict.fromkeys(sweep["server"])))
+    longest_first = sorted(rates.columns, reverse=True)
+    if not longest_first:
+        return list(rates.index)
+    order = rates.sort_values(longest_first, ascending=False, na_position="last", kind="stable")
+    return list(order.index)
 
 
 def short_commits(revs) -> list[str]:

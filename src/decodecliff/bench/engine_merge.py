@@ -3,8 +3,9 @@
 A `bench-engine` run that a time limit cuts keeps every group it finished (the document is written
 after each backend, path and mode), so the rest can be measured by a second run of the same command
 with the backends still missing. This joins such parts: the same commit, GPU and software, each
-row measured once; rows, loops and errors in order, the backends of all parts, the targets
-recomputed, and every part's command and ceilings kept under ``parts``.
+row measured once, every option but what to measure the same; rows, loops and errors in order,
+the backends (modes, contexts, ...) of all parts, the targets recomputed, and every part's
+command and ceilings kept under ``parts``.
 
     python -m decodecliff.bench.engine_merge first.json rest.json --out bench.json
 """
@@ -21,32 +22,67 @@ from decodecliff.jsonio import write_json
 from .engine import check_targets
 
 SAME_ENV = ("git", "gpu", "driver", "torch", "triton", "cuda_runtime")  # what parts must share
-LISTS = ("rows", "loop", "drafter", "host", "errors")
-ROW_KEY = ("backend", "path", "mode", "context", "batch")
-LOOP_KEY = ("backend", "path", "context")
+# The options that pick what a part measured may differ (and are joined); every other option says
+# how a row was measured, and must be the same in every part.
+SELECTION = ("backends", "paths", "modes", "contexts", "parts", "loop_contexts", "out")
+# Each list's rows, and what names one: a row measured in two parts is refused.
+LISTS = {
+    "rows": ("backend", "path", "mode", "context", "batch"),
+    "loop": ("backend", "path", "context"),
+    "drafter": ("mode", "context"),
+    "host": ("spec", "context"),
+    "errors": None,
+}
+JOINED = {"command", "args", "env", "ceilings", "targets_spec", "targets", *LISTS}
 
 
-def _keys(items: list[dict], fields: tuple[str, ...]) -> list[tuple]:
-    return [tuple(item.get(f) for f in fields) for item in items]
-
-
-def merge(docs: list[dict]) -> dict:
-    """The parts as one; refuses parts of another commit or GPU, or a row measured twice."""
-    if not docs:
-        raise ValueError("nothing to merge")
+def _check_alike(docs: list[dict]) -> None:
     first = docs[0]
     for doc in docs[1:]:
         differ = [k for k in SAME_ENV if doc["env"].get(k) != first["env"].get(k)]
+        differ += [
+            k for k in {*doc["args"], *first["args"]} - set(SELECTION)
+            if doc["args"].get(k) != first["args"].get(k)
+        ]  # fmt: skip
         if differ:
-            raise ValueError(f"parts differ in {', '.join(differ)}: not one measurement")
-    out = {**first, **{name: [x for d in docs for x in d.get(name, [])] for name in LISTS}}
-    for name, fields in (("rows", ROW_KEY), ("loop", LOOP_KEY)):
-        keys = _keys(out[name], fields)
+            raise ValueError(f"parts differ in {', '.join(sorted(differ))}: not one measurement")
+
+
+def _joined_args(docs: list[dict]) -> dict:
+    args = dict(docs[0]["args"])
+    for key in SELECTION[:-1]:  # each selection joined in order; out: the first part's
+        lists = [d["args"].get(key) for d in docs if d["args"].get(key) is not None]
+        args[key] = list(dict.fromkeys(x for each in lists for x in each)) if lists else None
+    return args
+
+
+def _others(docs: list[dict]) -> dict:
+    """Keys beyond the lists (a part's ``gemms``): from the one part that measured them."""
+    out: dict = {}
+    for doc in docs:
+        for key, value in doc.items():
+            if key in JOINED or value is None:
+                continue
+            if key in out:
+                raise ValueError(f"{key} measured in more than one part")
+            out[key] = value
+    return out
+
+
+def merge(docs: list[dict]) -> dict:
+    """The parts as one; refuses parts measured otherwise (another commit, GPU or option) and a
+    row measured twice."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    _check_alike(docs)
+    out = {**docs[0], **_others(docs)}
+    for name, fields in LISTS.items():
+        out[name] = [x for d in docs for x in d.get(name, [])]
+        keys = [tuple(x.get(f) for f in fields) for x in out[name]] if fields else []
         twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if twice:
             raise ValueError(f"{name} measured in more than one part: {twice}")
-    backends = [b for d in docs for b in d["args"]["backends"]]
-    out["args"] = {**first["args"], "backends": list(dict.fromkeys(backends))}
+    out["args"] = _joined_args(docs)
     out["parts"] = [{"command": d["command"], "ceilings": d.get("ceilings")} for d in docs]
     out["targets"] = check_targets(out["rows"], out["loop"])
     return out

@@ -260,7 +260,8 @@ def prefetch_plan(cfg: Config, w: torch.Tensor, budget: int = PREFETCH_BYTES) ->
     if w.stride(1) == 1:  # [K, N] rows: per K row, the line(s) holding the slice's columns
         share = max(line // cfg.block_n, 1)
         per_row = max(cfg.block_n // line, 1)
-        tile = {"PF_TK": 64, "PF_STEP_K": 1, "PF_TN": per_row, "PF_STEP_N": line}
+        # a K row per thread: a [TK, 1] tile smaller than the CTA would be issued twice over
+        tile = {"PF_TK": 32 * cfg.warps, "PF_STEP_K": 1, "PF_TN": per_row, "PF_STEP_N": line}
         row_bytes = per_row * L2_LINE_BYTES
     else:  # N-major: each column's K run is contiguous, fetched in whole lines
         share = 1
@@ -391,7 +392,8 @@ class WeightGemm(PerShape):
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
         for cfg in self.candidates:
-            if not agrees(self.skinny(x, w, cfg), ref):
+            poisoned = torch.full_like(ref, float("nan"))  # an unwritten element cannot agree
+            if not agrees(self.skinny(x, w, cfg, out=poisoned), ref):
                 continue
             run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0)
             ms = median_ms(run, x.device, TUNE_REPEATS)
@@ -441,6 +443,8 @@ class TunedHeadGemm(PerShape):
         refs = [t.clone() for t in written]
         bmm_ms = median_ms(lambda: self.fallback(x, w, out, rope), x.device, TUNE_REPEATS)
         timed = {"bmm_ms": bmm_ms, "ms": bmm_ms}
+        for t in written:
+            t.fill_(float("nan"))  # an element the kernel leaves unwritten cannot agree
         try:
             head_gemm(x, w, out, False, rope)
         except ValueError:  # shapes or a rope layout the kernel does not take
