@@ -399,3 +399,15 @@ def test_the_per_head_tuning_refuses_a_kernel_that_leaves_elements_unwritten(mon
     tuned(q_nope, w, out)
     assert [c["impl"] for c in tuned.describe()] == ["bmm"]
     assert not out.isnan().any()
+
+
+def test_the_gemm_bench_times_cublas_cublaslt_and_the_triton_kernel(tmp_path):
+    from decodecliff.bench import engine as bench
+
+    out = tmp_path / "gemms.json"
+    argv = ["--device", "cuda", "--preset", "tiny", "--parts", "gemms", "--repeats", "1"]
+    assert bench.cli([*argv, "--tree-nodes", "16", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["gemms"]["rows"]
+    ok = {r["impl"] for r in rows if r["status"] == "ok"}
+    assert ok == {"cublas", "cublaslt", "triton"}
+    assert torch.backends.cuda.preferred_blas_library() != torch._C._BlasBackend.Cublaslt

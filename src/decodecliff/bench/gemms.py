@@ -1,8 +1,9 @@
 """The verify step's weight GEMMs one by one (``bench-engine --parts gemms``), beside their floor.
 
 For every projection of the preset (q_a|kv_a, q_b, o, gate|up, down, the LM head) at the step's
-token rows (chain: draft length x batch, tree: nodes x batch): cuBLAS (``x @ w``) with the weights
-stored [K, N] and N-major, and each configuration of the weight-streaming Triton kernel
+token rows (chain: draft length x batch, tree: nodes x batch): cuBLAS (``x @ w``) and the same
+through cuBLASLt (torch's preferred BLAS library switched for that row), with the weights stored
+[K, N] and N-major, and each configuration of the weight-streaming Triton kernel
 (engine/skinny_gemm.py), checked against cuBLAS first; with ``--gemm pdl`` each configuration
 is launched as a programmatic dependent with its L2 prefetch of ``--gemm-prefetch-mb`` (timed
 alone, where nothing overlaps: what the chain costs a kernel). The floor is the weights' bytes
@@ -13,6 +14,8 @@ one layer's projections x layers + the LM head: the step's GEMM time if each too
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -46,6 +49,20 @@ def weights(k: int, n: int, layout: str, device: torch.device) -> torch.Tensor:
     return torch.randn(n, k, device=device, dtype=torch.bfloat16).t()
 
 
+@contextlib.contextmanager
+def blas(library: str | None) -> Iterator[None]:
+    """torch's matmuls through ``library`` ("cublas", "cublaslt") while inside; None: as is."""
+    if library is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> list[dict]:
     """Every implementation of one [m, k] x [k, n] GEMM: ms, GB/s, share of the copy rate."""
     from decodecliff.engine.skinny_gemm import CONFIGS, MAX_M, SkinnyGemm
@@ -59,7 +76,7 @@ def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> 
     for layout in ("kn", "nk"):
         w = weights(k, n, layout, device)
         ref = x @ w
-        impls = [("cublas", None, lambda w=w: x @ w)]
+        impls = [("cublas", None, lambda w=w: x @ w), ("cublaslt", None, lambda w=w: x @ w)]
         if m <= MAX_M:
             impls += [("triton", c, lambda w=w, c=c: skinny(x, w, c)) for c in configs]
         for impl, cfg, fn in impls:
@@ -67,12 +84,15 @@ def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> 
             row["config"] = cfg.name if cfg else None
             if cfg and cfg.pdl:
                 row["prefetch_mb"] = args.gemm_prefetch_mb
+            library = impl if impl.startswith("cublas") else None
             try:
-                err = ((fn().float() - ref.float()).norm() / ref.float().norm()).item()
+                with blas(library):
+                    err = ((fn().float() - ref.float()).norm() / ref.float().norm()).item()
                 row["rel_err"] = err
                 if not err <= REL_TOL:  # NaN too
                     raise ValueError(f"relative error {err:.3g} > {REL_TOL}")
-                row["ms"] = timing.median_ms(fn, device, args.repeats * 4, warmup=3)
+                with blas(library):
+                    row["ms"] = timing.median_ms(fn, device, args.repeats * 4, warmup=3)
                 row["copy_frac"] = floor / row["ms"]
                 row["status"] = "ok"
             except Exception as exc:  # a configuration that does not compile or is wrong
