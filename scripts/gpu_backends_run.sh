@@ -21,7 +21,7 @@
 # the other kernels chained by programmatic dependent launch (--gemm cublas-pdl), and with every
 # kernel chained (--gemm pdl), its weights prefetched to L2 before each GEMM's wait and not
 # (--gemm-prefetch-mb 0; these two at 1k only);
-# engine-gemms: every projection at 16 rows alone, cuBLAS and each weight-streaming configuration
+# engine-gemms: every projection at 16 rows alone, cuBLAS, cuBLASLt and each weight-streaming configuration
 # launched plainly, then chained with the 16 MB L2 prefetch and without (what the chain costs a
 # kernel where nothing overlaps it).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
