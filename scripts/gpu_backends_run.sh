@@ -21,9 +21,9 @@
 # the other kernels chained by programmatic dependent launch (--gemm cublas-pdl), and with every
 # kernel chained (--gemm pdl), its weights prefetched to L2 before each GEMM's wait and not
 # (--gemm-prefetch-mb 0; these two at 1k only);
-# engine-gemms: every projection at 16 rows alone, cuBLAS, cuBLASLt and each weight-streaming configuration
-# launched plainly, then chained with the 16 MB L2 prefetch and without (what the chain costs a
-# kernel where nothing overlaps it).
+# engine-gemms: every projection at 16 rows alone, cuBLAS, cuBLASLt and each weight-streaming
+# configuration launched plainly, then chained with the 16 MB L2 prefetch and without (what the
+# chain costs a kernel where nothing overlaps it).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
