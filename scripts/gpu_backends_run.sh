@@ -17,7 +17,8 @@
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
 # anatomy (its kernels folded by layer) plain on cuBLAS, tuned per shape (--gemm auto: cuBLAS or
-# the weight-streaming kernel, bmm + rope or the per-head kernel with the rope folded in), with
+# the weight-streaming kernel, bmm + rope or the per-head kernel with the rope folded in, the
+# silu_mul kernel + cuBLAS or the down GEMM making silu * up as it loads), with
 # the other kernels chained by programmatic dependent launch (--gemm cublas-pdl), and with every
 # kernel chained (--gemm pdl), its weights prefetched to L2 before each GEMM's wait and not
 # (--gemm-prefetch-mb 0; these two at 1k only);

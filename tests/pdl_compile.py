@@ -2,9 +2,10 @@
 
     TRITON_INTERPRET=0 python tests/pdl_compile.py ARCH
 
-Prints one JSON object: for the weight GEMM, the per-head GEMM and the add+RMSNorm kernel, with
-and without ``pdl``, whether the PTX waits for the kernel before (griddepcontrol.wait), lets the
-next one launch (griddepcontrol.launch_dependents) and prefetches to L2.
+Prints one JSON object: for the weight GEMM (plain, and making silu(gate) * up as it loads), the
+per-head GEMM and the add+RMSNorm kernel, with and without ``pdl``, whether the PTX waits for the
+kernel before (griddepcontrol.wait), lets the next one launch (griddepcontrol.launch_dependents)
+and prefetches to L2.
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ def main(arch: int) -> dict:
             plan = skinny_gemm.prefetch_plan(replace(cfg, pdl=pdl), w)
             del plan["prefetch_k"]  # an argument, not a constant
             gemm = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 2, **plan}
-            out[f"gemm {layout} pdl={pdl}"] = features(
-                ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, gemm, arch)
-            )
+            for glu in (False, True):  # the down projection's input made as it loads, or not
+                name = f"gemm {layout}{' glu' if glu else ''} pdl={pdl}"
+                out[name] = features(
+                    ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, {**gemm, "GLU": glu}, arch)
+                )
         for rope in (0, 32):  # the per-head GEMM alone, and with the queries' rope folded in
             heads = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PDL": pdl, "ROPE_HALF": rope}
             out[f"head_gemm rope={rope} pdl={pdl}"] = features(

@@ -334,13 +334,16 @@ def test_the_folded_rope_writes_what_the_rope_kernel_writes(t):
 @pytest.mark.parametrize("backend", capturable_backends())
 def test_auto_tunes_the_per_head_gemms_and_its_graphs_give_its_eager_tokens(backend):
     """gemm auto: each per-head shape (with and without the queries' rope) takes the faster of
-    torch's bmm + the rope kernel and the Triton kernel with the rope folded in, tuned eagerly;
-    with the same choices the graphs replay the eager step's kernels, so the same tokens."""
+    torch's bmm + the rope kernel and the Triton kernel with the rope folded in, the down
+    projection the faster of silu_mul + cuBLAS and the Triton GEMM making silu * up as it loads,
+    tuned eagerly; with the same choices the graphs replay the eager step's kernels: the same
+    tokens."""
     eager_engine = engine(backend=backend, spec="chain", gemm="auto")
     eager = outputs(eager_engine)
     choices = eager_engine.model.heads_mm.describe()
     assert {c["rope"] for c in choices} == {True, False}
     assert {c["impl"] for c in choices} <= {"triton-heads", "bmm"}
+    assert [c["glu"] for c in eager_engine.model.mm.describe()].count(True) == 1  # the down GEMM
     eng = engine(backend=backend, spec="chain", gemm="auto", cuda_graph=True)
     eng.model.mm.choices.update(eager_engine.model.mm.choices)
     eng.model.heads_mm.choices.update(eager_engine.model.heads_mm.choices)

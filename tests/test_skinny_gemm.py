@@ -46,6 +46,25 @@ def test_matches_float64_and_reruns_bit_identically(m, k, n, cfg, layout):
     assert torch.equal(gemm(x, w, cfg, out=torch.full_like(first, float("nan"))), first)
 
 
+@pytest.mark.parametrize(("m", "k", "n", "cfg", "layout"), CASES[:3])
+def test_the_glu_gemm_is_the_silu_mul_kernel_then_the_gemm(m, k, n, cfg, layout):
+    """With glu the input [gate | up] becomes silu(gate) * up as the GEMM loads it: the same
+    bits as the silu_mul kernel then the GEMM (same configuration), in every layout."""
+    from decodecliff.engine import fused_triton
+
+    torch.manual_seed(m + k)
+    gate_up, w = torch.randn(m, 2 * k, dtype=torch.float16), weights(k, n, layout)
+    gemm = skinny.SkinnyGemm()
+    apart = gemm(fused_triton.silu_mul(gate_up, pdl=False), w, cfg)
+    fused = gemm(gate_up, w, cfg, out=torch.full_like(apart, float("nan")), glu=True)
+    assert torch.equal(fused, apart)
+    act = torch.nn.functional.silu(gate_up[:, :k].double()) * gate_up[:, k:].double()
+    ref = act @ w.double()
+    assert ((fused.double() - ref).norm() / ref.norm()).item() < 1e-2
+    with pytest.raises(ValueError, match=r"\(gate \| up\)"):
+        gemm(gate_up[:, :-1], w, cfg, glu=True)
+
+
 def test_more_rows_than_a_tile_is_a_clear_error():
     with pytest.raises(ValueError, match="skinny GEMM takes"):
         skinny.SkinnyGemm()(torch.zeros(65, 32), torch.zeros(32, 16), skinny.Config(16, 128, 1))

@@ -106,6 +106,16 @@ def _rope_kernel(
 
 
 @triton.jit
+def silu_mul_tile(g_at, u_at, mask, dtype: tl.constexpr):
+    """silu(gate) * up in ``dtype``, silu rounded to it first (as unfused); the down projection's
+    GEMM (engine/skinny_gemm.py) makes its input tiles with it too."""
+    g = tl.load(g_at, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_at, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (act * u).to(dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(
     gu_ptr, out_ptr, m, gu_stride, out_stride, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):  # fmt: skip
@@ -113,10 +123,9 @@ def _silu_mul_kernel(
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < m
-    g = tl.load(gu_ptr + row * gu_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * gu_stride + m + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * out_stride + cols, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
+    at = gu_ptr + row * gu_stride + cols
+    y = silu_mul_tile(at, at + m, mask, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * out_stride + cols, y, mask=mask)
 
 
 def _warps(block: int) -> int:

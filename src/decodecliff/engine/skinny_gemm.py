@@ -34,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fused
 from .config import GEMM_PREFETCH_MB
 from .fused import Rope
-from .fused_triton import _rope_pair, chain_start, chained
+from .fused_triton import _rope_pair, chain_start, chained, silu_mul_tile
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def _skinny_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr = False, PF_TK: tl.constexpr = 1, PF_STEP_K: tl.constexpr = 1,
     PF_TN: tl.constexpr = 1, PF_STEP_N: tl.constexpr = 1, PF_SHARE: tl.constexpr = 1,
+    GLU: tl.constexpr = False,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -115,11 +117,12 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_begin, k_end, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + rm[:, None] * sxm + rk[None, :] * sxk,
-            mask=(rm[:, None] < M) & (rk[None, :] < k_end),
-            other=0.0,
-        )
+        x_at = x_ptr + rm[:, None] * sxm + rk[None, :] * sxk
+        x_mask = (rm[:, None] < M) & (rk[None, :] < k_end)
+        if GLU:  # x is [gate | up], K columns each: the down projection's input made here
+            x = silu_mul_tile(x_at, x_at + K * sxk, x_mask, x_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_at, mask=x_mask, other=0.0)
         w = tl.load(
             w_ptr + rk[:, None] * swk + rn[None, :] * swn,
             mask=(rk[:, None] < k_end) & (rn[None, :] < N),
@@ -296,13 +299,16 @@ class SkinnyGemm:
         cfg: Config,
         out: torch.Tensor | None = None,
         prefetch_bytes: int | None = None,
+        glu: bool = False,
     ) -> torch.Tensor:
-        """``prefetch_bytes``: this launch's prefetch budget, if not the instance's."""
-        m, k = x.shape
+        """``prefetch_bytes``: this launch's prefetch budget, if not the instance's. ``glu``: x
+        is [gate | up] (2K columns) and the GEMM's input is silu(gate) * up, made as it loads."""
+        m, k = x.shape[0], x.shape[1] // (2 if glu else 1)
         n = w.shape[1]
-        if m > MAX_M or w.shape[0] != k:
+        if m > MAX_M or w.shape[0] != k or (glu and x.shape[1] != 2 * k):
             shapes = f"{tuple(x.shape)} x {tuple(w.shape)}"
-            raise ValueError(f"skinny GEMM takes [<= {MAX_M}, K] x [K, N], got {shapes}")
+            takes = "[<= {0}, 2K] (gate | up)" if glu else "[<= {0}, K]"
+            raise ValueError(f"skinny GEMM takes {takes.format(MAX_M)} x [K, N], got {shapes}")
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, tickets = self.scratch(cfg, m, n, x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -310,7 +316,7 @@ class SkinnyGemm:
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
             BLOCK_M=block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.warps, num_stages=cfg.stages,
+            num_warps=cfg.warps, num_stages=cfg.stages, GLU=glu,
             **self.launch_options(cfg, w, prefetch_bytes),
         )  # fmt: skip
         return y
@@ -376,26 +382,39 @@ class WeightGemm(PerShape):
         self.skinny = SkinnyGemm(prefetch_bytes)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if not x.is_cuda or x.shape[0] > MAX_M:
-            return x @ w
-        key = (block_m(x.shape[0]), x.shape[1], w.shape[1], w.stride(), x.dtype)
-        cfg = self.choice(key, lambda: self._tune(x, w))
-        return x @ w if cfg is None else self.skinny(x, w, cfg)
+        return self._run(x, w, lambda: x @ w, glu=False)
 
-    def _tune(self, x: torch.Tensor, w: torch.Tensor) -> tuple[Config | None, dict[str, float]]:
+    def glu(self, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up @ w`` for gate_up = [gate | up]: per shape the faster of the
+        silu_mul kernel then cuBLAS, and the Triton kernel making its input as it loads (one
+        launch for two)."""
+        return self._run(gate_up, w, lambda: fused.silu_mul(gate_up, self.pdl) @ w, glu=True)
+
+    def _run(
+        self, x: torch.Tensor, w: torch.Tensor, plain: Callable[[], torch.Tensor], glu: bool
+    ) -> torch.Tensor:
+        if not x.is_cuda or x.shape[0] > MAX_M:
+            return plain()
+        key = (block_m(x.shape[0]), w.shape[0], w.shape[1], w.stride(), x.dtype, glu)
+        cfg = self.choice(key, lambda: self._tune(x, w, plain, glu))
+        return plain() if cfg is None else self.skinny(x, w, cfg, glu=glu)
+
+    def _tune(
+        self, x: torch.Tensor, w: torch.Tensor, plain: Callable[[], torch.Tensor], glu: bool
+    ) -> tuple[Config | None, dict[str, float]]:
         """The fastest choice for this shape, and the ms of cuBLAS and of that choice (alone)."""
         from decodecliff.bench.timing import median_ms
 
-        ref = x @ w
-        best, best_ms = None, median_ms(lambda: x @ w, x.device, TUNE_REPEATS)
+        ref = plain()
+        best, best_ms = None, median_ms(plain, x.device, TUNE_REPEATS)
         cublas_ms = best_ms
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
         for cfg in self.candidates:
             poisoned = torch.full_like(ref, float("nan"))  # an unwritten element cannot agree
-            if not agrees(self.skinny(x, w, cfg, out=poisoned), ref):
+            if not agrees(self.skinny(x, w, cfg, out=poisoned, glu=glu), ref):
                 continue
-            run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0)
+            run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0, glu=glu)
             ms = median_ms(run, x.device, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
@@ -404,7 +423,7 @@ class WeightGemm(PerShape):
     def describe(self) -> list[dict]:
         """What each tuned shape runs, and its tuning's times alone (for the bench's records)."""
         return [
-            {"m_tile": key[0], "k": key[1], "n": key[2],
+            {"m_tile": key[0], "k": key[1], "n": key[2], "glu": key[5],
              "impl": "cublas" if c is None else "triton", "config": None if c is None else c.name,
              **self.timed.get(key, {})}
             for key, c in self.choices.items()
