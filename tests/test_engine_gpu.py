@@ -343,7 +343,9 @@ def test_auto_tunes_the_per_head_gemms_and_its_graphs_give_its_eager_tokens(back
     choices = eager_engine.model.heads_mm.describe()
     assert {c["rope"] for c in choices} == {True, False}
     assert {c["impl"] for c in choices} <= {"triton-heads", "bmm"}
-    assert [c["glu"] for c in eager_engine.model.mm.describe()].count(True) == 1  # the down GEMM
+    tuned = eager_engine.model.mm.describe()
+    tiles = {c["m_tile"] for c in tuned}  # one request's rows, or both requests'
+    assert sorted(c["m_tile"] for c in tuned if c["glu"]) == sorted(tiles)  # the down GEMM's
     eng = engine(backend=backend, spec="chain", gemm="auto", cuda_graph=True)
     eng.model.mm.choices.update(eager_engine.model.mm.choices)
     eng.model.heads_mm.choices.update(eager_engine.model.heads_mm.choices)
@@ -382,20 +384,32 @@ def test_the_tuned_per_head_gemm_runs_what_it_chose(t):
     assert not again.isnan().any() and torch.equal(again, direct)
 
 
+def _candidates_look_fastest(monkeypatch) -> None:
+    """The tuning's clock made to say every candidate beats the fallback (timed first), so only
+    the correctness check can refuse one."""
+    from decodecliff.bench import timing
+
+    times = iter([1.0] + [1e-3] * 1000)
+    monkeypatch.setattr(timing, "median_ms", lambda *args, **kwargs: next(times))
+
+
 def test_the_per_head_tuning_refuses_a_kernel_that_leaves_elements_unwritten(monkeypatch):
-    """A fault no real input causes: a per-head kernel that writes half its output. The check
-    against the fallback's result (outputs poisoned first) keeps the fallback."""
+    """A fault no real input causes: a per-head kernel that writes only half its output, the
+    other half keeping what was there (the fallback's right answer, unless the tuning poisons
+    the outputs first). Timed as the fastest, it is still refused: the shape keeps the bmm."""
     from decodecliff.engine import skinny_gemm
     from decodecliff.engine.model import head_gemm
 
     real = skinny_gemm.head_gemm
 
     def half_written(x, w, out, pdl, rope=None):
-        real(x, w, out, pdl, rope)
-        out[:, :, : out.shape[2] // 2].fill_(float("nan"))
+        full = real(x, w, torch.empty_like(out), pdl)
+        half = out.shape[2] // 2
+        out[:, :, :half] = full[:, :, :half]
         return out
 
     monkeypatch.setattr(skinny_gemm, "head_gemm", half_written)
+    _candidates_look_fastest(monkeypatch)
     tuned = head_gemm("auto", torch.device("cuda"))
     q_nope, w, _, _ = _heads_case(16, seed=3)
     out = torch.empty(16, 8, 512, device="cuda", dtype=torch.bfloat16)
@@ -404,13 +418,37 @@ def test_the_per_head_tuning_refuses_a_kernel_that_leaves_elements_unwritten(mon
     assert not out.isnan().any()
 
 
+def test_the_gemm_tuning_refuses_a_kernel_that_leaves_elements_unwritten(monkeypatch):
+    """The same fault in the weight GEMM: every configuration writes half the columns into a
+    buffer that holds the right answer (as a reused allocation could). Timed as the fastest,
+    none is picked (their outputs poisoned first): the shape keeps cuBLAS."""
+    from decodecliff.engine.skinny_gemm import SkinnyGemm, WeightGemm
+
+    class HalfWritten(SkinnyGemm):
+        def __call__(self, x, w, cfg, out=None, **options):
+            full = super().__call__(x, w, cfg, **options)
+            out = x @ w if out is None else out
+            out[:, : out.shape[1] // 2] = full[:, : out.shape[1] // 2]
+            return out
+
+    _candidates_look_fastest(monkeypatch)
+    gemm = WeightGemm()
+    gemm.skinny = HalfWritten()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(16, 1024, generator=g, device="cuda").bfloat16()
+    w = torch.randn(1024, 512, generator=g, device="cuda").bfloat16()
+    assert torch.equal(gemm(x, w), x @ w)
+    assert [c["impl"] for c in gemm.describe()] == ["cublas"]
+
+
 def test_the_gemm_bench_times_cublas_cublaslt_and_the_triton_kernel(tmp_path):
     from decodecliff.bench import engine as bench
 
     out = tmp_path / "gemms.json"
+    before = torch.backends.cuda.preferred_blas_library()
     argv = ["--device", "cuda", "--preset", "tiny", "--parts", "gemms", "--repeats", "1"]
     assert bench.cli([*argv, "--tree-nodes", "16", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["gemms"]["rows"]
     ok = {r["impl"] for r in rows if r["status"] == "ok"}
     assert ok == {"cublas", "cublaslt", "triton"}
-    assert torch.backends.cuda.preferred_blas_library() != torch._C._BlasBackend.Cublaslt
+    assert torch.backends.cuda.preferred_blas_library() == before  # switched for its rows only

@@ -357,7 +357,9 @@ def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
 class WeightGemm(PerShape):
     """``x @ w`` for a step's projections: per shape the fastest of cuBLAS and ``CANDIDATES``.
 
-    A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype). Its
+    A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype, glu:
+    whether the input is made from [gate | up], ``glu``; its fallback is silu_mul then cuBLAS,
+    whose time the tuning records as ``cublas_ms``). Its
     choice is timed on its first call, with the L2 flushed before each repeat (a step streams
     weights the L2 cannot hold); a call during CUDA-graph capture before that takes cuBLAS.
     On a CPU, and above MAX_M rows (prefill chunks), it is cuBLAS's (torch's) ``x @ w``.
