@@ -59,6 +59,23 @@ def test_build_has_required_sass_and_fits_smem(built):
     assert all(k["registers"] <= 128 for k in attn if (k["variant"], k["arch"]) in TWO_CTA)
 
 
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
+@needs_nvcc
+def test_each_kernel_s_main_loop_issues_exactly_its_tile_s_mma(built):
+    """Read from the SASS (kernels/sass.py): a KV tile of n tokens for 16 m rows is m/16 x n/8
+    x 36 HMMA for the scores (576 dims) and m/16 x 64 x n/16 for the values (512), over 8
+    warps: each warp's loop body holds exactly that many, once each, in every build."""
+    _, info = built
+    for k in (k for k in info["kernels"] if "mla_attn_kernel" in k["kernel"]):
+        block_n = VARIANTS[k["variant"]][k["mtiles"]][0]
+        loop = k["main_loop"]
+        assert loop["hmma"] * 16 == 17 * k["mtiles"] * block_n, k
+        assert loop["instructions"] > loop["hmma"] > 0 and loop["shared"] > 0, k
+        assert (loop["local"] > 0) <= (k["spill_loads"] + k["spill_stores"] > 0), k
+    combine = next(k for k in info["kernels"] if "combine" in k["kernel"])
+    assert combine["main_loop"]["hmma"] == 0
+
+
 def expected_smem(variant: str, mtiles: int) -> int:
     """The shared-memory arithmetic of notes/kernel.md: KV ring + partial S + P + row scalars."""
     block_n, stages, dim_groups = VARIANTS[variant][mtiles]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import abi
+from . import abi, sass
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "mla_verify.cu"
@@ -48,18 +48,19 @@ def find_nvcc() -> str:
     )
 
 
-def find_cuobjdump() -> str | None:
-    """cuobjdump from PATH, the nvidia-cuda-cuobjdump wheel, or Triton's wheel (in that order)."""
-    found = shutil.which("cuobjdump")
+def find_tool(name: str) -> str | None:
+    """A CUDA binary tool from PATH, an NVIDIA wheel (nvidia-cuda-cuobjdump, -nvdisasm), or
+    Triton's wheel (in that order)."""
+    found = shutil.which(name)
     if found:
         return found
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(Path(root).glob("*/bin/cuobjdump")):
+        for path in sorted(Path(root).glob(f"*/bin/{name}")):
             return str(path)
     spec = importlib.util.find_spec("triton")
     if spec and spec.origin:
-        path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / name
         if path.is_file():
             return str(path)
     return None
@@ -179,9 +180,14 @@ def build(
         k["smem_total"] = k["static_smem"] + k["dynamic_smem"]
         k["smem_ok"] = k["smem_total"] <= SMEM_LIMIT
         k["spill_ok"] = k["spill_stores"] == 0 and k["spill_loads"] == 0
-    cuobjdump = find_cuobjdump()
+    cuobjdump = find_tool("cuobjdump")
     found = sass_archs(cuobjdump, lib)
     missing = sorted(set(required) - set(found or []))
+    nvdisasm = find_tool("nvdisasm")  # cuobjdump -sass disassembles through it
+    for arch in (found or []) if nvdisasm else []:  # each kernel's main loop (kernels/sass.py)
+        loops = sass.functions(sass.dump(cuobjdump, lib, arch, nvdisasm))
+        for k in (k for k in kernels if k["arch"] == arch):
+            k["main_loop"] = sass.main_loop(loops.get(k["kernel"], []))
     info = {
         "library": str(lib.resolve()),
         "nvcc": nvcc,
@@ -223,9 +229,11 @@ def summary(info: dict) -> str:
         name = k["kernel"]
         if "variant" in k:
             name = f"mla_attn_kernel {k['variant']} {16 * k['mtiles']} rows"
+        loop = k.get("main_loop")
+        per_tile = f"  loop {loop['instructions']:>4} SASS, {loop['hmma']:>3} HMMA" if loop else ""
         lines.append(
             f"  sm_{k['arch']:<4} {name[:48]:<48} regs {k['registers']:>3}  "
-            f"smem {k['smem_total']:>6} B  spills {k['spill_stores'] + k['spill_loads']}"
+            f"smem {k['smem_total']:>6} B  spills {k['spill_stores'] + k['spill_loads']}{per_tile}"
         )
     return "\n".join(lines)
 
