@@ -273,3 +273,14 @@ def test_two_builds_load_side_by_side(built):
         listing = subprocess.run([nm, "-C", str(lib)], capture_output=True, text=True)
         unique = [line for line in listing.stdout.splitlines() if " u " in line]
         assert listing.returncode == 0 and not unique, unique
+
+
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
+@needs_nvcc
+def test_a_machine_without_nvdisasm_builds_and_says_why_no_loop_is_read(tmp_path, monkeypatch):
+    real = build.find_tool
+    monkeypatch.setattr(build, "find_tool", lambda name: None if name == "nvdisasm" else real(name))
+    assert build.cli(["--arch", "90", "--require", "90", "--out", str(tmp_path)]) == 0
+    info = json.loads((tmp_path / "build.json").read_text())
+    assert info["main_loops"] == "not read: cuobjdump or nvdisasm not found"
+    assert not any("main_loop" in k for k in info["kernels"])

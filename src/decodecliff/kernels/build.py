@@ -143,6 +143,22 @@ def sass_archs(cuobjdump: str | None, lib: Path) -> list[int] | None:
     return sorted({int(a) for a in re.findall(r"\.sm_(\d+)\.cubin", out.stdout)})
 
 
+def record_main_loops(kernels: list[dict], cuobjdump: str | None, lib: Path, archs) -> str:
+    """Each kernel's main loop from the SASS (kernels/sass.py) into its record; informative, so
+    a machine without the tools builds all the same and says why the loops are missing."""
+    nvdisasm = find_tool("nvdisasm")  # cuobjdump -sass disassembles through it
+    if cuobjdump is None or nvdisasm is None:
+        return "not read: cuobjdump or nvdisasm not found"
+    try:
+        for arch in archs:
+            loops = sass.functions(sass.dump(cuobjdump, lib, arch, nvdisasm))
+            for k in (k for k in kernels if k["arch"] == arch):
+                k["main_loop"] = sass.main_loop(loops.get(k["kernel"], []))
+    except (OSError, RuntimeError) as exc:
+        return f"not read: {exc}"
+    return f"read with {cuobjdump} through {nvdisasm}"
+
+
 def nvcc_version(nvcc: str) -> str:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)
@@ -183,11 +199,7 @@ def build(
     cuobjdump = find_tool("cuobjdump")
     found = sass_archs(cuobjdump, lib)
     missing = sorted(set(required) - set(found or []))
-    nvdisasm = find_tool("nvdisasm")  # cuobjdump -sass disassembles through it
-    for arch in (found or []) if nvdisasm else []:  # each kernel's main loop (kernels/sass.py)
-        loops = sass.functions(sass.dump(cuobjdump, lib, arch, nvdisasm))
-        for k in (k for k in kernels if k["arch"] == arch):
-            k["main_loop"] = sass.main_loop(loops.get(k["kernel"], []))
+    sass_note = record_main_loops(kernels, cuobjdump, lib, found or [])
     info = {
         "library": str(lib.resolve()),
         "nvcc": nvcc,
@@ -197,6 +209,7 @@ def build(
         "ptx_arch": max(archs),
         "cuobjdump": cuobjdump,
         "sass_archs": found,
+        "main_loops": sass_note,
         "kernels": kernels,
         "smem_limit": SMEM_LIMIT,
         "ok": {
