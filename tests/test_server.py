@@ -241,8 +241,11 @@ def test_requests_beyond_the_pool_queue_until_it_frees():
         for t in threads:
             t.join(60)
         assert [results[i]["output_ids"] for i in range(2)] == alone
-        latencies = sorted(results[i]["meta_info"]["e2e_latency"] for i in range(2))
-        assert latencies[1] > 1.5 * latencies[0]  # the second waited for the first to finish
+        first, second = sorted((results[i]["meta_info"] for i in range(2)),
+                               key=lambda meta: meta["e2e_latency"])  # fmt: skip
+        # sent together, the second's first token came only once the first had finished (an
+        # order, not a speed: it holds however loaded the machine; 0.2 s for the two arrivals)
+        assert second["ttft"] >= first["e2e_latency"] - 0.2
         never = gen(small, prompts[0], 250)  # 80 + 250 can never fit: refused at once
         assert never.status_code == 400 and "max_total_num_tokens" in never.text
         frag = small.get("/get_server_info").json()["fragmentation"]
