@@ -109,8 +109,8 @@ for lim in (0, 102400):
         --out "$OUT/engine_cublas.json" > "$OUT/bench_engine_cublas.log" 2>&1; echo "rc $?"
       grep -E "step .* ms|failed" "$OUT/bench_engine_cublas.log" ;;
     engine-pdl)  # one call: tests (Triton compiles each candidate once), then five steps
-      timeout 180 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
-        -k "pdl or chained or folds or rope or auto" > "$OUT/pytest_pdl.log" 2>&1
+      timeout 240 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
+        -k "pdl or chained or folds or rope or auto or tun" > "$OUT/pytest_pdl.log" 2>&1
       echo "tests rc $?"; tail -n 1 "$OUT/pytest_pdl.log"
       for variant in cublas:185000 auto:185000 cublas-pdl:185000 pdl: pdl-prefetch0:; do
         label=${variant%%:*} more=${variant#*:} gemm=${label%-prefetch0}
