@@ -93,6 +93,14 @@ def build_facts(build: dict) -> pd.DataFrame:
 
 
 def build_kernels(build: dict) -> pd.DataFrame:
-    """Per kernel and architecture: registers, shared memory, spills (ptxas), when recorded."""
+    """Per kernel and architecture: registers, shared memory, spills (ptxas) and the main loop's
+    instruction mix (kernels/sass.py, as ``loop <count>`` columns), when recorded."""
     records = build.get("kernels")
-    return pd.DataFrame(records) if isinstance(records, list) and records else pd.DataFrame()
+    if not isinstance(records, list) or not records:
+        return pd.DataFrame()
+    rows = []
+    for k in records:
+        loop = k.get("main_loop") or {}
+        rows.append({**{key: v for key, v in k.items() if key != "main_loop"},
+                     **{f"loop {key}": v for key, v in loop.items()}})  # fmt: skip
+    return pd.DataFrame(rows)

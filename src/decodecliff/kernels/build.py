@@ -154,7 +154,7 @@ def record_main_loops(kernels: list[dict], cuobjdump: str | None, lib: Path, arc
             loops = sass.functions(sass.dump(cuobjdump, lib, arch, nvdisasm))
             for k in (k for k in kernels if k["arch"] == arch):
                 k["main_loop"] = sass.main_loop(loops.get(k["kernel"], []))
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
         return f"not read: {exc}"
     return f"read with {cuobjdump} through {nvdisasm}"
 

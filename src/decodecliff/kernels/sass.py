@@ -21,18 +21,22 @@ _TARGET = re.compile(r"0x([0-9a-f]+)")
 CLASSES = {
     "hmma": {"HMMA"},
     "shared": {"LDS", "LDSM", "STS"},
-    "global": {"LDG", "STG", "LDGSTS", "LDGDEPBAR", "DEPBAR"},
+    "global": {"LDG", "STG", "LDGSTS"},
     "local": {"LDL", "STL"},
-    "barrier": {"BAR", "BSYNC", "WARPSYNC"},
+    "barrier": {"BAR"},  # the CTA's barriers
+    "wait": {"DEPBAR", "LDGDEPBAR"},  # waits on asynchronous copies
+    "reconverge": {"BSSY", "BSYNC", "WARPSYNC"},  # a warp's divergent paths joined
 }
+TIMEOUT_S = 300
 
 
 def dump(cuobjdump: str, lib: Path, arch: int, nvdisasm: str) -> str:
-    """cuobjdump's SASS of every function of ``lib`` for sm_``arch`` (through ``nvdisasm``)."""
-    path = os.pathsep.join([str(Path(nvdisasm).parent), os.environ.get("PATH", "")])
+    """cuobjdump's SASS of every function of ``lib`` for sm_``arch`` (through ``nvdisasm``:
+    NVDISASM_PATH wins over the one beside cuobjdump, so the record names the one used)."""
     out = subprocess.run(
         [cuobjdump, "-sass", "-arch", f"sm_{arch}", str(lib)],
-        capture_output=True, text=True, env={**os.environ, "PATH": path},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+        env={**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)},
     )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"cuobjdump -sass failed: {out.stderr.strip()}")
@@ -52,11 +56,13 @@ def functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
 
 
 def main_loop(instructions: list[tuple[int, str, str]]) -> dict | None:
-    """The longest backward branch's body: its instruction count and mix (None: no loop)."""
+    """The longest backward branch's body: its instruction count and mix (None: no loop; a
+    function's closing branch to itself is not one). Of several loops the longest is taken,
+    which in the attention kernels is the KV-tile loop; in others it may differ by arch."""
     spans = [
         (int(t.group(1), 16), addr)
         for addr, op, operands in instructions
-        if op == "BRA" and (t := _TARGET.search(operands)) and int(t.group(1), 16) <= addr
+        if op == "BRA" and (t := _TARGET.search(operands)) and int(t.group(1), 16) < addr
     ]
     if not spans:
         return None
