@@ -117,11 +117,14 @@ def bench_gemms(args: argparse.Namespace, ceil: dict) -> dict:
                 row["projection"] = name
             rows += found
             ok = [r for r in found if r["status"] == "ok"]
-            for lib in ("cublas", "cublaslt"):
-                ms = {r["layout"]: r["ms"] for r in ok if r["impl"] == lib}
+            by_lib = {
+                lib: {r["layout"]: r["ms"] for r in ok if r["impl"] == lib}
+                for lib in ("cublas", "cublaslt")
+            }
+            for lib, by_layout in by_lib.items():
                 for layout in ("kn", "nk"):
-                    best[f"{lib}-{layout}"] += count * ms.get(layout, float("nan"))
-            cublas = {r["layout"]: r["ms"] for r in ok if r["impl"] == "cublas"}
+                    best[f"{lib}-{layout}"] += count * by_layout.get(layout, float("nan"))
+            cublas = by_lib["cublas"]
             top = min((r for r in ok if r["impl"] != "cublaslt"), key=lambda r: r["ms"])
             best["fastest"] += count * top["ms"]
             best["floor"] += count * found[0]["floor_ms"]
