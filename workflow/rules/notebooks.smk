@@ -6,7 +6,9 @@
 # (decodecliff.study.notebooks). It defines a rule per notebook, notebook_<name>, rather than one
 # rule with the name as a wildcard: a rule's outputs are fixed when the workflow is parsed
 # (Snakemake takes no function there), and each notebook writes its own number of figures and
-# tables, each a report() output with its caption.
+# tables, each a report() output with its caption. Kernels talk over Unix sockets (papermill's
+# engine ipc, decodecliff.study.ipc_engine): TCP ports picked by notebooks started side by side
+# can collide.
 
 for name in NOTEBOOKS:
 
@@ -29,5 +31,5 @@ for name in NOTEBOOKS:
         conda:
             "../../envs/analysis.yaml"
         shell:
-            "papermill --no-progress-bar -k python3 {input.notebook} {output.notebook}"
+            "papermill --no-progress-bar --engine ipc -k python3 {input.notebook} {output.notebook}"
             " {params.parameters} > {log} 2>&1"
