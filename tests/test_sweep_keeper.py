@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,35 @@ def test_an_exit_code_is_passed_on_and_an_unknown_program_is_a_clear_error(lefto
     with pytest.raises(launcher.ServerError, match="cannot launch 'no-such-program-here'"):
         missing.start(timeout_s=30)
     assert missing.exit_code() is None and missing.proc is None
+
+
+def test_a_port_taken_before_the_server_binds_it_is_replaced_by_a_fresh_one(
+    tmp_path, leftovers, monkeypatch
+):
+    # The race itself cannot be timed: the first port handed out is one a socket here holds.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = iter([taken])
+        free = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda host: next(ports, None) or free(host))
+        server = launcher.Server(FAULTY_CMD, log_path=tmp_path / "serve.log", stop_grace_s=5)
+        try:
+            server.start(timeout_s=60)
+            leftovers.track(server.proc.pid)
+            assert server.launches == 2 and not server.url.endswith(f":{taken}")
+            assert launcher.healthy(server.url)
+        finally:
+            server.stop()
+    assert "address already in use" in (tmp_path / "serve.log").read_text().lower()
+
+
+def test_a_server_failing_for_another_reason_is_not_relaunched(tmp_path, leftovers):
+    server = launcher.Server("sh -c 'echo boom; exit 3' {port}", log_path=tmp_path / "serve.log")
+    with pytest.raises(launcher.ServerError, match="exited with code 3 while starting"):
+        server.start(timeout_s=30)
+    assert server.launches == 1
 
 
 def test_a_launcher_killed_outright_takes_the_whole_tree_along(tmp_path, leftovers):

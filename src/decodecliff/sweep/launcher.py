@@ -51,6 +51,8 @@ def _finite_float(text: str) -> float:
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 REPORT_TIMEOUT_S = 60.0  # for the keeper to start the command (a Python start on a busy host)
+PORT_ATTEMPTS = 3  # launches on fresh ports when another process took the one picked
+PORT_TAKEN = re.compile(r"address already in use|errno 98\b|EADDRINUSE", re.IGNORECASE)
 
 
 def strict_json(text: str) -> object:
@@ -171,9 +173,37 @@ class Server:
         return self.proc.poll() if self.proc else None
 
     def start(self, timeout_s: float) -> dict:
-        """Launch (if a template) and wait until healthy; return its server info."""
+        """Launch (if a template) and wait until healthy; return its server info.
+
+        A port picked free can be taken by another process before the server binds it; a
+        server that exits saying so (in its log) is launched again on a fresh port.
+        """
         if not self.launched:
             return self._wait_healthy(timeout_s)
+        for _ in range(PORT_ATTEMPTS - 1):
+            log_start = self._log_size()
+            try:
+                return self._start_once(timeout_s)
+            except ServerError:
+                if not self._lost_its_port(log_start):
+                    raise
+        return self._start_once(timeout_s)
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size if self.log_path else 0
+        except OSError:
+            return 0
+
+    def _lost_its_port(self, log_start: int) -> bool:
+        """The last launch took a fresh port and its log (from ``log_start``) says it was taken."""
+        if self.log_path is None or "{port}" not in self.template or self.exit_code() is None:
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(log_start)
+            return PORT_TAKEN.search(log.read().decode(errors="replace")) is not None
+
+    def _start_once(self, timeout_s: float) -> dict:
         self.stop()
         port = free_port(self.host) if "{port}" in self.template else 0
         env, argv = render_command(self.template, self.host, port)
