@@ -8,7 +8,7 @@
 # (Snakemake takes no function there), and each notebook writes its own number of figures and
 # tables, each a report() output with its caption. Kernels talk over Unix sockets (papermill's
 # engine ipc, decodecliff.study.ipc_engine): TCP ports picked by notebooks started side by side
-# can collide.
+# can collide. A kernel gets 5 minutes to start (not papermill's 60 s): a busy host imports slowly.
 
 for name in NOTEBOOKS:
 
@@ -31,5 +31,6 @@ for name in NOTEBOOKS:
         conda:
             "../../envs/analysis.yaml"
         shell:
-            "papermill --no-progress-bar --engine ipc -k python3 {input.notebook} {output.notebook}"
+            "papermill --no-progress-bar --engine ipc --start-timeout 300 -k python3"
+            " {input.notebook} {output.notebook}"
             " {params.parameters} > {log} 2>&1"
