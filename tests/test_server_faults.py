@@ -209,7 +209,7 @@ def test_f10_f11_a_signal_with_a_full_queue_takes_the_shutdown_path(sig):
 @pytest.mark.parametrize(
     "args,fragment",
     [
-        (["--port", "70000"], "port 70000 is not in 1-65535"),
+        (["--port", "70000"], "port 70000 is not in 1-65535 (or 0 for a free one)"),
         pytest.param(["--max-total-tokens", str(10**15)], "allocate", marks=pytest.mark.slow),
         pytest.param(["--max-running-requests", str(10**12)], "allocate", marks=pytest.mark.slow),
         (["--max-request-mb", "0"], "not a positive number"),

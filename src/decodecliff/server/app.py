@@ -403,6 +403,7 @@ async def serve(engine: Engine, host: str, port: int, settings: Settings, model:
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
+    port = runner.addresses[0][1]  # the one bound: port 0 asks the system for a free one
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

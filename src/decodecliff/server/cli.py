@@ -32,7 +32,12 @@ def parser() -> argparse.ArgumentParser:
         help="where the engine runs (auto: CUDA when a GPU is visible)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=port, default=30000, help="port to listen on (1-65535)")
+    p.add_argument(
+        "--port",
+        type=port,
+        default=30000,
+        help="port to listen on (1-65535; 0: a free one, named in the ready line)",
+    )
     p.add_argument(
         "--log-level", default="warning", help="logging level: debug, info, warning or error"
     )
@@ -110,10 +115,10 @@ def positive(kind: type) -> Callable[[str], float]:
 
 
 def port(text: str) -> int:
-    """An argparse type: a TCP port one can listen on."""
+    """An argparse type: a TCP port one can listen on (0: the system picks a free one)."""
     value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port {text} is not in 1-65535")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {text} is not in 1-65535 (or 0 for a free one)")
     return value
 
 
