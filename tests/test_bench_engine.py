@@ -105,3 +105,21 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     with pytest.raises(ValueError, match="gemms measured in more than one part"):
         engine_merge.merge([{**parts[0], "gemms": [{"m": 16}]}, twice])
     assert engine_merge.merge([parts[0], twice])["gemms"] == [{"m": 16}]
+
+
+def test_a_merge_keeps_measured_ceilings_and_drops_errors_another_part_measured(tmp_path):
+    base = ["--device", "cpu", "--threads", "1", "--contexts", "64", "--repeats", "1"]
+    base += ["--draft-len", "4", "--tree-nodes", "16", "--loop-steps", "2"]
+    loop, tree = tmp_path / "loop.json", tmp_path / "tree.json"
+    assert bench.cli([*base, "--modes", "chain", "--parts", "loop", "--out", str(loop)]) == 0
+    assert bench.cli([*base, "--modes", "tree", "--parts", "anatomy", "--out", str(tree)]) == 0
+    looped, anatomy = (json.loads(p.read_text()) for p in (loop, tree))
+    assert looped["ceilings"] is None and anatomy["ceilings"]  # a loop measures no ceilings
+    row = anatomy["rows"][0]
+    failed = {"what": f"anatomy {row['backend']} {row['path']} tree", "error": "OutOfMemory"}
+    other = {"what": f"anatomy {row['backend']} {row['path']} chain", "error": "OutOfMemory"}
+    looped["errors"] = [failed, other]  # the tree group failed here, the other part measured it
+    doc = engine_merge.merge([looped, anatomy])
+    assert doc["ceilings"] == anatomy["ceilings"]
+    assert doc["errors"] == [other]
+    assert doc["parts"][0]["errors"] == [failed, other] and doc["parts"][1]["ceilings"]

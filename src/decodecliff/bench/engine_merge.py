@@ -5,7 +5,8 @@ after each backend, path and mode), so the rest can be measured by a second run 
 with the backends still missing. This joins such parts: the same commit, GPU and software, each
 row measured once, every option but what to measure the same; rows, loops and errors in order,
 the backends (modes, contexts, ...) of all parts, the targets recomputed, and every part's
-command and ceilings kept under ``parts``.
+command, ceilings and errors kept under ``parts`` (a group one part failed and another measured
+is no error of the whole).
 
     python -m decodecliff.bench.engine_merge first.json rest.json --out bench.json
 """
@@ -69,6 +70,19 @@ def _others(docs: list[dict]) -> dict:
     return out
 
 
+def _superseded(error: dict, merged: dict) -> bool:
+    """A part's failed group that another part measured (``what`` as bench/engine.py names it:
+    "anatomy BACKEND PATH MODE", "loop BACKEND PATH CONTEXT", "gemms")."""
+    kind, *names = error.get("what", "").split()
+    if kind == "anatomy" and len(names) == 3:
+        return any((r["backend"], r["path"], r["mode"]) == tuple(names) for r in merged["rows"])
+    if kind == "loop" and len(names) == 3:
+        return any(
+            (r["backend"], r["path"], str(r["context"])) == tuple(names) for r in merged["loop"]
+        )
+    return kind == "gemms" and merged.get("gemms") is not None
+
+
 def merge(docs: list[dict]) -> dict:
     """The parts as one; refuses parts measured otherwise (another commit, GPU or option) and a
     row measured twice."""
@@ -82,8 +96,16 @@ def merge(docs: list[dict]) -> dict:
         twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if twice:
             raise ValueError(f"{name} measured in more than one part: {twice}")
+    # a group one part failed and another measured: its error stays with that part only
+    out["errors"] = [e for e in out["errors"] if not _superseded(e, out)]
     out["args"] = _joined_args(docs)
-    out["parts"] = [{"command": d["command"], "ceilings": d.get("ceilings")} for d in docs]
+    # the ceilings of the first part that measured them (each part's own under parts: its rows'
+    # floors come from those)
+    out["ceilings"] = next((d["ceilings"] for d in docs if d.get("ceilings")), None)
+    out["parts"] = [
+        {"command": d["command"], "ceilings": d.get("ceilings"), "errors": d.get("errors", [])}
+        for d in docs
+    ]
     out["targets"] = check_targets(out["rows"], out["loop"])
     return out
 

@@ -124,12 +124,17 @@ def bench_gemms(args: argparse.Namespace, ceil: dict) -> dict:
             for lib, by_layout in by_lib.items():
                 for layout in ("kn", "nk"):
                     best[f"{lib}-{layout}"] += count * by_layout.get(layout, float("nan"))
-            cublas = by_lib["cublas"]
-            top = min((r for r in ok if r["impl"] != "cublaslt"), key=lambda r: r["ms"])
-            best["fastest"] += count * top["ms"]
             best["floor"] += count * found[0]["floor_ms"]
+            runnable = [r for r in ok if r["impl"] != "cublaslt"]
+            if not runnable:  # nothing the engine could run here: the sum has no fastest
+                best["fastest"] = float("nan")
+                print(f"gemm m={m} {name:8s} k={k} n={n}: every candidate failed", flush=True)
+                continue
+            top = min(runnable, key=lambda r: r["ms"])
+            best["fastest"] += count * top["ms"]
+            cublas = min(by_lib["cublas"].values(), default=float("nan"))
             print(
-                f"gemm m={m} {name:8s} k={k} n={n}: cuBLAS {min(cublas.values()) * 1e3:.1f} us, "
+                f"gemm m={m} {name:8s} k={k} n={n}: cuBLAS {cublas * 1e3:.1f} us, "
                 f"fastest {top['impl']} {top['config'] or ''} {top['layout']} "
                 f"{top['ms'] * 1e3:.1f} us ({top['copy_frac']:.0%} of copy)",
                 flush=True,

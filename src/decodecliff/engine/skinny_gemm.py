@@ -448,7 +448,9 @@ class TunedHeadGemm(PerShape):
     ) -> None:
         if not x.is_cuda or x.shape[0] > MAX_M:
             return self.fallback(x, w, out, rope)
-        key = (block_m(x.shape[0]), *w.shape, rope is not None, x.dtype)
+        # the rope's state: None (none), True (the kernel takes its layout), False (it does not)
+        fits = None if rope is None else _rope_fits(*rope, x.shape[0], w.shape[0])
+        key = (block_m(x.shape[0]), *w.shape, fits, x.dtype)
         if self.choice(key, lambda: self._tune(x, w, out, rope)):
             head_gemm(x, w, out, False, rope)
         else:
