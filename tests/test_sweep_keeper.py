@@ -103,33 +103,6 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced_by_a_fresh_one(
     assert "address already in use" in (tmp_path / "serve.log").read_text().lower()
 
 
-def test_a_port_another_server_answers_on_is_not_taken_for_the_launched_one(
-    tmp_path, leftovers, monkeypatch
-):
-    # Another healthy server got the port first: its answers must not pass for the launched
-    # server's (the sweep would measure it); the launched one fails to bind and is relaunched.
-    taken = launcher.free_port("127.0.0.1")
-    other = subprocess.Popen(FAULTY_CMD.format(port=taken).split())
-    leftovers.track(other.pid)
-    try:
-        wait_for("the other server", lambda: launcher.healthy(f"http://127.0.0.1:{taken}"))
-        assert launcher.listens_below(os.getpid(), taken) is True  # /proc sees it below us
-        ports = iter([taken])
-        free = launcher.free_port
-        monkeypatch.setattr(launcher, "free_port", lambda host: next(ports, None) or free(host))
-        server = launcher.Server(FAULTY_CMD, log_path=tmp_path / "serve.log", stop_grace_s=5)
-        try:
-            server.start(timeout_s=60)
-            leftovers.track(server.proc.pid)
-            assert server.launches == 2 and not server.url.endswith(f":{taken}")
-            assert launcher.listens_below(server.proc.pid, server.port) is True
-        finally:
-            server.stop()
-    finally:
-        other.kill()
-        other.wait()
-
-
 def test_a_server_failing_for_another_reason_is_not_relaunched(tmp_path, leftovers):
     server = launcher.Server("sh -c 'echo boom; exit 3' {port}", log_path=tmp_path / "serve.log")
     with pytest.raises(launcher.ServerError, match="exited with code 3 while starting"):

@@ -27,8 +27,6 @@ from typing import BinaryIO
 
 import httpx
 
-from decodecliff.sweep.watchdog import descendants
-
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -68,36 +66,6 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def listening_inodes(port: int) -> set[str] | None:
-    """The socket inodes listening on TCP ``port`` here (None: /proc/net cannot be read)."""
-    found, readable = set(), False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for line in lines:
-            fields = line.split()  # sl local_address rem_address st ... uid timeout inode
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                found.add(fields[9])
-    return found if readable else None
-
-
-def listens_below(root: int, port: int) -> bool | None:
-    """Whether a process below ``root`` listens on TCP ``port`` (None: /proc cannot tell)."""
-    inodes = listening_inodes(port)
-    if inodes is None:
-        return None
-    for pid in descendants(root):
-        with contextlib.suppress(OSError):  # a process gone meanwhile
-            for fd in os.scandir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd.path).removeprefix("socket:[").rstrip("]") in inodes:
-                        return True
-    return False
 
 
 def render_command(template: str, host: str, port: int) -> tuple[dict[str, str], list[str]]:
@@ -188,7 +156,6 @@ class Server:
         self.server_pid: int | None = None  # the command it runs
         self.lifeline: int | None = None  # the pipe end whose closing stops the keeper
         self.command: list[str] | None = None
-        self.port = 0  # the port a launch's template was given (0: none)
         self.launches = 0
 
     @property
@@ -241,7 +208,6 @@ class Server:
         port = free_port(self.host) if "{port}" in self.template else 0
         env, argv = render_command(self.template, self.host, port)
         self.url = f"http://{self.host}:{port}" if port else self.url
-        self.port = port
         self.command = argv
         self.launches += 1
         log = self._open_log()
@@ -295,20 +261,11 @@ class Server:
             code = self.exit_code()
             if code is not None:
                 raise ServerError(f"server exited with code {code} while starting (see log)")
-            wait = min(5.0, max(0.5, deadline - time.monotonic()))
-            if healthy(self.url, timeout=wait) and self._answers_itself():
+            if healthy(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
                 return server_info(self.url)
             time.sleep(0.25)
         self.stop()
         raise ServerError(f"server not healthy within the start timeout ({timeout_s:g} s)")
-
-    def _answers_itself(self) -> bool:
-        """The port it was given answers from its own process tree, not from another process
-        that took the port first (and that the sweep would measure instead); where /proc
-        cannot tell, trusted."""
-        if self.proc is None or not self.port:
-            return True
-        return listens_below(self.proc.pid, self.port) is not False
 
     def stop(self) -> None:
         """Stop a launched server's whole process tree; a no-op for a URL server."""
