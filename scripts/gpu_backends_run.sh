@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
-#         | engine-gemms
+#         | engine-gemms | profile-sm120
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -24,7 +24,9 @@
 # (--gemm-prefetch-mb 0; these two at 1k only);
 # engine-gemms: every projection at 16 rows alone, cuBLAS, cuBLASLt and each weight-streaming
 # configuration launched plainly, then chained with the 16 MB L2 prefetch and without (what the
-# chain costs a kernel where nothing overlaps it).
+# chain costs a kernel where nothing overlaps it);
+# profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
+# tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -126,6 +128,9 @@ for lim in (0, 102400):
           --out "$OUT/gemms_${gemm}_$mb.json" > "$OUT/bench_gemms_${gemm}_$mb.log" 2>&1
         echo "$variant rc $?"; grep -E "^gemm step|failed" "$OUT/bench_gemms_${gemm}_$mb.log"
       done ;;
+    profile-sm120)  # Nsight Compute of v5 and v4 as they run on sm_120's per-SM budget
+      OUT=$OUT/profile SM120_MODEL=1 timeout 400 bash "$here/profile_kernels.sh" \
+        v5:185000:16:8 v4:185000:16:8 v5:185000:64:8:tree ;;
     *) echo "unknown part $part" ;;
   esac
 done
