@@ -7,7 +7,9 @@ or were skipped are drawn as markers on the context axis, never left out silentl
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -22,6 +24,9 @@ from matplotlib.transforms import blended_transform_factory
 
 from . import style
 from .tables import PRIMARY, ctx_label, mode_order, ok
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # One scale per quantity, whatever the data: rates and times span orders of magnitude along the
 # context (the cliff), counts per step do not.
@@ -56,7 +61,7 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def context_axis(ax, contexts, secondary=()) -> None:
+def context_axis(ax: Axes, contexts: Iterable[float], secondary: Iterable[float] = ()) -> None:
     """Log-scaled context axis labelled at the contexts that ran ('1k', '128k'), slanted where
     level labels would collide; labels closer than even a slanted one needs are dropped (the
     largest context always keeps its label).
@@ -115,7 +120,7 @@ def _plain(value: float, _pos=None) -> str:
     return f"{value:g}"
 
 
-def set_scale(ax, kind: str) -> None:
+def set_scale(ax: Axes, kind: str) -> None:
     """The y scale chosen for this kind of quantity (SCALES), the same in every figure; log axes
     are labelled in plain numbers (0.1, 30, 200), minor ticks too when under two decades (all of
     them under one decade, else those at 2, 3 and 5 times a power of ten)."""
@@ -138,7 +143,7 @@ def _minor(value: float, _pos=None) -> str:
     return _plain(value) if mantissa in (2.0, 3.0, 5.0) else ""
 
 
-def median_line(ax, df: pd.DataFrame, col: str, color: str, label: str, **kw) -> bool:
+def median_line(ax: Axes, df: pd.DataFrame, col: str, color: str, label: str, **kw: Any) -> bool:
     """``col`` (medians) vs context with the min–max over the requests as error bars."""
     d = df.dropna(subset=[col]).sort_values("ctx")
     if d.empty:
@@ -154,7 +159,7 @@ def median_line(ax, df: pd.DataFrame, col: str, color: str, label: str, **kw) ->
     return True
 
 
-def mark_not_ok(ax, points: pd.DataFrame, color_by: str | None = None) -> list[Line2D]:
+def mark_not_ok(ax: Axes, points: pd.DataFrame, color_by: str | None = None) -> list[Line2D]:
     """Failed/skipped points as markers on the context axis, a dotted line up; legend handles."""
     bad = points[points["status"] != "ok"]
     trans = blended_transform_factory(ax.transData, ax.transAxes)
@@ -193,7 +198,7 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def figure_legend(fig: Figure, axes, extra: list[Line2D] = ()) -> None:
+def figure_legend(fig: Figure, axes: Iterable[Axes], extra: list[Line2D] = ()) -> None:
     """One legend for all panels, right of them (panels share backends and line styles); the
     panels' own legends are removed first, so the layout is fitted to the panels alone."""
     seen: dict[str, object] = {}

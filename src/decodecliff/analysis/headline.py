@@ -264,7 +264,9 @@ def _reference_clause(reference: pd.DataFrame | None) -> str:
     )
 
 
-def collapse(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -> str:
+def collapse(
+    sweep: pd.DataFrame, engine: pd.DataFrame | None, reference: pd.DataFrame | None = None
+) -> str:
     f = facts(sweep)
     if f.baseline is None:
         return "**What collapses:** no SGLang Triton server ran in this study: it shows no cliff."
@@ -388,7 +390,9 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     return f"{text}: {who} there, {ratio:.2g}x `{rival}` at {ctx_label(c)}"
 
 
-def sentences(sweep: pd.DataFrame, engine: pd.DataFrame | None, reference=None) -> list[str]:
+def sentences(
+    sweep: pd.DataFrame, engine: pd.DataFrame | None, reference: pd.DataFrame | None = None
+) -> list[str]:
     """The three sentences under the headline figure (Markdown)."""
     out = [collapse(sweep, engine, reference), win(sweep, engine), fastest(sweep)]
     sm120 = on_sm120(sweep)

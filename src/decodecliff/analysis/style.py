@@ -9,6 +9,8 @@ one dashed (``linestyle``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import matplotlib as mpl
 import pandas as pd
 import seaborn as sns
@@ -134,7 +136,7 @@ def register_servers(sweep: pd.DataFrame) -> None:
 _SPARE = ["#F0E442", "#117733", "#332288", "#DDCC77", "#661100", "#6699CC", "#999933"]
 
 
-def palette(names) -> dict[str, str]:
+def palette(names: Iterable[str]) -> dict[str, str]:
     """A seaborn ``palette=`` mapping for the given names."""
     return {n: color(n) for n in dict.fromkeys(names)}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
@@ -63,7 +63,9 @@ def kernel_speedup(
     return merged[cols].sort_values(KERNEL_KEYS).reset_index(drop=True)
 
 
-def key_contexts(available, wanted=None, most: int = 5) -> list[int]:
+def key_contexts(
+    available: Iterable[float], wanted: Iterable[int] | None = None, most: int = 5
+) -> list[int]:
     """The contexts to tabulate: the wanted ones that ran, else a spread ending at the largest."""
     have = sorted({int(c) for c in available})
     picked = [c for c in (wanted or []) if c in have]
@@ -226,7 +228,7 @@ def _fastest_last_first(sweep: pd.DataFrame) -> list[str]:
     return list(order.index)
 
 
-def short_commits(revs) -> list[str]:
+def short_commits(revs: Iterable[str | float | None]) -> list[str]:
     """The distinct commits among ``revs`` as sorted 7-digit hashes ('-dirty' marks dropped)."""
     return sorted({str(r)[:7] for r in revs if pd.notna(r)})
 

@@ -72,7 +72,7 @@ Log = Callable[[str], None]
 MakeBackend = Callable[..., AttentionBackend]  # (num_splits=, variant=) -> an attention backend
 
 
-def custom(**options) -> AttentionBackend:
+def custom(**options: object) -> AttentionBackend:
     """The custom kernel, built through the registry as the benches build every backend."""
     return get_backend("custom", **options)
 

@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,7 +47,7 @@ from decodecliff import envinfo
 from decodecliff.engine.config import GEMM_PREFETCH_MB, GEMMS, PRESETS, EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
-from decodecliff.engine.request import Request, SamplingParams
+from decodecliff.engine.request import Request, SamplingParams, Update
 from decodecliff.engine.spec import DraftTree, NgramDrafter
 from decodecliff.jsonio import write_json
 from decodecliff.kernels import sm120_model
@@ -55,6 +56,9 @@ from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
 from . import gemms, roofline, timeline
 from .timing import sync, wall_ms, wall_times_ms
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
 
 HOST = torch.device("cpu")  # the drafter is host work: timed without a device sync
 MODES = {"decode": "none", "chain": "chain", "tree": "tree"}
@@ -122,7 +126,7 @@ def is_gemm(key: str) -> bool:
     return key in GEMM_OPS or key.startswith(SKINNY_KERNELS)
 
 
-def trace(device: torch.device, forward: Callable[[], torch.Tensor]):
+def trace(device: torch.device, forward: Callable[[], torch.Tensor]) -> profile:
     """One step under torch.profiler, after an untraced one (compilation, lazy allocations)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -161,7 +165,9 @@ def profile_step(device: torch.device, forward: Callable[[], torch.Tensor], laye
     }
 
 
-def step_timeline(device: torch.device, forward: Callable[[], torch.Tensor], layers: int):
+def step_timeline(
+    device: torch.device, forward: Callable[[], torch.Tensor], layers: int
+) -> dict | None:
     """The kernels of one step on its own path (graph replay or eager) folded by layer."""
     if device.type != "cuda":
         return None
@@ -202,7 +208,9 @@ def floors(model: SyntheticMLA, rows: int, batch: int, context: int, q: int, cei
 # the anatomy of a step
 
 
-def engine_config(args: argparse.Namespace, backend: str, spec: str, tokens: int, graphs: bool):
+def engine_config(
+    args: argparse.Namespace, backend: str, spec: str, tokens: int, graphs: bool
+) -> EngineConfig:
     name, options = parse_spec(backend)  # "flashinfer:backend=fa3"
     return EngineConfig(
         preset=args.preset,
@@ -403,7 +411,7 @@ def bench_host(context: int, spec: str, args: argparse.Namespace) -> dict:
     prompt = [rng.randrange(1, cfg.model.vocab_size) for _ in range(context)]
     stamps: list[tuple[float, int]] = []  # (time, tokens out so far) per update
 
-    def on_update(update) -> None:
+    def on_update(update: Update) -> None:
         done = (stamps[-1][1] if stamps else 0) + len(update.new_ids)
         stamps.append((time.perf_counter(), done))
 

@@ -155,7 +155,9 @@ class Point(dict):
     """One JSON point; keys follow the schema documented in the module docstring."""
 
 
-def base_point(variant: Variant, heads: int, ctx: int, mode: str, page_size: int, args) -> Point:
+def base_point(
+    variant: Variant, heads: int, ctx: int, mode: str, page_size: int, args: argparse.Namespace
+) -> Point:
     q_len, _ = parse_mode(mode)
     return Point(
         backend=variant.backend, triton_config=variant.label, heads=heads, ctx=ctx, mode=mode,
@@ -292,7 +294,7 @@ def print_table(points: list[dict], ceilings: dict) -> None:
     for col in [*cols, "roofline", "rel err", "planted", "status"]:
         table.add_column(col, justify="left" if col in ("backend", "config", "mode") else "right")
 
-    def num(v, fmt):
+    def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
     for p in points:

@@ -18,6 +18,10 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
 
 NAME_CHARS = 60
 
@@ -96,7 +100,7 @@ def fold(kernels: list[Kernel], layers: int) -> dict:
     return {**step, "offset": offset, "layer_us": per_layer, "layer": layer}
 
 
-def of_profile(prof) -> list[Kernel]:
+def of_profile(prof: profile) -> list[Kernel]:
     """The CUDA kernel records of a torch.profiler trace (no copies or fills), in start order."""
     import torch
 

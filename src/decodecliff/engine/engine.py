@@ -41,7 +41,9 @@ from .spec import DraftTree, NgramDrafter, accept_chain, accept_tree
 log = logging.getLogger("decodecliff.engine")
 
 
-def sample(rows: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
+def sample(
+    rows: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row of logits at the request's temperature, top_k and top_p."""
     logits = rows.float() / params.temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:

@@ -283,7 +283,9 @@ class SkinnyGemm:
         self.prefetch_bytes = prefetch_bytes  # per chained launch, over all its programs
         self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def scratch(self, cfg: Config, m: int, n: int, device: torch.device):
+    def scratch(
+        self, cfg: Config, m: int, n: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Workspace and tickets per (config, BLOCK_M, N): allocated once, reused by replays."""
         key = (cfg.split_k, cfg.block_n, block_m(m), n, device)
         if key not in self._scratch:

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import abi, sass
@@ -143,7 +144,9 @@ def sass_archs(cuobjdump: str | None, lib: Path) -> list[int] | None:
     return sorted({int(a) for a in re.findall(r"\.sm_(\d+)\.cubin", out.stdout)})
 
 
-def record_main_loops(kernels: list[dict], cuobjdump: str | None, lib: Path, archs) -> str:
+def record_main_loops(
+    kernels: list[dict], cuobjdump: str | None, lib: Path, archs: Iterable[int]
+) -> str:
     """Each kernel's main loop from the SASS (kernels/sass.py) into its record; informative, so
     a machine without the tools builds all the same and says why the loops are missing."""
     nvdisasm = find_tool("nvdisasm")  # cuobjdump -sass disassembles through it

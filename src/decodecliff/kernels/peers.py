@@ -69,7 +69,7 @@ def _next_power_of_2(n: int) -> int:
 class _DefaultFlag:
     """An ``envs.SGLANG_*`` flag read as its default (False / 0)."""
 
-    def get(self):
+    def get(self) -> bool:
         return False
 
 

@@ -13,7 +13,9 @@ import torch
 from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
 
 
-def visible_mask(q_len: int, kv_len: int, tree_mask: torch.Tensor | None, device) -> torch.Tensor:
+def visible_mask(
+    q_len: int, kv_len: int, tree_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
     """[q_len, kv_len] bool: the prefix is fully visible, the draft part chain- or tree-masked."""
     prefix = kv_len - q_len
     mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)

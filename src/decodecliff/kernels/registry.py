@@ -79,7 +79,7 @@ def spec_label(spec: str) -> str:
     return f"{name} ({'-'.join(map(str, options.values()))})" if options else name
 
 
-def get_backend(name: str, **options) -> AttentionBackend:
+def get_backend(name: str, **options: object) -> AttentionBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
     module, cls = BACKENDS[name]

@@ -29,10 +29,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from decodecliff import envinfo
 from decodecliff.engine.config import EngineConfig
@@ -68,7 +70,7 @@ LINGER = 2.0
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error as JSON in OpenAI's shape: bad input, unknown routes and methods, bugs."""
     try:
         return await handler(request)
@@ -92,7 +94,9 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
         return error_response(500, f"internal error: {show(exc)}")
 
 
-async def read_request(request: web.Request, parse) -> tuple[dict, ParsedRequest]:
+async def read_request(
+    request: web.Request, parse: Callable[[object, Limits], ParsedRequest]
+) -> tuple[dict, ParsedRequest]:
     """(body, parsed request), checked against the engine; big bodies handled in a thread."""
     engine, limits = request.app[ENGINE], request.app[LIMITS]
 

@@ -22,6 +22,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from .protocol import MAX_CHOICES, BadRequest, show
 
@@ -153,7 +154,7 @@ def access_middleware(settings: Settings) -> Callable:
     local = is_loopback(settings.host)
 
     @web.middleware
-    async def guard(request: web.Request, handler) -> web.StreamResponse:
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = _hostname(request.headers.get("Host", ""))
         if local and host and not is_loopback(host):  # a DNS-rebound name: a web page's request
             raise web.HTTPForbidden(text=f"Host {show(host)} is not this loopback server")

@@ -14,6 +14,7 @@ import copy
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 import yaml
@@ -21,6 +22,9 @@ from jsonschema import Draft202012Validator
 
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 # The checkout's schema; the workflow passes its own copy's path (the same file).
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
@@ -126,7 +130,7 @@ def _with_defaults(validator_class: type) -> type:
     (python-jsonschema's FAQ recipe, which Snakemake's validate uses)."""
     check_properties = validator_class.VALIDATORS["properties"]
 
-    def properties(validator, props: dict, instance: object, schema: dict) -> Iterator:
+    def properties(validator: Validator, props: dict, instance: object, schema: dict) -> Iterator:
         if isinstance(instance, dict):
             for key, sub in props.items():
                 if "default" in sub and key not in instance:
