@@ -9,7 +9,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-results/kernel-profile}
 mkdir -p "$OUT"
-model=(); [ -n "${SM120_MODEL:-}" ] && model=(--arch 90 --sm120-model 90)
+model=(); [ -n "${SM120_MODEL:-}" ] && model=(--arch 90 --require 90 --sm120-model 90)
 python3 -m decodecliff.cli build-kernel --out build/kernels "${model[@]}" > "$OUT/build.txt" 2>&1 \
   || { cat "$OUT/build.txt"; exit 1; }
 [ -n "${SM120_MODEL:-}" ] && export DECODECLIFF_KERNEL_LIB=$PWD/build/kernels/libdecodecliff_mla_sm120model.so
