@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
-#         | engine-gemms | profile-sm120
+#         | engine-gemms | engine-l2 | profile-sm120
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -25,6 +25,8 @@
 # engine-gemms: every projection at 16 rows alone, cuBLAS, cuBLASLt and each weight-streaming
 # configuration launched plainly, then chained with the 16 MB L2 prefetch and without (what the
 # chain costs a kernel where nothing overlaps it);
+# engine-l2: the side stream's L2 prefetch test, then the custom server's step anatomy without
+# it and with 16 and 32 MB of each layer's o and gate|up weights prefetched (--l2-overlap-mb);
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
@@ -127,6 +129,17 @@ for lim in (0, 102400):
         timeout 170 $EB --parts gemms --gemm $gemm --gemm-prefetch-mb $mb --tree-nodes 16 \
           --out "$OUT/gemms_${gemm}_$mb.json" > "$OUT/bench_gemms_${gemm}_$mb.log" 2>&1
         echo "$variant rc $?"; grep -E "^gemm step|failed" "$OUT/bench_gemms_${gemm}_$mb.log"
+      done ;;
+    engine-l2)  # the prefetch branch checked, then three budgets on cuBLAS and one on auto
+      timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
+        -k "l2_prefetch" > "$OUT/pytest_l2.log" 2>&1
+      echo "tests rc $?"; tail -n 1 "$OUT/pytest_l2.log"
+      for variant in cublas:0 cublas:16 cublas:32 auto:32; do
+        gemm=${variant%%:*} mb=${variant#*:}
+        timeout 100 $EB --parts anatomy --gemm $gemm --l2-overlap-mb $mb --contexts 1024 16384 \
+          185000 --backends custom --out "$OUT/engine_${gemm}_l2_$mb.json" \
+          > "$OUT/bench_engine_${gemm}_l2_$mb.log" 2>&1; echo "$variant rc $?"
+        grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_${gemm}_l2_$mb.log"
       done ;;
     profile-sm120)  # Nsight Compute of v5 and v4 as they run on sm_120's per-SM budget
       OUT=$OUT/profile SM120_MODEL=1 timeout 400 bash "$here/profile_kernels.sh" \

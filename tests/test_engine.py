@@ -218,6 +218,10 @@ def test_bad_config_is_rejected_clearly():
         EngineConfig(spec="tree", tree_nodes=8).validate()
     with pytest.raises(ValueError, match="CUDA"):
         EngineConfig(cuda_graph=True, device="cpu").validate()
+    with pytest.raises(ValueError, match="l2 overlap mb must be in 0..64"):
+        EngineConfig(l2_overlap_mb=65, device="cuda").validate()
+    with pytest.raises(ValueError, match="--l2-overlap-mb needs a CUDA device"):
+        EngineConfig(l2_overlap_mb=8, device="cpu").validate()
 
 
 def test_sixty_one_layers_stay_finite():

@@ -73,6 +73,19 @@ def test_cuda_graphs_match_eager(backend, spec):
     assert not eng.graphs.uncapturable
 
 
+@pytest.mark.parametrize("backend", capturable_backends())
+@pytest.mark.parametrize("mb", [1, 64])
+def test_the_l2_prefetch_branch_leaves_the_tokens_as_they_were(backend, mb):
+    """The side stream's prefetch (a parallel branch of each layer in the graphs) writes nothing
+    and is joined before the o GEMM: the same tokens, eager and replayed, as without it."""
+    plain = run(backend=backend, spec="chain")
+    eng = engine(backend=backend, spec="chain", cuda_graph=True, l2_overlap_mb=mb)
+    assert eng.model.overlap is not None and eng.model.overlap.max_kv_tokens > 0
+    assert outputs(eng) == plain
+    assert eng.graphs.captured_shapes() and not eng.graphs.uncapturable
+    assert run(backend=backend, spec="chain", l2_overlap_mb=mb) == plain
+
+
 @pytest.mark.parametrize("backend", ["torch", *capturable_backends()])
 def test_defrag_matches_on_the_gpu(backend):
     plain = run(backend=backend, scatter_seed=1)

@@ -227,6 +227,7 @@ def engine_config(
         cuda_graph=graphs,
         gemm=args.gemm,
         gemm_prefetch_mb=args.gemm_prefetch_mb,
+        l2_overlap_mb=args.l2_overlap_mb,
         scatter_seed=args.scatter_seed,
         seed=args.seed,
         threads=args.threads,
@@ -240,7 +241,7 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig) -> Engine:
         gc.collect()
         engine.model = SyntheticMLA(
             cfg.model, engine.device, cfg.torch_dtype, cfg.seed, args.weight_layout, cfg.gemm,
-            cfg.gemm_prefetch_mb,
+            cfg.gemm_prefetch_mb, cfg.l2_overlap_mb,
         )  # fmt: skip
         engine.model.rope.reserve(engine.pool.max_total_tokens)
     engine.pool.cache.normal_()
@@ -297,6 +298,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "profile": gemm,
             "gemm": args.gemm,
             "gemm_prefetch_mb": args.gemm_prefetch_mb if args.gemm == "pdl" else None,
+            "l2_overlap_mb": args.l2_overlap_mb,
             "gemm_choices": [
                 *getattr(engine.model.mm, "describe", list)(),
                 *getattr(engine.model.heads_mm, "describe", list)(),
@@ -519,6 +521,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,
                    help="with --gemm pdl: MB of each projection's weights asked of the L2 "
                    "before it waits (0: none)")  # fmt: skip
+    p.add_argument("--l2-overlap-mb", type=int, default=0,
+                   help="MB of each layer's o and gate|up weights asked of the L2 on a side "
+                   "stream while its attention runs (0: none; engine/l2_overlap.py)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")
@@ -540,9 +545,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--paths graphs needs a CUDA device")
     if any(c < 1 for c in args.contexts) or args.repeats < 1 or args.batch < 1:
         p.error("contexts, repeats and batch must be >= 1")
-    bounds = {f.name: f.metadata for f in dataclasses.fields(EngineConfig)}["gemm_prefetch_mb"]
-    if not bounds["min"] <= args.gemm_prefetch_mb <= bounds["max"]:
-        p.error(f"--gemm-prefetch-mb must be in {bounds['min']}..{bounds['max']}")
+    bounds = {f.name: f.metadata for f in dataclasses.fields(EngineConfig)}
+    for name in ("gemm_prefetch_mb", "l2_overlap_mb"):
+        low, high = bounds[name]["min"], bounds[name]["max"]
+        if not low <= getattr(args, name) <= high:
+            p.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
     return args
 
 

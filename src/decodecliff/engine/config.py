@@ -175,6 +175,14 @@ class EngineConfig:
         min=0,
         max=64,
     )
+    l2_overlap_mb: int = option(
+        0,
+        "MB of each layer's o and gate|up weights asked of the L2 on a side stream while its "
+        "attention runs, where the step's KV leaves them room (CUDA; 0: none; "
+        "engine/l2_overlap.py)",
+        min=0,
+        max=64,
+    )
     defrag: bool = option(False, "compact the running requests' scattered KV pages")
     defrag_threshold: float = option(
         0.25, "fraction of page breaks that triggers a compaction", min=0.0, max=1.0
@@ -229,6 +237,8 @@ class EngineConfig:
             raise ValueError("mem fraction must be in (0, 1]")
         if self.cuda_graph and self.device != "cuda":
             raise ValueError("--cuda-graph needs a CUDA device")
+        if self.l2_overlap_mb and self.device != "cuda":
+            raise ValueError("--l2-overlap-mb needs a CUDA device")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **given: Any) -> EngineConfig:

@@ -103,7 +103,7 @@ class Engine:
             torch.set_num_threads(cfg.threads)
         self.model = SyntheticMLA(
             self.mcfg, self.device, dtype, cfg.seed, gemm=cfg.gemm,
-            gemm_prefetch_mb=cfg.gemm_prefetch_mb,
+            gemm_prefetch_mb=cfg.gemm_prefetch_mb, l2_overlap_mb=cfg.l2_overlap_mb,
         )  # fmt: skip
         self.backend = get_backend(cfg.backend, **cfg.backend_options)
         self.pool = KVPool(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token
 
 from . import fused
 from .config import CHAINED_GEMMS, GEMM_PREFETCH_MB, GEMMS, ModelConfig
+
+if TYPE_CHECKING:
+    from .l2_overlap import L2Overlap
 
 
 @dataclass
@@ -203,6 +207,17 @@ def head_gemm(gemm: str, device: torch.device) -> Callable[..., None]:
     return chained_or_bmm
 
 
+def l2_overlap(mb: int, device: torch.device, kv_row_bytes: int) -> L2Overlap | None:
+    """The side stream that prefetches a layer's o and gate|up weights (None: no prefetch)."""
+    if not mb:
+        return None
+    if device.type != "cuda":
+        raise ValueError("the L2 prefetch needs a CUDA device")
+    from .l2_overlap import L2Overlap  # Triton: CUDA processes only
+
+    return L2Overlap(mb << 20, device, kv_row_bytes)
+
+
 class SyntheticMLA:
     def __init__(
         self,
@@ -213,9 +228,11 @@ class SyntheticMLA:
         weight_layout: str = "kn",
         gemm: str = "cublas",
         gemm_prefetch_mb: int = GEMM_PREFETCH_MB,
+        l2_overlap_mb: int = 0,
     ) -> None:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.mm = weight_gemm(gemm, self.device, gemm_prefetch_mb)
+        self.overlap = l2_overlap(l2_overlap_mb, self.device, cfg.kv_row_dim * dtype.itemsize)
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
         self.pdl = gemm in CHAINED_GEMMS and self.device.type == "cuda"
         self.heads_mm = head_gemm(gemm, self.device)
@@ -307,8 +324,12 @@ class SyntheticMLA:
         """
         cfg, T = self.cfg, h.shape[0]
         # The tokens' own KV goes into the cache before attention reads it (as SGLang does).
+        qkv_a = self.mm(h, layer.w_qkv_a)
+        overlap = self.overlap if spans is None else None
+        if overlap is not None:  # o and gate|up stream in while the layer's middle runs
+            overlap.fork([layer.w_o, layer.w_gate_up], step.kv_lens)
         cq = fused.qkv_a_post(
-            self.mm(h, layer.w_qkv_a),
+            qkv_a,
             layer.q_norm,
             layer.kv_norm,
             cs,
@@ -329,6 +350,8 @@ class SyntheticMLA:
         self.heads_mm(q_nope, layer.w_kc, latent, rope=(q_rope, cs, rope_part))
         backend.run(q_buf, cache, out)  # [T, H, 512]
         self.heads_mm(out, layer.w_vc, v_buf)  # [T, H, 128]
+        if overlap is not None:
+            overlap.join()
         return self.mm(v_buf.view(T, -1), layer.w_o)
 
     def _mha(
