@@ -26,7 +26,7 @@
 # configuration launched plainly, then chained with the 16 MB L2 prefetch and without (what the
 # chain costs a kernel where nothing overlaps it);
 # engine-l2: the side stream's L2 prefetch test, then the custom server's step anatomy without
-# it and with 16 and 32 MB of each layer's o and gate|up weights prefetched (--l2-overlap-mb);
+# it and with 16 and 32 MB of each layer's later weights prefetched (--l2-overlap-mb);
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,

@@ -177,9 +177,9 @@ class EngineConfig:
     )
     l2_overlap_mb: int = option(
         0,
-        "MB of each layer's o and gate|up weights asked of the L2 on a side stream while its "
-        "attention runs, where the step's KV leaves them room (CUDA; 0: none; "
-        "engine/l2_overlap.py)",
+        "MB of each layer's later weights (q_b, W_kc, W_vc, o, gate|up) asked of the L2 on a "
+        "side stream while its attention runs, where the step's KV leaves them room (CUDA; "
+        "0: none; engine/l2_overlap.py)",
         min=0,
         max=64,
     )

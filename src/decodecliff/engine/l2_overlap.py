@@ -4,9 +4,10 @@ Between the q_a|kv_a projection and the o projection a verify step's layer runs 
 (the kv part's norm and cache write, q_b, the per-head GEMMs) and attention, which at short
 contexts leave DRAM mostly idle; the weight GEMMs after it (o, then gate|up) are streams of weights
 whose ramp keeps them below the copy rate. ``L2Overlap`` forks a side stream after the q_a|kv_a
-GEMM, asks the L2 for the head of the o and gate|up weights there (one ``prefetch.global.L2`` per
-128-byte line), and joins before the o GEMM, so in a CUDA graph the prefetch is a parallel branch
-of the layer.
+GEMM, asks the L2 there for the layer's later weights in the order they are read (q_b, the
+absorbed heads' W_kc and W_vc, o, then the head of gate|up; one ``prefetch.global.L2`` per 128-byte
+line), and joins before the o GEMM, so in a CUDA graph the prefetch is a parallel branch of the
+layer.
 
 Where the layer's KV would not leave the prefetched lines room in the L2 (long contexts: attention
 streams it through the L2 and is DRAM-bound itself), the kernel returns at once; it reads the step's
@@ -66,7 +67,8 @@ class L2Overlap:
         torch.cuda.current_stream().wait_stream(self.side)
 
     def _launch(self, w: torch.Tensor, lines: int, kv_lens: torch.Tensor) -> None:
-        if not (w.is_contiguous() or w.t().is_contiguous()) or kv_lens.numel() > MAX_BATCH:
+        dense = w.is_contiguous() or (w.dim() == 2 and w.t().is_contiguous())
+        if not dense or kv_lens.numel() > MAX_BATCH:
             raise ValueError("L2 prefetch needs a dense weight and at most 256 requests")
         programs = min(triton.cdiv(lines, LINES_PER_PROGRAM), PROGRAMS)
         _l2_prefetch_kernel[(programs,)](

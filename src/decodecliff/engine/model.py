@@ -326,8 +326,9 @@ class SyntheticMLA:
         # The tokens' own KV goes into the cache before attention reads it (as SGLang does).
         qkv_a = self.mm(h, layer.w_qkv_a)
         overlap = self.overlap if spans is None else None
-        if overlap is not None:  # o and gate|up stream in while the layer's middle runs
-            overlap.fork([layer.w_o, layer.w_gate_up], step.kv_lens)
+        if overlap is not None:  # the later weights stream in while the layer's middle runs
+            later = [layer.w_qb, layer.w_kc, layer.w_vc, layer.w_o, layer.w_gate_up]
+            overlap.fork(later, step.kv_lens)
         cq = fused.qkv_a_post(
             qkv_a,
             layer.q_norm,
