@@ -28,9 +28,10 @@
 //   v5: 64 query rows per CTA (attn_body_v5), so each KV tile is read from memory once for up to
 //       64 rows (chain16 at 8 heads: two CTAs per KV split instead of four) and each K fragment
 //       loaded from shared memory feeds two m-tiles, each V fragment four. 16-token tiles in a
-//       4-slot ring (three in flight); partial S and P are exchanged in mma-fragment order
-//       (conflict-free, no ldmatrix for P); phase 2 of tile t-1 and phase 1 of tile t run between
-//       the same two barriers (2 barriers per tile instead of 3).
+//       4-slot ring (three in flight); partial S is exchanged in accumulator order (conflict-free),
+//       P in the A operand's register order (one 16-byte load per fragment, no ldmatrix, no
+//       register moves); phase 2 of tile t-1 and phase 1 of tile t run between the same two
+//       barriers (2 barriers per tile instead of 3).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -586,7 +587,12 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
 
   const uint32_t kv_smem = smem_addr(smem + L::kKv);
   float2* sp_smem = reinterpret_cast<float2*>(smem + L::kSp);
-  uint2* p_smem = reinterpret_cast<uint2*>(smem + L::kP);
+  // P in the mma's A-operand register order: lane's 16 bytes of m-tile m are {a0, a1, a2, a3}
+  // (rows gid, gid + 8 x tokens 2 tig, 8 + 2 tig), so phase 2 loads each fragment with one
+  // 16-byte load into the operand's registers (assembled from two 8-byte loads, every mma's
+  // operand cost four register moves: 1.1 moves per HMMA in the profile).
+  uint32_t* p_words = reinterpret_cast<uint32_t*>(smem + L::kP);
+  const uint4* p_frags = reinterpret_cast<const uint4*>(smem + L::kP);
   float* scale_smem = reinterpret_cast<float*>(smem + L::kScale);
   float* final_smem = reinterpret_cast<float*>(smem + L::kFinal);
 
@@ -679,12 +685,11 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
     uint32_t pa[4][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      const uint2 lo = p_smem[(m * 2 + 0) * 32 + lane];  // row gid: tokens 2 tig, 8 + 2 tig
-      const uint2 hi = p_smem[(m * 2 + 1) * 32 + lane];  // row gid + 8
-      pa[m][0] = lo.x;
-      pa[m][1] = hi.x;
-      pa[m][2] = lo.y;
-      pa[m][3] = hi.y;
+      const uint4 a = p_frags[m * 32 + lane];
+      pa[m][0] = a.x;
+      pa[m][1] = a.y;
+      pa[m][2] = a.z;
+      pa[m][3] = a.w;
     }
     const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -776,8 +781,8 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
       }
     row_l = row_l * alpha + sum;  // this thread's share; alpha is the same row-wide
     row_m = m_new;
-    p_smem[(rm * 2 + rh) * 32 + lane] =
-        make_uint2(pack_bf16x2(v[0][0], v[0][1]), pack_bf16x2(v[1][0], v[1][1]));
+    p_words[(rm * 32 + lane) * 4 + rh] = pack_bf16x2(v[0][0], v[0][1]);      // a0 / a1
+    p_words[(rm * 32 + lane) * 4 + 2 + rh] = pack_bf16x2(v[1][0], v[1][1]);  // a2 / a3
     if (tig == 0) scale_smem[rr] = alpha;
     return moved;
   };
