@@ -523,8 +523,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "before it waits (0: none)")  # fmt: skip
     p.add_argument("--l2-overlap-mb", type=int, default=0,
                    help="MB of each layer's later weights (q_b, W_kc, W_vc, o, gate|up) asked "
-                   "of the L2 on a side stream while its attention runs (0: none; "
-                   "engine/l2_overlap.py)")  # fmt: skip
+                   "of the L2 on a side stream while its attention runs (0: none; measured "
+                   "no faster on an H200: notes/engine.md)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="untimed steps")
     p.add_argument("--repeats", type=int, default=5, help="timed steps (median)")
     p.add_argument("--loop-steps", type=int, default=30, help="engine steps per loop point")

@@ -179,7 +179,7 @@ class EngineConfig:
         0,
         "MB of each layer's later weights (q_b, W_kc, W_vc, o, gate|up) asked of the L2 on a "
         "side stream while its attention runs, where the step's KV leaves them room (CUDA; "
-        "0: none; engine/l2_overlap.py)",
+        "0: none; measured no faster on an H200: notes/engine.md; engine/l2_overlap.py)",
         min=0,
         max=64,
     )
