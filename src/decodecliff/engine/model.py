@@ -208,7 +208,7 @@ def head_gemm(gemm: str, device: torch.device) -> Callable[..., None]:
 
 
 def l2_overlap(mb: int, device: torch.device, kv_row_bytes: int) -> L2Overlap | None:
-    """The side stream that prefetches a layer's o and gate|up weights (None: no prefetch)."""
+    """The side stream that prefetches a layer's later weights into the L2 (None: no prefetch)."""
     if not mb:
         return None
     if device.type != "cuda":
