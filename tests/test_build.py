@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 import subprocess
 
@@ -227,20 +228,37 @@ def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
     even = plan_launch(8, 16, max(lens), 4, ctas_per_wave=264, max_splits=1024)
     assert (even.num_splits, even.split_tokens) == (16, 0)  # 185k / 16: 11,563 tokens a CTA
     ragged = plan_launch(8, 16, max(lens), 4, 264, 1024, total_kv_len=sum(lens))
-    # 66 CTAs per row tile share 462,500 tokens: 7,008 each, so 27 splits of the longest
-    assert (ragged.split_tokens, ragged.num_splits) == (7008, 27)
-    assert sum(math.ceil(n / ragged.split_tokens) for n in lens) <= 264 // ragged.row_tiles + 4
+    # 66 CTAs per row tile, less one per request's partial last split, share 462,500 tokens:
+    # 7,460 each, so 25 splits of the longest, and every split of the batch fits one wave
+    assert (ragged.split_tokens, ragged.num_splits) == (7460, 25)
+    assert sum(math.ceil(n / ragged.split_tokens) for n in lens) <= 264 // ragged.row_tiles
     # a batch of equal lengths keeps the even plan; a graph's plan (num_splits fixed) too
     assert plan_launch(8, 16, 1000, 2, 264, 1024, total_kv_len=2000).split_tokens == 0
     fixed = plan_launch(8, 16, max(lens), 4, 264, 1024, num_splits=8, total_kv_len=sum(lens))
     assert (fixed.num_splits, fixed.split_tokens) == (8, 0)
-    assert ragged.busy_splits == 70  # 462,500 / 7,008 rounded up, plus one partial per request
+    assert ragged.busy_splits == 66  # 462,500 / 7,460 rounded up, plus one partial per request
     # auto counts the CTAs with work: a long request among short ones leaves most splits empty
     few = plan_launch(8, 16, 4000, 8, 264, 1024, total_kv_len=4000 + 7 * 256)
     assert few.row_tiles * 8 * few.num_splits > 132 and auto_variant(few, 8, sms=132) == "v1"
     # a hint far above the lengths (an upper bound) never takes more than a wave's splits
     loose = plan_launch(8, 16, 2_000_000, 1, 264, 1024, total_kv_len=10_000)
     assert loose.num_splits <= 264 // loose.row_tiles
+
+
+def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
+    rng = random.Random(0)
+    for _ in range(500):
+        batch = rng.randint(2, 8)
+        lens = [rng.randint(1, 200_000) for _ in range(batch)]
+        if sum(lens) == batch * max(lens):
+            continue
+        plan = plan_launch(8, 16, max(lens), batch, 264, 1024, total_kv_len=sum(lens))
+        ctas = 264 // plan.row_tiles  # 66: a batch of up to 8 is at most an eighth of the wave
+        # the kernel's split of each request (cta_work in mla_verify.cu): BN = 16 tokens a tile
+        chunks = [max(-(-n // plan.num_splits), plan.split_tokens) for n in lens]
+        chunks = [-(-c // 16) * 16 for c in chunks]
+        busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
+        assert busy <= min(ctas, plan.busy_splits), (lens, plan)
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,12 @@ def plan_launch(
     split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. A ragged batch
     (``total_kv_len`` under batch x ``max_kv_len``) is split by tokens instead: one wave's CTAs
     share the batch's tokens equally, so its longest request takes the most splits and no CTA
-    waits on a longer one (the kernel still covers any request longer than the hints).
+    waits on a longer one (the kernel still covers any request longer than the hints). Each
+    request's last split is partial, so the tokens are shared by batch fewer CTAs than the wave
+    holds: the splits of any lengths that sum to ``total_kv_len`` then fit one wave (their count
+    is at most total / split + batch), where sharing by the whole wave let up to batch CTAs wait
+    for a second. A batch of over an eighth of the wave keeps the whole-wave share: lengthening
+    every split by more than 1/7 would cost more than that second, partial wave.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
@@ -116,7 +121,8 @@ def plan_launch(
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
-        split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / ctas))
+        share = ctas - batch_size if batch_size * 8 <= ctas else ctas
+        split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / share))
         # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
         # must not multiply the grid; the kernel lengthens the splits to cover the rest
         num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
