@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
-#         | engine-gemms | engine-l2 | profile-sm120
+#         | engine-gemms | engine-l2 | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -26,9 +26,14 @@
 # configuration launched plainly, then chained with the 16 MB L2 prefetch and without (what the
 # chain costs a kernel where nothing overlaps it);
 # engine-l2: the side stream's L2 prefetch test, then the custom server's step anatomy without
-# it and with 16 and 32 MB of each layer's later weights prefetched (--l2-overlap-mb);
+# it and with 16 MB of each layer's later weights prefetched (--l2-overlap-mb), twice,
+# interleaved (an order effect once showed as a gain);
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
-# tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts.
+# tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
+# v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
+# of patch names joined by +, "base" for the tree as it is) applied in turn, built, checked
+# against float64 and the planted masks in both builds and timed in the sm_120 model at 185k
+# (chain16, tree64; 8 and 64 heads); the source is restored after each.
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -134,16 +139,42 @@ for lim in (0, 102400):
       timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
         -k "l2_prefetch" > "$OUT/pytest_l2.log" 2>&1
       echo "tests rc $?"; tail -n 1 "$OUT/pytest_l2.log"
-      for variant in cublas:0 cublas:16 cublas:32 auto:32; do
-        gemm=${variant%%:*} mb=${variant#*:}
-        timeout 100 $EB --parts anatomy --gemm $gemm --l2-overlap-mb $mb --contexts 1024 16384 \
-          185000 --backends custom --out "$OUT/engine_${gemm}_l2_$mb.json" \
-          > "$OUT/bench_engine_${gemm}_l2_$mb.log" 2>&1; echo "$variant rc $?"
-        grep -E "step .* ms|failed|kernels, span" "$OUT/bench_engine_${gemm}_l2_$mb.log"
+      i=0
+      for mb in 0 16 0 16; do
+        i=$((i + 1)); name=engine_${i}_l2_$mb
+        timeout 80 $EB --parts anatomy --gemm cublas --l2-overlap-mb $mb --contexts 1024 185000 \
+          --backends custom --out "$OUT/$name.json" > "$OUT/bench_$name.log" 2>&1
+        echo "$i: $mb MB rc $?"; grep -E "step .* ms|failed" "$OUT/bench_$name.log"
       done ;;
     profile-sm120)  # Nsight Compute of v5 and v4 as they run on sm_120's per-SM budget
       OUT=$OUT/profile SM120_MODEL=1 timeout 400 bash "$here/profile_kernels.sh" \
         v5:185000:16:8 v4:185000:16:8 v5:185000:64:8:tree ;;
+    v5-patches)  # one library per set of patches: build, check both builds, time v5
+      cu=src/decodecliff/kernels/csrc/mla_verify.cu
+      cp "$cu" /tmp/mla_verify.cu.orig
+      for set in base ${V5_PATCHES:-copy-in-phase1 full-tile-branch copy-in-phase1+full-tile-branch}; do
+        cp /tmp/mla_verify.cu.orig "$cu"
+        for name in ${set//+/ }; do
+          patch=notes/kernel-v5/v5-$name.patch
+          [ "$name" = base ] || git apply "$patch" 2> /dev/null || patch -s -p1 < "$patch" \
+            || echo "$set: $name does not apply"
+        done
+        rm -f results/build/*.so
+        decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
+          > "$OUT/build_$set.log" 2>&1 || { tail -n 3 "$OUT/build_$set.log"; continue; }
+        grep " v5 " "$OUT/build_$set.log"
+        for lib in "$DECODECLIFF_KERNEL_LIB" "$MODEL_LIB"; do
+          tag=$([ "$lib" = "$MODEL_LIB" ] && echo sm120 || echo sm90)
+          DECODECLIFF_KERNEL_LIB=$lib timeout 100 decodecliff check-kernel --quick --no-timing \
+            --variants v5 --seed 3 --out "$OUT/check_${set}_$tag.json" > "$OUT/check_${set}_$tag.log" 2>&1
+          echo "$set $tag check rc $?"; tail -n 3 "$OUT/check_${set}_$tag.log" | grep -E "v5"
+        done
+        LD_PRELOAD=$SHIM timeout 120 decodecliff bench-kernels --device cuda --backends custom \
+          --sm120-model --custom-variants v5 --contexts 185000 --modes chain16 tree64 --page-sizes 1 \
+          --heads 8 64 --repeats 20 --quiet --out "$OUT/bench_$set.json" > "$OUT/bench_$set.log" 2>&1
+        echo "$set bench rc $?"; grep -E " ok | failed" "$OUT/bench_$set.log"
+      done
+      cp /tmp/mla_verify.cu.orig "$cu" ;;
     *) echo "unknown part $part" ;;
   esac
 done
