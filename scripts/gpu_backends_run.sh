@@ -135,7 +135,7 @@ for lim in (0, 102400):
           --out "$OUT/gemms_${gemm}_$mb.json" > "$OUT/bench_gemms_${gemm}_$mb.log" 2>&1
         echo "$variant rc $?"; grep -E "^gemm step|failed" "$OUT/bench_gemms_${gemm}_$mb.log"
       done ;;
-    engine-l2)  # the prefetch branch checked, then three budgets on cuBLAS and one on auto
+    engine-l2)  # the prefetch branch checked, then none and 16 MB on cuBLAS, twice, interleaved
       timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
         -k "l2_prefetch" > "$OUT/pytest_l2.log" 2>&1
       echo "tests rc $?"; tail -n 1 "$OUT/pytest_l2.log"
@@ -152,29 +152,31 @@ for lim in (0, 102400):
     v5-patches)  # one library per set of patches: build, check both builds, time v5
       cu=src/decodecliff/kernels/csrc/mla_verify.cu
       cp "$cu" /tmp/mla_verify.cu.orig
+      trap 'cp /tmp/mla_verify.cu.orig "$cu"' EXIT  # the source as sent, however the call ends
       for set in base ${V5_PATCHES:-copy-in-phase1 full-tile-branch copy-in-phase1+full-tile-branch}; do
+        tag=${set//+/_} lib=results/build-${set//+/_}
         cp /tmp/mla_verify.cu.orig "$cu"
         for name in ${set//+/ }; do
-          patch=notes/kernel-v5/v5-$name.patch
-          [ "$name" = base ] || git apply "$patch" 2> /dev/null || patch -s -p1 < "$patch" \
-            || echo "$set: $name does not apply"
+          change=notes/kernel-v5/v5-$name.patch
+          [ "$name" = base ] || git apply "$change" 2> /dev/null || patch -s -p1 < "$change" \
+            || { echo "$set: $name does not apply"; continue 2; }
         done
-        rm -f results/build/*.so
-        decodecliff build-kernel --arch 90 --require 90 --out results/build --sm120-model 90 \
-          > "$OUT/build_$set.log" 2>&1 || { tail -n 3 "$OUT/build_$set.log"; continue; }
-        grep " v5 " "$OUT/build_$set.log"
-        for lib in "$DECODECLIFF_KERNEL_LIB" "$MODEL_LIB"; do
-          tag=$([ "$lib" = "$MODEL_LIB" ] && echo sm120 || echo sm90)
-          DECODECLIFF_KERNEL_LIB=$lib timeout 100 decodecliff check-kernel --quick --no-timing \
-            --variants v5 --seed 3 --out "$OUT/check_${set}_$tag.json" > "$OUT/check_${set}_$tag.log" 2>&1
-          echo "$set $tag check rc $?"; tail -n 3 "$OUT/check_${set}_$tag.log" | grep -E "v5"
+        decodecliff build-kernel --arch 90 --require 90 --out "$lib" --sm120-model 90 \
+          > "$OUT/build_$tag.log" 2>&1 || { tail -n 3 "$OUT/build_$tag.log"; continue; }
+        grep " v5 " "$OUT/build_$tag.log"
+        for build in sm90:libdecodecliff_mla.so sm120:libdecodecliff_mla_sm120model.so; do
+          DECODECLIFF_KERNEL_LIB=$PWD/$lib/${build#*:} timeout 100 decodecliff check-kernel --quick \
+            --no-timing --variants v5 --seed 3 --out "$OUT/check_${tag}_${build%%:*}.json" \
+            > "$OUT/check_${tag}_${build%%:*}.log" 2>&1
+          echo "$set ${build%%:*} check rc $?"; tail -n 3 "$OUT/check_${tag}_${build%%:*}.log" | grep v5
         done
-        LD_PRELOAD=$SHIM timeout 120 decodecliff bench-kernels --device cuda --backends custom \
-          --sm120-model --custom-variants v5 --contexts 185000 --modes chain16 tree64 --page-sizes 1 \
-          --heads 8 64 --repeats 20 --quiet --out "$OUT/bench_$set.json" > "$OUT/bench_$set.log" 2>&1
-        echo "$set bench rc $?"; grep -E " ok | failed" "$OUT/bench_$set.log"
+        # bench-kernels finds the sm_120-model library beside DECODECLIFF_KERNEL_LIB's
+        DECODECLIFF_KERNEL_LIB=$PWD/$lib/libdecodecliff_mla.so timeout 120 decodecliff bench-kernels \
+          --device cuda --backends custom --sm120-model --custom-variants v5 --contexts 185000 --modes chain16 tree64 --page-sizes 1 --heads 8 64 \
+          --repeats 20 --quiet --out "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+        echo "$set bench rc $?"; grep -E " ok | failed" "$OUT/bench_$tag.log"
       done
-      cp /tmp/mla_verify.cu.orig "$cu" ;;
+      cp /tmp/mla_verify.cu.orig "$cu"; trap - EXIT ;;
     *) echo "unknown part $part" ;;
   esac
 done

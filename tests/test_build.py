@@ -247,18 +247,28 @@ def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
 
 def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
     rng = random.Random(0)
-    for _ in range(500):
-        batch = rng.randint(2, 8)
+    for _ in range(2000):
+        heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
+        cta_rows, wave = rng.choice([(0, 264), (64, 132)])  # v4 two a SM; v5 one, 64 rows
+        batch = rng.randint(2, 40)
         lens = [rng.randint(1, 200_000) for _ in range(batch)]
         if sum(lens) == batch * max(lens):
             continue
-        plan = plan_launch(8, 16, max(lens), batch, 264, 1024, total_kv_len=sum(lens))
-        ctas = 264 // plan.row_tiles  # 66: a batch of up to 8 is at most an eighth of the wave
+        plan = plan_launch(heads, q_len, max(lens), batch, wave, 1024, None, sum(lens), cta_rows)
         # the kernel's split of each request (cta_work in mla_verify.cu): BN = 16 tokens a tile
         chunks = [max(-(-n // plan.num_splits), plan.split_tokens) for n in lens]
         chunks = [-(-c // 16) * 16 for c in chunks]
         busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
-        assert busy <= min(ctas, plan.busy_splits), (lens, plan)
+        assert busy <= plan.busy_splits, (lens, plan)
+        if batch * 2 <= wave // plan.row_tiles:  # one wave, where the batch is up to half of it
+            assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
+
+
+def test_v5_is_planned_in_its_own_64_row_ctas():
+    # 72 rows: three 32-row tiles, two v5 CTAs; the wave of 132 v5 CTAs gives 66 splits
+    plan = plan_launch(8, 9, 185_000, 1, 132, 1024, cta_rows=64)
+    assert (plan.row_tiles, plan.num_splits) == (2, 66)
+    assert plan_launch(8, 16, 185_000, 1, 132, 1024, cta_rows=64).row_tiles == 2  # 128 rows
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,8 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
-# name -> the kernel's template parameter. v5 runs 64-row tiles (two of the host's 32-row tiles
-# per CTA: its occupancy query answers in those, so the plan below fills one wave of v5 CTAs).
+# name -> the kernel's template parameter. v5 runs 64-row CTAs (its occupancy query answers in
+# the host's 32-row tiles; CustomAttention plans it in its own, V5_ROWS).
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged"). Where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where
 # its plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4
@@ -46,6 +46,7 @@ VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # else v4, which beat v1 at every point of the sm_120 model.
 AUTO_VARIANTS = ("v4", "v1")
 MIN_TOKENS_PER_V5_SPLIT = 1024
+V5_ROWS = 64  # query rows of one v5 CTA
 DEFAULT_VARIANT = "auto"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -84,7 +85,7 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
 @dataclass(frozen=True)
 class LaunchPlan:
     mtiles: int  # m16 tiles per row tile: 1 (<= 16 rows per request) or 2
-    row_tiles: int  # row tiles per request
+    row_tiles: int  # row tiles (CTAs) per request and split
     num_splits: int  # KV splits per request
     max_q_len: int
     variant: int = 1  # the kernel's template parameter (see VARIANTS)
@@ -101,27 +102,30 @@ def plan_launch(
     max_splits: int,
     num_splits: int | None = None,
     total_kv_len: int | None = None,
+    cta_rows: int = 0,
 ) -> LaunchPlan:
     """Pick the row-tile variant and the number of KV splits (host-side, from hints only).
 
     Splits fill one wave of CTAs: (row tiles x batch x splits) ~ SMs x resident CTAs per SM, but no
-    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. A ragged batch
-    (``total_kv_len`` under batch x ``max_kv_len``) is split by tokens instead: one wave's CTAs
-    share the batch's tokens equally, so its longest request takes the most splits and no CTA
-    waits on a longer one (the kernel still covers any request longer than the hints). Each
-    request's last split is partial, so the tokens are shared by batch fewer CTAs than the wave
-    holds: the splits of any lengths that sum to ``total_kv_len`` then fit one wave (their count
-    is at most total / split + batch), where sharing by the whole wave let up to batch CTAs wait
-    for a second. A batch of over an eighth of the wave keeps the whole-wave share: lengthening
-    every split by more than 1/7 would cost more than that second, partial wave.
+    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. A row tile is
+    16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
+    CTAs of that size. A ragged batch (``total_kv_len`` under batch x ``max_kv_len``) is split by
+    tokens instead: one wave's CTAs share the batch's tokens equally, so its longest request takes
+    the most splits and no CTA waits on a longer one (the kernel still covers any request longer
+    than the hints). Each request's last split is partial, so the tokens are shared by batch fewer
+    CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit one
+    wave (their count is at most total / split + batch), where sharing by the whole wave let up to
+    batch CTAs wait for a second. That lengthens every split by wave / (wave - batch), at most 2x
+    while the batch is at most half the wave, never more than the second wave could cost; a
+    larger batch keeps the whole-wave share.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
-    row_tiles = math.ceil(rows / (16 * mtiles))
+    row_tiles = math.ceil(rows / max(16 * mtiles, cta_rows))
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
-        share = ctas - batch_size if batch_size * 8 <= ctas else ctas
+        share = ctas - batch_size if batch_size * 2 <= ctas else ctas
         split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / share))
         # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
         # must not multiply the grid; the kernel lengthens the splits to cover the rest
@@ -293,9 +297,13 @@ class CustomAttention(AttentionBackend):
         heads, max_q, max_kv, batch_size, total_kv = args
         mtiles = 1 if max_q * heads <= 16 else 2
         wave = self.ctas_per_wave(device, mtiles, variant)
+        cta_rows = 0
+        if variant == "v5":  # planned in its own 64-row CTAs (the library answers in 32-row ones)
+            wave, cta_rows = (wave // 2 if mtiles == 2 else wave), V5_ROWS
         plan = plan_launch(
-            heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv
-        )
+            heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv,
+            cta_rows,
+        )  # fmt: skip
         return replace(plan, variant=VARIANTS[variant])
 
     def launch_plan(self, meta: AttnMeta) -> LaunchPlan:
