@@ -301,8 +301,8 @@ def test_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ctx, expect
 def test_auto_takes_v5_where_one_cta_fits_for_many_rows_over_long_splits(
     heads, q_len, ctx, expected
 ):
-    # sm_120 (and its model on the H200): one CTA per SM of 132; a v5 CTA counts as two 32-row tiles
-    v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
+    # sm_120 (and its model on the H200): one CTA of 64 rows per SM of 132
+    v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=132, max_splits=1024, cta_rows=64)
     assert lone_cta_variant(heads * q_len, ctx, v5) == expected
 
 

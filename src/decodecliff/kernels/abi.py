@@ -24,8 +24,9 @@ MLA_ATTENTION: Params = (
     ("stream", PTR),  # last, so a prepared call's arguments can be fixed before the stream is known
 )  # fmt: skip
 
-# The library's dcmla_abi_version() this table describes (raised with any parameter change).
-ABI_VERSION = 2
+# The library's dcmla_abi_version() this table describes (raised with any change to a
+# parameter or to what an answer means; 3: dcmla_ctas_per_sm counts v5's own 64-row CTAs).
+ABI_VERSION = 3
 
 # name -> (return type, parameters): every function the library exports.
 FUNCTIONS: dict[str, tuple[type, Params]] = {

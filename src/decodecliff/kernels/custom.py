@@ -35,8 +35,7 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
-# name -> the kernel's template parameter. v5 runs 64-row CTAs (its occupancy query answers in
-# the host's 32-row tiles; CustomAttention plans it in its own, V5_ROWS).
+# name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged"). Where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where
 # its plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4
@@ -297,9 +296,7 @@ class CustomAttention(AttentionBackend):
         heads, max_q, max_kv, batch_size, total_kv = args
         mtiles = 1 if max_q * heads <= 16 else 2
         wave = self.ctas_per_wave(device, mtiles, variant)
-        cta_rows = 0
-        if variant == "v5":  # planned in its own 64-row CTAs (the library answers in 32-row ones)
-            wave, cta_rows = (wave // 2 if mtiles == 2 else wave), V5_ROWS
+        cta_rows = V5_ROWS if variant == "v5" else 0
         plan = plan_launch(
             heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv,
             cta_rows,

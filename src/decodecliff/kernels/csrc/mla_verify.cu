@@ -1013,7 +1013,7 @@ extern "C" {
 
 // The interface's version: raised whenever a function's parameters change, so a library built
 // from older source (left in a build folder) is refused by name instead of misreading arguments.
-int dcmla_abi_version() { return 2; }
+int dcmla_abi_version() { return 3; }
 
 int dcmla_max_splits() { return dcmla::kMaxSplits; }
 
@@ -1041,9 +1041,8 @@ const char* dcmla_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
-// Resident row tiles per SM of an attention kernel on the current device, counted in the tiles
-// the host plans with (16 * mtiles rows): v1..v4 one per CTA; a v5 CTA (64 rows) holds two of
-// the host's 32-row tiles, so the host's splits = wave / row tiles fills one wave of v5 CTAs.
+// Resident CTAs per SM of an attention kernel on the current device (the host plans v5's in its
+// own 64-row CTAs).
 int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
   return static_cast<int>(dcmla::dispatch(variant, mtiles, [&](auto mt, auto v) {
     constexpr int MT = decltype(mt)::value, V = decltype(v)::value;
@@ -1056,7 +1055,6 @@ int dcmla_ctas_per_sm(int variant, int mtiles, int* out) {
                     (dcmla::smem_of<MT, V>() + dcmla::kSmemPerBlockReserved);
     if (err == cudaSuccess && *out > fit) *out = fit;
 #endif
-    if (err == cudaSuccess && V == 5 && mtiles == 2) *out *= 2;
     return err;
   }));
 }
