@@ -154,7 +154,8 @@ for lim in (0, 102400):
       cp "$cu" /tmp/mla_verify.cu.orig
       trap 'cp /tmp/mla_verify.cu.orig "$cu"' EXIT  # the source as sent, however the call ends
       for set in base ${V5_PATCHES:-copy-in-phase1 full-tile-branch copy-in-phase1+full-tile-branch}; do
-        tag=${set//+/_} lib=results/build-${set//+/_}
+        tag=${set//+/_}
+        lib=results/build-$tag
         cp /tmp/mla_verify.cu.orig "$cu"
         for name in ${set//+/ }; do
           change=notes/kernel-v5/v5-$name.patch
@@ -172,8 +173,8 @@ for lim in (0, 102400):
         done
         # bench-kernels finds the sm_120-model library beside DECODECLIFF_KERNEL_LIB's
         DECODECLIFF_KERNEL_LIB=$PWD/$lib/libdecodecliff_mla.so timeout 120 decodecliff bench-kernels \
-          --device cuda --backends custom --sm120-model --custom-variants v5 --contexts 185000 --modes chain16 tree64 --page-sizes 1 --heads 8 64 \
-          --repeats 20 --quiet --out "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
+          --device cuda --backends custom --sm120-model --custom-variants v5 --contexts 185000 \
+          --modes chain16 tree64 --page-sizes 1 --heads 8 64 --repeats 20 --quiet --out "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
         echo "$set bench rc $?"; grep -E " ok | failed" "$OUT/bench_$tag.log"
       done
       cp /tmp/mla_verify.cu.orig "$cu"; trap - EXIT ;;
