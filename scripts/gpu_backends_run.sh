@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
-#         | engine-gemms | engine-l2 | profile-sm120 | v5-patches
+#         | engine-gemms | engine-l2 | engine-fused | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -28,6 +28,9 @@
 # engine-l2: the side stream's L2 prefetch test, then the custom server's step anatomy without
 # it and with 16 MB of each layer's later weights prefetched (--l2-overlap-mb), twice,
 # interleaved (an order effect once showed as a gain);
+# engine-fused: the folded GEMMs' GPU tests (each fold against the kernels it replaces, the
+# folded forward against the unfused one, the fused engine's graphs against its eager tokens),
+# then the custom server's step anatomy with cuBLAS, fused and auto, interleaved;
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
@@ -145,6 +148,17 @@ for lim in (0, 102400):
         timeout 80 $EB --parts anatomy --gemm cublas --l2-overlap-mb $mb --contexts 1024 185000 \
           --backends custom --out "$OUT/$name.json" > "$OUT/bench_$name.log" 2>&1
         echo "$i: $mb MB rc $?"; grep -E "step .* ms|failed" "$OUT/bench_$name.log"
+      done ;;
+    engine-fused)  # the folds checked, then cuBLAS, auto and fused, interleaved, twice
+      timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
+        -k "fused or folded or adding" > "$OUT/pytest_fused.log" 2>&1
+      echo "tests rc $?"; tail -n 1 "$OUT/pytest_fused.log"
+      i=0
+      for gemm in cublas fused auto cublas fused; do
+        i=$((i + 1)); name=engine_${i}_$gemm
+        timeout 90 $EB --parts anatomy --gemm $gemm --contexts 1024 185000 --backends custom \
+          --out "$OUT/$name.json" > "$OUT/bench_$name.log" 2>&1
+        echo "$i: $gemm rc $?"; grep -E "step .* ms|failed|kernels, span" "$OUT/bench_$name.log"
       done ;;
     profile-sm120)  # Nsight Compute of v5 and v4 as they run on sm_120's per-SM budget
       OUT=$OUT/profile SM120_MODEL=1 timeout 400 bash "$here/profile_kernels.sh" \

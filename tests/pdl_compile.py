@@ -23,7 +23,7 @@ from decodecliff.engine import fused_triton, skinny_gemm
 GEMM_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "ticket_ptr": "*i32",
     **{name: "i32" for name in ("M", "N", "K", "sxm", "sxk", "swk", "swn", "sym", "syn")},
-    "prefetch_k": "i32",
+    "prefetch_k": "i32", "g_ptr": "*bf16", "ss_ptr": "*fp32", "eps": "fp32",
 }  # fmt: skip
 HEADS_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
@@ -74,8 +74,9 @@ def main(arch: int) -> dict:
             gemm = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 2, **plan}
             for glu in (False, True):  # the down projection's input made as it loads, or not
                 name = f"gemm {layout}{' glu' if glu else ''} pdl={pdl}"
+                fold = skinny_gemm.Fold(glu=glu).constants()
                 out[name] = features(
-                    ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, {**gemm, "GLU": glu}, arch)
+                    ptx(skinny_gemm._skinny_gemm_kernel, GEMM_SIGNATURE, {**gemm, **fold}, arch)
                 )
         for rope in (0, 32):  # the per-head GEMM alone, and with the queries' rope folded in
             heads = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PDL": pdl, "ROPE_HALF": rope}

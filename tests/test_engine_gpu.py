@@ -261,7 +261,7 @@ def test_a_chained_gemm_of_ragged_shapes_matches_its_plain_launch(layout):
         chained = dataclasses.replace(cfg, pdl=True)
         first, second = gemm(x, w, chained), gemm(-x, w, chained)
         assert torch.equal(first, plain) and torch.equal(second, -plain)
-        assert not gemm.scratch(chained, 5, 1000, x.device)[1].any()
+        assert not gemm.scratch(chained, 5, 1000, x.device)[-1].any()  # tickets
 
 
 @needs_pdl
@@ -465,3 +465,106 @@ def test_the_gemm_bench_times_cublas_cublaslt_and_the_triton_kernel(tmp_path):
     ok = {r["impl"] for r in rows if r["status"] == "ok"}
     assert ok == {"cublas", "cublaslt", "triton"}
     assert torch.backends.cuda.preferred_blas_library() == before  # switched for its rows only
+
+
+@pytest.mark.parametrize("backend", capturable_backends())
+def test_fused_tunes_the_folds_and_its_graphs_give_its_eager_tokens(backend):
+    """gemm fused: the normed projections (q_a|kv_a, the LM head), gate|up and the two adding
+    ones (o, down) are tuned as folds (against cuBLAS with the separate kernels) eagerly, q_b
+    plainly; with the same choices the graphs replay the eager step's kernels: the same
+    tokens."""
+    eager_engine = engine(backend=backend, spec="chain", gemm="fused")
+    eager = outputs(eager_engine)
+    tuned = eager_engine.model.mm.describe()
+    folds = {(c["norm"], c["gate_up"], c["add"]) for c in tuned}
+    plain, normed, gated, added = (
+        (False,) * 3,
+        (True, False, False),
+        (True, True, False),
+        (False, False, True),
+    )
+    assert folds == {plain, normed, gated, added}
+    eng = engine(backend=backend, spec="chain", gemm="fused", cuda_graph=True)
+    eng.model.mm.choices.update(eager_engine.model.mm.choices)
+    eng.model.heads_mm.choices.update(eager_engine.model.heads_mm.choices)
+    assert outputs(eng) == eager
+    assert not eng.model.mm.untuned_in_capture
+
+
+def test_the_folded_forward_matches_the_unfused_one_at_kimi_shapes():
+    """The Kimi-K2 rank's layers, bf16, a chain of 16 on 2 requests: the folded projections
+    (tuned per shape) give the unfused forward's logits to bf16 rounding."""
+    from test_model_fused import verify_step
+
+    from decodecliff.engine.projections import FoldedProjections, Projections
+    from decodecliff.engine.skinny_gemm import WeightGemm
+    from decodecliff.kernels.reference import TorchAttention
+
+    cfg = dataclasses.replace(PRESETS["kimi-k2-tp8-rank"], num_layers=4, vocab_size=4096)
+    model = SyntheticMLA(cfg, "cuda", torch.bfloat16, seed=3)
+    step, pages = verify_step([300, 41], 16, 1, False, seed=4)
+    step = StepInput(**{k: v.cuda() if torch.is_tensor(v) else v for k, v in vars(step).items()})
+    g = torch.Generator(device="cuda").manual_seed(5)
+    cache = torch.randn(cfg.num_layers, pages, 1, cfg.kv_row_dim, generator=g, device="cuda")
+    cache = cache.bfloat16()
+    model.proj = Projections(torch.matmul)
+    ref = model.forward(step, cache.clone(), TorchAttention())
+    model.proj = FoldedProjections(WeightGemm())
+    folded = model.forward(step, cache.clone(), TorchAttention())
+    assert (folded - ref).abs().max() <= 3e-2 * ref.abs().max()
+    assert {c["impl"] for c in model.proj.gemm.describe()} <= {"triton", "cublas"}
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_the_folded_gemms_compute_their_kernels_math_on_the_gpu(layout):
+    """Each fold against the kernels it replaces, compiled (ragged K and N, split-K and not):
+    gate|up and the residual add the same bits as the GEMM then silu_mul or the add; the norm
+    to bf16 rounding of the norm kernel then the GEMM."""
+    from decodecliff.engine import fused_triton
+    from decodecliff.engine.skinny_gemm import Config, Fold, SkinnyGemm
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device="cuda").bfloat16()
+
+    def stored(w: torch.Tensor) -> torch.Tensor:
+        return w if layout == "kn" else w.t().contiguous().t()
+
+    x, nw = rand(5, 3000) * 3, rand(3000).abs() + 0.5
+    w, w2, stream = stored(rand(3000, 1000) / 50), stored(rand(3000, 2000) / 50), rand(5, 1000)
+    gemm = SkinnyGemm()
+    for cfg in (Config(32, 256, 4), Config(16, 128, 1), Config(16, 128, 3)):
+        normed = gemm(x, w, cfg, fold=Fold(norm=True), norm_weight=nw)
+        apart = gemm(fused_triton.add_rms_norm(x, None, nw, 1e-6, False), w, cfg)
+        torch.testing.assert_close(normed, apart, rtol=2e-2, atol=2e-2 * apart.abs().max().item())
+        gated = gemm(x, w2, cfg, fold=Fold(gate_up=True))
+        assert torch.equal(gated, fused_triton.silu_mul(gemm(x, w2, cfg), False))
+        added = stream.clone()
+        gemm(x, w, cfg, out=added, fold=Fold(add=True))
+        assert torch.equal(added, stream + gemm(x, w, cfg))
+
+
+def test_the_adding_gemm_tuning_refuses_a_kernel_that_adds_half_its_columns(monkeypatch):
+    """An adding configuration checked on the change it makes to the stream: one that adds to
+    half the columns (the rest keep the stream's values, close to the sum when the product is
+    small) is refused though timed as the fastest; the shape keeps cuBLAS and the add."""
+    from decodecliff.engine.skinny_gemm import SkinnyGemm, WeightGemm
+
+    class HalfAdded(SkinnyGemm):
+        def __call__(self, x, w, cfg, out=None, **options):
+            half = out[:, : out.shape[1] // 2]
+            super().__call__(x, w[:, : half.shape[1]], cfg, out=half, **options)
+            return out
+
+    _candidates_look_fastest(monkeypatch)
+    gemm = WeightGemm()
+    gemm.skinny = HalfAdded()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(16, 1024, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(1024, 512, generator=gen, device="cuda") / 1e3).bfloat16()
+    stream = torch.randn(16, 512, generator=gen, device="cuda").bfloat16() * 10
+    y = stream.clone()
+    gemm.add_into(y, x, w)
+    assert torch.equal(y, stream + x @ w)
+    assert [c["impl"] for c in gemm.describe()] == ["cublas"]

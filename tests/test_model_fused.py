@@ -190,3 +190,35 @@ def test_the_rope_table_is_built_once_and_grows_only_when_asked():
     pos = torch.tensor([0, 7, 99])
     angles = pos.float()[:, None] * model.rope.inv_freq
     assert torch.equal(model.rope.rows(pos), torch.cat([angles.cos(), angles.sin()], -1))
+
+
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float32, 2e-5), (torch.float16, 3e-2)], ids=["fp32", "fp16"]
+)
+@pytest.mark.parametrize(
+    "prefixes,q,tree,rows",
+    [([40], 16, False, None), ([30, 57], 6, True, [11, 0, 4]), ([5] * 9, 8, False, None)],
+    ids=["chain16", "tree6-batch2-logit-rows", "prefill-72-rows"],
+)
+def test_the_folded_forward_equals_the_unfused_forward(dtype, tol, prefixes, q, tree, rows):
+    """gemm fused: the residual adds, the norms and silu * up folded into the weight GEMMs (the
+    Triton kernel, interpreted on the CPU at a fixed configuration; above 64 rows the separate
+    kernels' math): the unfused forward's logits and cache rows, to rounding."""
+    skinny = pytest.importorskip("decodecliff.engine.skinny_gemm")
+    from decodecliff.engine.projections import FoldedProjections
+
+    cfg = dataclasses.replace(PRESETS["tiny"], num_layers=2)
+    model = SyntheticMLA(cfg, "cpu", dtype, seed=7)
+    step, pages = verify_step(prefixes, q, 1, tree, seed=q)
+    if rows is not None:
+        step = dataclasses.replace(step, logit_rows=torch.tensor(rows))
+    g = torch.Generator().manual_seed(2)
+    cache = torch.randn(cfg.num_layers, pages, 1, cfg.kv_row_dim, generator=g).to(dtype)
+    ref_cache = cache.clone()
+    ref = reference_forward(model, step, ref_cache)
+    gemm = skinny.WeightGemm(fixed=skinny.Config(32, 128, 2))
+    model.proj = FoldedProjections(gemm)
+    logits = model.forward(step, cache, TorchAttention())
+    assert logits.shape == ref.shape
+    assert (logits - ref).abs().max() <= tol * ref.abs().max()
+    assert (cache.double() - ref_cache.double()).abs().max() <= tol * ref_cache.abs().max()

@@ -17,6 +17,8 @@ import torch
 from decodecliff.engine.model import weight_gemm
 
 skinny = pytest.importorskip("decodecliff.engine.skinny_gemm")
+GLU, NORM, ADD = skinny.Fold(glu=True), skinny.Fold(norm=True), skinny.Fold(add=True)
+GATED = skinny.Fold(norm=True, gate_up=True)
 
 CASES = [  # (M, K, N, config, weight layout)
     (16, 512, 96, skinny.Config(32, 128, 4), "kn"),
@@ -41,7 +43,7 @@ def test_matches_float64_and_reruns_bit_identically(m, k, n, cfg, layout):
     first = gemm(x, w, cfg)
     ref = x.double() @ w.double()
     assert ((first.double() - ref).norm() / ref.norm()).item() < 1e-3
-    _, tickets = gemm.scratch(cfg, m, n, x.device)
+    *_, tickets = gemm.scratch(cfg, m, n, x.device)
     assert not tickets.any()  # every slice's last program re-armed its ticket
     assert torch.equal(gemm(x, w, cfg, out=torch.full_like(first, float("nan"))), first)
 
@@ -56,13 +58,100 @@ def test_the_glu_gemm_is_the_silu_mul_kernel_then_the_gemm(m, k, n, cfg, layout)
     gate_up, w = torch.randn(m, 2 * k, dtype=torch.float16), weights(k, n, layout)
     gemm = skinny.SkinnyGemm()
     apart = gemm(fused_triton.silu_mul(gate_up, pdl=False), w, cfg)
-    fused = gemm(gate_up, w, cfg, out=torch.full_like(apart, float("nan")), glu=True)
+    fused = gemm(gate_up, w, cfg, out=torch.full_like(apart, float("nan")), fold=GLU)
     assert torch.equal(fused, apart)
     act = torch.nn.functional.silu(gate_up[:, :k].double()) * gate_up[:, k:].double()
     ref = act @ w.double()
     assert ((fused.double() - ref).norm() / ref.norm()).item() < 1e-2
     with pytest.raises(ValueError, match=r"\(gate \| up\)"):
-        gemm(gate_up[:, :-1], w, cfg, glu=True)
+        gemm(gate_up[:, :-1], w, cfg, fold=GLU)
+
+
+def rms_normed(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * g.double()
+
+
+def norm_input(m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual stream far from unit rms (rows of different scales) and a norm weight."""
+    x = torch.randn(m, k, dtype=torch.float16) * torch.linspace(0.2, 5.0, m)[:, None].half()
+    return x, (torch.rand(k) + 0.5).half()
+
+
+@pytest.mark.parametrize(("m", "k", "n", "cfg", "layout"), CASES)
+def test_a_normed_gemm_is_rmsnorm_then_the_gemm(m, k, n, cfg, layout):
+    """RMSNorm folded into the projection reading its rows (the weight applied on load, 1/rms
+    to the sums, over every K-split's share): float64's answer, and the norm kernel then the
+    GEMM's to rounding; split-K sums in split order (bit-identical reruns)."""
+    from decodecliff.engine import fused_triton
+
+    torch.manual_seed(m + k + n)
+    (x, g), w = norm_input(m, k), weights(k, n, layout)
+    gemm = skinny.SkinnyGemm()
+    poisoned = torch.full((m, n), float("nan"), dtype=torch.float16)
+    folded = gemm(x, w, cfg, out=poisoned, fold=NORM, norm_weight=g)
+    ref = rms_normed(x, g) @ w.double()
+    assert ((folded.double() - ref).norm() / ref.norm()).item() < 2e-3
+    apart = gemm(fused_triton.add_rms_norm(x, None, g, 1e-6, False), w, cfg)
+    assert ((folded.double() - apart.double()).norm() / ref.norm()).item() < 2e-3
+    assert torch.equal(gemm(x, w, cfg, fold=NORM, norm_weight=g), folded)
+    assert not gemm.scratch(cfg, m, n, x.device)[-1].any()  # tickets re-armed
+
+
+@pytest.mark.parametrize(("m", "k", "n", "cfg", "layout"), CASES)
+def test_a_gate_up_gemm_is_the_gemm_then_silu_mul(m, k, n, cfg, layout):
+    """w = [gate | up]: silu(x @ gate) * (x @ up) as the GEMM stores (both halves' partials
+    in the split-K workspace), the same bits as the GEMM then the silu_mul kernel; with the
+    norm folded too, float64's answer of the MLP's input."""
+    from decodecliff.engine import fused_triton
+
+    torch.manual_seed(m * n + k)
+    (x, g), w = norm_input(m, k), weights(k, 2 * n, layout)
+    gemm = skinny.SkinnyGemm()
+    apart = fused_triton.silu_mul(gemm(x, w, cfg), pdl=False)
+    poisoned = torch.full_like(apart, float("nan"))
+    assert torch.equal(gemm(x, w, cfg, out=poisoned, fold=skinny.Fold(gate_up=True)), apart)
+    folded = gemm(x, w, cfg, fold=GATED, norm_weight=g)
+    h = rms_normed(x, g)
+    ref = torch.nn.functional.silu(h @ w[:, :n].double()) * (h @ w[:, n:].double())
+    assert ((folded.double() - ref).norm() / ref.norm()).item() < 5e-3
+    with pytest.raises(ValueError, match="even width"):
+        gemm(x, w[:, 1:], cfg, fold=GATED, norm_weight=g)
+
+
+@pytest.mark.parametrize(("m", "k", "n", "cfg", "layout"), CASES)
+def test_an_adding_gemm_adds_its_product_to_the_stream(m, k, n, cfg, layout):
+    """y += x @ w as the GEMM stores (the product rounded first, as a separate add has it):
+    the same bits as the GEMM then torch's add, the stream's other columns untouched."""
+    torch.manual_seed(k - m)
+    x, w = torch.randn(m, k, dtype=torch.float16), weights(k, n, layout)
+    stream = torch.randn(m, n + 3, dtype=torch.float16)
+    gemm = skinny.SkinnyGemm()
+    apart = stream[:, :n] + gemm(x, w, cfg)
+    y = stream.clone()
+    assert gemm(x, w, cfg, out=y[:, :n], fold=ADD).data_ptr() == y.data_ptr()
+    assert torch.equal(y[:, :n], apart) and torch.equal(y[:, n:], stream[:, n:])
+    with pytest.raises(ValueError, match="needs it as out"):
+        gemm(x, w, cfg, fold=ADD)
+    with pytest.raises(ValueError, match="one weight per input column"):
+        gemm(x, w, cfg, fold=NORM, norm_weight=torch.ones(k + 1, dtype=torch.float16))
+
+
+def test_a_fixed_weight_gemm_runs_the_kernel_where_a_tuned_one_falls_back():
+    """On a CPU the tuned chooser runs the fallback (the separate kernels' torch math) and tunes
+    nothing; a fixed configuration runs the folded kernel (interpreted): the same math."""
+    torch.manual_seed(3)
+    (x, g), w = norm_input(16, 384), weights(384, 160, "kn")
+    w2, stream = weights(384, 320, "nk"), torch.randn(16, 384, dtype=torch.float16)
+    w_down = weights(160, 384, "kn")
+    fixed, fallback = skinny.WeightGemm(fixed=skinny.Config(32, 128, 2)), skinny.WeightGemm()
+    for gemm_ in (fixed, fallback):
+        y = stream.clone()
+        gemm_.add_into(y, gemm_.gated(x, g, w2), w_down)
+        gemm_.result = (gemm_.normed(x, g, w), y)
+    for a, b in zip(fixed.result, fallback.result, strict=True):
+        assert ((a.double() - b.double()).norm() / b.double().norm()).item() < 5e-3
+    assert not fallback.choices and not fixed.choices
 
 
 def test_more_rows_than_a_tile_is_a_clear_error():

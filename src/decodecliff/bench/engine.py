@@ -514,8 +514,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="projections stored [K, N] (kn) or N-major (nk)")  # fmt: skip
     p.add_argument("--gemm", choices=GEMMS, default="cublas",
                    help="weight GEMMs: cuBLAS, the fastest per shape of cuBLAS and the Triton "
-                   "kernel (auto), or that kernel chained with the elementwise kernels by "
-                   "programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
+                   "kernel (auto), the same with the norms, residual adds and silu folded "
+                   "into the kernel (fused), or that kernel chained with the elementwise kernels "
+                   "by programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
                    "the other kernels chained (cublas-pdl); --parts gemms times the Triton "
                    "configurations chained with pdl")  # fmt: skip
     p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,

@@ -80,7 +80,8 @@ SPEC_MODES = ("none", "chain", "tree")
 # serves MLA models, with plain multi-head attention over K/V decompressed from the latent cache.
 PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
-GEMMS = ("auto", "cublas", "pdl", "cublas-pdl")  # engine/skinny_gemm.py: WeightGemm, or x @ w
+# engine/skinny_gemm.py: WeightGemm (engine/projections.py: fused folds), or x @ w
+GEMMS = ("auto", "cublas", "fused", "pdl", "cublas-pdl")
 # What a chained weight GEMM asks of the L2 before its wait, over all its programs: a third of an
 # H200's 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
 GEMM_PREFETCH_MB = 16
@@ -163,7 +164,9 @@ class EngineConfig:
         "cublas",
         "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
         "a weight-streaming Triton kernel timed at the first step (auto, CUDA; no faster in a "
-        "graph-captured H200 step: notes/engine.md), or that kernel alone, chained with the "
+        "graph-captured H200 step: notes/engine.md), the same with the residual adds, the "
+        "RMSNorms and silu * up folded into the kernel where it wins (fused, CUDA; "
+        "engine/projections.py), or that kernel alone, chained with the "
         "elementwise kernels by programmatic dependent launch, weights prefetched to L2 before "
         "each waits (pdl, sm_90+), or cuBLAS with the other kernels chained (cublas-pdl, sm_90+)",
         choices=GEMMS,

@@ -8,8 +8,9 @@ with no host sync, so a step can be captured in a CUDA graph.
 
 The step is as lean as a production MLA engine's: the q_a and kv_a projections are one GEMM and
 gate and up are one GEMM (weights concatenated once at load from the same seeded weights),
-RMSNorm is fused with the residual add, the kv part's norm + rope + cache write is one kernel,
-rope reads a cos/sin table built once, and attention metadata is planned once per step
+RMSNorm is fused with the residual add (or, with ``gemm: fused``, folded into the weight GEMMs
+with the add and silu: engine/projections.py), the kv part's norm + rope + cache write is one
+kernel, rope reads a cos/sin table built once, and attention metadata is planned once per step
 (``backend.plan``) with one ``backend.run`` per layer (engine/fused.py has the kernels).
 
 A prefill chunk may instead take the multi-head path (``StepInput.mha``), as SGLang serves MLA
@@ -34,6 +35,7 @@ from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token
 
 from . import fused
 from .config import CHAINED_GEMMS, GEMM_PREFETCH_MB, GEMMS, ModelConfig
+from .projections import FoldedProjections, Projections
 
 if TYPE_CHECKING:
     from .l2_overlap import L2Overlap
@@ -157,8 +159,9 @@ class _Maker:
 def weight_gemm(
     gemm: str, device: torch.device, prefetch_mb: int = GEMM_PREFETCH_MB
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The step's ``x @ w``: tuned per shape on CUDA ("auto", and "pdl" chained by programmatic
-    dependent launch: engine/skinny_gemm.py), else torch ("cublas-pdl" chains the rest only)."""
+    """The step's ``x @ w``: tuned per shape on CUDA ("auto" and "fused", and "pdl" chained by
+    programmatic dependent launch: engine/skinny_gemm.py), else torch ("cublas-pdl" chains the
+    rest only)."""
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
     if device.type != "cuda":
@@ -172,6 +175,14 @@ def weight_gemm(
     from .skinny_gemm import WeightGemm  # Triton: CUDA processes only
 
     return WeightGemm(pdl=gemm == "pdl", prefetch_bytes=prefetch_mb << 20)
+
+
+def projections(gemm: str, mm: Callable, pdl: bool) -> Projections:
+    """The step's projections with their norms, adds and silu: folded into the weight GEMMs
+    (``fused`` on CUDA), else kernels of their own around ``mm`` (a CPU runs torch's math)."""
+    if gemm == "fused" and mm is not torch.matmul:
+        return FoldedProjections(mm)
+    return Projections(mm, pdl)
 
 
 def head_gemm(gemm: str, device: torch.device) -> Callable[..., None]:
@@ -236,6 +247,7 @@ class SyntheticMLA:
         # the elementwise kernels join the GEMMs' chain of programmatic dependent launches
         self.pdl = gemm in CHAINED_GEMMS and self.device.type == "cuda"
         self.heads_mm = head_gemm(gemm, self.device)
+        self.proj = projections(gemm, self.mm, self.pdl)
         make = _Maker(self.device, dtype, seed, weight_layout)
         self.embed = make.weight(cfg.vocab_size, cfg.hidden) * math.sqrt(cfg.vocab_size)
         self.layers = [Layer(cfg, make) for _ in range(cfg.num_layers)]
@@ -287,16 +299,16 @@ class SyntheticMLA:
             if not planned:
                 self.plan(step, kv_cache, backend)
             bufs = self._buffers(T)
-        delta = None
+        delta = None  # a projection's output not yet in the stream x (self.proj says when)
         for i, layer in enumerate(self.layers):
-            h = fused.add_rms_norm(x, delta, layer.attn_norm, self.pdl)
-            delta = self._attention(layer, h, cs, step, kv_cache[i], backend, spans, bufs)
-            h = fused.add_rms_norm(x, delta, layer.mlp_norm, self.pdl)
-            delta = self._mlp(layer, h)
+            qkv_a = self.proj.normed(x, delta, layer.attn_norm, layer.w_qkv_a)
+            v = self._attention(layer, qkv_a, cs, step, kv_cache[i], backend, spans, bufs)
+            delta = self.proj.residual(x, v, layer.w_o)
+            delta = self.proj.mlp(x, delta, layer.mlp_norm, layer.w_gate_up, layer.w_down)
         if step.logit_rows is not None:
-            x, delta = x[step.logit_rows], delta[step.logit_rows]
-        h = fused.add_rms_norm(x, delta, self.final_norm, self.pdl)
-        return self.mm(h, self.lm_head).float()
+            x = x[step.logit_rows]
+            delta = None if delta is None else delta[step.logit_rows]
+        return self.proj.normed(x, delta, self.final_norm, self.lm_head).float()
 
     def _buffers(self, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-step scratch shared by the layers: queries [T,H,576], latent out, V out."""
@@ -310,7 +322,7 @@ class SyntheticMLA:
     def _attention(
         self,
         layer: Layer,
-        h: torch.Tensor,
+        qkv_a: torch.Tensor,
         cs: torch.Tensor,
         step: StepInput,
         cache: torch.Tensor,
@@ -318,13 +330,13 @@ class SyntheticMLA:
         spans: list[MhaSpan] | None = None,
         bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Attention output [T, hidden]; multi-head over decompressed K/V when spans are given.
+        """The heads' values [T, H x 128] (the o projection's input) from the q_a|kv_a
+        projection's output; multi-head over decompressed K/V when spans are given.
 
         Absorbed path: ``backend.plan`` must have run for this step; ``bufs`` from ``_buffers``.
         """
-        cfg, T = self.cfg, h.shape[0]
+        cfg, T = self.cfg, qkv_a.shape[0]
         # The tokens' own KV goes into the cache before attention reads it (as SGLang does).
-        qkv_a = self.mm(h, layer.w_qkv_a)
         overlap = self.overlap if spans is None else None
         if overlap is not None:  # the later weights stream in while the layer's middle runs
             later = [layer.w_qb, layer.w_kc, layer.w_vc, layer.w_o, layer.w_gate_up]
@@ -343,7 +355,7 @@ class SyntheticMLA:
         if spans is not None:
             q_rope = fused.rope(q_rope, cs, torch.empty_like(q_rope), self.pdl)
             v = torch.cat([self._mha(layer, q_nope, q_rope, cache, s) for s in spans])
-            return v.reshape(T, -1) @ layer.w_o
+            return v.reshape(T, -1)
         q_buf, out, v_buf = bufs if bufs is not None else self._buffers(T)
         # q_nope W_kc and rope(q_rope) land in place in the [T, H, 576] query rows (one launch
         # where the per-head GEMM is the chained Triton kernel).
@@ -351,9 +363,9 @@ class SyntheticMLA:
         self.heads_mm(q_nope, layer.w_kc, latent, rope=(q_rope, cs, rope_part))
         backend.run(q_buf, cache, out)  # [T, H, 512]
         self.heads_mm(out, layer.w_vc, v_buf)  # [T, H, 128]
-        if overlap is not None:
+        if overlap is not None:  # joined before the o projection
             overlap.join()
-        return self.mm(v_buf.view(T, -1), layer.w_o)
+        return v_buf.view(T, -1)
 
     def _mha(
         self,
@@ -387,13 +399,6 @@ class SyntheticMLA:
         )
         return out[0, ..., :dv].transpose(0, 1)  # [T, H, 128]
 
-    def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        gate_up = self.mm(h, layer.w_gate_up)
-        glu = getattr(self.mm, "glu", None)  # tuned: silu(gate) * up made as the GEMM loads it
-        if glu is not None:
-            return glu(gate_up, layer.w_down)
-        return self.mm(fused.silu_mul(gate_up, self.pdl), layer.w_down)
-
 
 def layer_attention(
     model: SyntheticMLA,
@@ -412,4 +417,5 @@ def layer_attention(
     if spans is None:
         backend.plan(step.attn_meta(model.cfg.num_heads, cache.shape[1], model.sm_scale))
     cs = model.rope.rows(step.positions)
-    return model._attention(layer, h, cs, step, cache, backend, spans)
+    v = model._attention(layer, model.mm(h, layer.w_qkv_a), cs, step, cache, backend, spans)
+    return model.mm(v, layer.w_o)

@@ -60,6 +60,9 @@ class Config:
 # GEMM bench times; CANDIDATES what ``WeightGemm`` tunes over at an engine's start.
 CONFIGS = tuple(Config(n, k, s) for n in (16, 32, 64) for k in (128, 256) for s in (1, 2, 4, 8))
 CANDIDATES = tuple(Config(n, 256, s) for n in (16, 32, 64) for s in (1, 2, 4, 8))
+# A normed or gate|up GEMM holds more per K tile (the scaled input; both halves' weights): at
+# BLOCK_K 256 its wider slices spill (sm_90, 4 warps), so narrower K tiles are tried too.
+NARROW_K = tuple(Config(n, 128, s) for n in (16, 32) for s in (1, 2, 4, 8))
 MAX_M = 64
 TUNE_REPEATS = 5
 PREFETCH_BYTES = GEMM_PREFETCH_MB << 20  # engine/config.py says why
@@ -91,14 +94,35 @@ def _prefetch_slice(
 
 
 @triton.jit
+def _finish(acc, up, ss, y_at, mask, K, eps, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+            ADD: tl.constexpr):  # fmt: skip
+    """Store a slice's sums: rows scaled by 1/rms (NORM), silu(gate) * up (GATE_UP), added to
+    what y holds (ADD), rounded where the separate kernels round (the GEMM's output, silu)."""
+    dtype = y_at.dtype.element_ty
+    if NORM:
+        rms = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rms[:, None]
+        up = up * rms[:, None]
+    if GATE_UP:
+        gate = acc.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        acc = act * up.to(dtype).to(tl.float32)
+    if ADD:
+        acc = acc.to(dtype).to(tl.float32) + tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_at, acc.to(dtype), mask=mask)
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, y_ptr, ws_ptr, ticket_ptr, M, N, K,
-    sxm, sxk, swk, swn, sym, syn, prefetch_k,
+    sxm, sxk, swk, swn, sym, syn, prefetch_k, g_ptr, ss_ptr, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr = False, PF_TK: tl.constexpr = 1, PF_STEP_K: tl.constexpr = 1,
     PF_TN: tl.constexpr = 1, PF_STEP_N: tl.constexpr = 1, PF_SHARE: tl.constexpr = 1,
-    GLU: tl.constexpr = False,
+    GLU: tl.constexpr = False, NORM: tl.constexpr = False, GATE_UP: tl.constexpr = False,
+    ADD: tl.constexpr = False,
 ):  # fmt: skip
+    """y [M, N] = x @ w, with the folds of ``Fold`` (each a constant: a plain GEMM has none)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -115,6 +139,8 @@ def _skinny_gemm_kernel(
         )
     chain_start(PDL)  # x (and y, the workspace) belong to the kernels before
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATE_UP: the up half's sums
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)  # NORM: the rows' sums of squares
     for k in range(k_begin, k_end, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
         x_at = x_ptr + rm[:, None] * sxm + rk[None, :] * sxk
@@ -123,27 +149,44 @@ def _skinny_gemm_kernel(
             x = silu_mul_tile(x_at, x_at + K * sxk, x_mask, x_ptr.dtype.element_ty)
         else:
             x = tl.load(x_at, mask=x_mask, other=0.0)
-        w = tl.load(
-            w_ptr + rk[:, None] * swk + rn[None, :] * swn,
-            mask=(rk[:, None] < k_end) & (rn[None, :] < N),
-            other=0.0,
-        )
-        acc = tl.dot(x, w, acc)
+        if NORM:  # RMSNorm(x) * g = (x * g) / rms(x): g applied here, 1/rms once at the end
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            g = tl.load(g_ptr + rk, mask=rk < k_end, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(x_ptr.dtype.element_ty)
+        w_at = w_ptr + rk[:, None] * swk + rn[None, :] * swn
+        w_mask = (rk[:, None] < k_end) & (rn[None, :] < N)
+        acc = tl.dot(x, tl.load(w_at, mask=w_mask, other=0.0), acc)
+        if GATE_UP:  # w is [gate | up]: the up columns N to the right of the gate ones
+            up = tl.dot(x, tl.load(w_at + N * swn, mask=w_mask, other=0.0), up)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     y_at = y_ptr + rm[:, None] * sym + rn[None, :] * syn
     if SPLIT_K == 1:
-        tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        _finish(acc, up, ss, y_at, out_mask, K, eps, NORM, GATE_UP, ADD)
     else:
-        part = ws_ptr + (pid_k * BLOCK_M + rm[:, None]) * N + rn[None, :]
+        ws_n = N * 2 if GATE_UP else N  # the workspace holds both halves' partials
+        part = ws_ptr + (pid_k * BLOCK_M + rm[:, None]) * ws_n + rn[None, :]
         tl.store(part, acc, mask=out_mask)
+        if GATE_UP:
+            tl.store(part + N, up, mask=out_mask)
+        slices = tl.num_programs(0)
+        if NORM:  # each slice's shares hold the sums of squares of their K rows
+            tl.store(ss_ptr + (pid_k * slices + pid_n) * BLOCK_M + rm, ss)
         tl.debug_barrier()  # every thread's partial is written before the ticket releases it
         ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
         if ticket == SPLIT_K - 1:  # the last share of this slice: sum all, in split order
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            total_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            total_ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
-                at = ws_ptr + (s * BLOCK_M + rm[:, None]) * N + rn[None, :]
+                at = ws_ptr + (s * BLOCK_M + rm[:, None]) * ws_n + rn[None, :]
                 total += tl.load(at, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_at, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+                if GATE_UP:
+                    total_up += tl.load(at + N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if NORM:
+                    ss_at = ss_ptr + (s * slices + pid_n) * BLOCK_M + rm
+                    total_ss += tl.load(ss_at, cache_modifier=".cg")
+            _finish(total, total_up, total_ss, y_at, out_mask, K, eps, NORM, GATE_UP, ADD)
             tl.atomic_xchg(ticket_ptr + pid_n, 0)  # re-armed for the next launch
 
 
@@ -276,22 +319,43 @@ def prefetch_plan(cfg: Config, w: torch.Tensor, budget: int = PREFETCH_BYTES) ->
     return {"prefetch_k": min(rows, k), "PDL": cfg.pdl, "PF_SHARE": share, **tile}
 
 
+@dataclass(frozen=True)
+class Fold:
+    """What a weight GEMM does besides ``x @ w``, each in place of a kernel of its own."""
+
+    glu: bool = False  # x is [gate | up] (2K columns): the input is silu(gate) * up, made on load
+    norm: bool = False  # the input is RMSNorm(x) * g: g applied on load, 1/rms to the sums
+    gate_up: bool = False  # w is [gate | up] (2N columns): y = silu(x @ gate) * (x @ up)
+    add: bool = False  # y += x @ w: y is the residual stream, read and written by the kernel
+
+    def constants(self) -> dict:
+        return {"GLU": self.glu, "NORM": self.norm, "GATE_UP": self.gate_up, "ADD": self.add}
+
+
+PLAIN = Fold()
+
+
 class SkinnyGemm:
     """y = x @ w for x [M <= 64, K], w a [K, N] view (row-major or the transpose of [N, K])."""
 
     def __init__(self, prefetch_bytes: int = PREFETCH_BYTES) -> None:
         self.prefetch_bytes = prefetch_bytes  # per chained launch, over all its programs
-        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def scratch(
         self, cfg: Config, m: int, n: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Workspace and tickets per (config, BLOCK_M, N): allocated once, reused by replays."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Workspace, sums of squares and tickets per (config, BLOCK_M, workspace width N):
+        allocated once, reused by replays."""
         key = (cfg.split_k, cfg.block_n, block_m(m), n, device)
         if key not in self._scratch:
-            ws = torch.empty(cfg.split_k * block_m(m) * n, dtype=torch.float32, device=device)
-            tickets = torch.zeros(triton.cdiv(n, cfg.block_n), dtype=torch.int32, device=device)
-            self._scratch[key] = (ws, tickets)
+            slices = triton.cdiv(n, cfg.block_n)
+            f32 = {"dtype": torch.float32, "device": device}
+            self._scratch[key] = (
+                torch.empty(cfg.split_k * block_m(m) * n, **f32),
+                torch.empty(cfg.split_k * slices * block_m(m), **f32),
+                torch.zeros(slices, dtype=torch.int32, device=device),
+            )
         return self._scratch[key]
 
     def __call__(
@@ -301,27 +365,48 @@ class SkinnyGemm:
         cfg: Config,
         out: torch.Tensor | None = None,
         prefetch_bytes: int | None = None,
-        glu: bool = False,
+        fold: Fold = PLAIN,
+        norm_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``prefetch_bytes``: this launch's prefetch budget, if not the instance's. ``glu``: x
-        is [gate | up] (2K columns) and the GEMM's input is silu(gate) * up, made as it loads."""
-        m, k = x.shape[0], x.shape[1] // (2 if glu else 1)
-        n = w.shape[1]
-        if m > MAX_M or w.shape[0] != k or (glu and x.shape[1] != 2 * k):
-            shapes = f"{tuple(x.shape)} x {tuple(w.shape)}"
-            takes = "[<= {0}, 2K] (gate | up)" if glu else "[<= {0}, K]"
-            raise ValueError(f"skinny GEMM takes {takes.format(MAX_M)} x [K, N], got {shapes}")
+        """``prefetch_bytes``: this launch's prefetch budget, if not the instance's. ``fold``:
+        what the launch does besides the product (``Fold``); ``norm_weight`` is its RMSNorm's
+        weight (K), and with ``fold.add`` ``out`` is the residual stream it adds to."""
+        m, k = x.shape[0], x.shape[1] // (2 if fold.glu else 1)
+        n = w.shape[1] // (2 if fold.gate_up else 1)
+        self._check(x, w, out, fold, norm_weight)
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-        ws, tickets = self.scratch(cfg, m, n, x.device)
+        ws, ss, tickets = self.scratch(cfg, m, w.shape[1], x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
         _skinny_gemm_kernel[grid](
             x, w, y, ws, tickets, m, n, k,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+            g_ptr=x if norm_weight is None else norm_weight, ss_ptr=ss, eps=fused.EPS,
             BLOCK_M=block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.warps, num_stages=cfg.stages, GLU=glu,
+            num_warps=cfg.warps, num_stages=cfg.stages, **fold.constants(),
             **self.launch_options(cfg, w, prefetch_bytes),
         )  # fmt: skip
         return y
+
+    @staticmethod
+    def _check(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        out: torch.Tensor | None,
+        fold: Fold,
+        norm_weight: torch.Tensor | None,
+    ) -> None:
+        m, k = x.shape[0], x.shape[1] // (2 if fold.glu else 1)
+        if m > MAX_M or w.shape[0] != k or (fold.glu and x.shape[1] != 2 * k):
+            shapes = f"{tuple(x.shape)} x {tuple(w.shape)}"
+            takes = "[<= {0}, 2K] (gate | up)" if fold.glu else "[<= {0}, K]"
+            raise ValueError(f"skinny GEMM takes {takes.format(MAX_M)} x [K, N], got {shapes}")
+        if fold.gate_up and w.shape[1] % 2:
+            raise ValueError(f"a [gate | up] weight has an even width, got {tuple(w.shape)}")
+        if fold.norm and (norm_weight is None or norm_weight.shape != (k,) or fold.glu):
+            got = None if norm_weight is None else tuple(norm_weight.shape)
+            raise ValueError(f"a normed GEMM takes one weight per input column ({k}), got {got}")
+        if fold.add and out is None:
+            raise ValueError("a GEMM that adds to the residual stream needs it as out")
 
     def launch_options(self, cfg: Config, w: torch.Tensor, budget: int | None = None) -> dict:
         """A chained launch's prefetch plan (this GEMM's budget unless ``budget``) and flag;
@@ -356,15 +441,20 @@ def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
     return torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=atol)
 
 
+Fallback = Callable[[torch.Tensor | None], torch.Tensor]  # the unfolded math, given out
+
+
 class WeightGemm(PerShape):
     """``x @ w`` for a step's projections: per shape the fastest of cuBLAS and ``CANDIDATES``.
 
-    A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype, glu:
-    whether the input is made from [gate | up], ``glu``; its fallback is silu_mul then cuBLAS,
-    whose time the tuning records as ``cublas_ms``). Its
-    choice is timed on its first call, with the L2 flushed before each repeat (a step streams
-    weights the L2 cannot hold); a call during CUDA-graph capture before that takes cuBLAS.
-    On a CPU, and above MAX_M rows (prefill chunks), it is cuBLAS's (torch's) ``x @ w``.
+    A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype, the
+    ``Fold``). A folded shape's fallback is cuBLAS with the kernels the fold replaces (silu_mul,
+    RMSNorm, the residual add), whose time the tuning records as ``cublas_ms``. Its choice is
+    timed on its first call, with the L2 flushed before each repeat (a step streams weights the
+    L2 cannot hold); a call during CUDA-graph capture before that takes the fallback. On a CPU,
+    and above MAX_M rows (prefill chunks), it is the fallback (torch's ``x @ w``), unless
+    ``fixed`` names the configuration to run without tuning (then the Triton kernel runs on any
+    device, interpreted on a CPU).
 
     ``pdl``: every shape takes the fastest candidate launched as a programmatic dependent, not
     cuBLAS (a cuBLAS kernel in the chain waits for the whole kernel before it and makes the next
@@ -379,55 +469,117 @@ class WeightGemm(PerShape):
         candidates: tuple[Config, ...] = CANDIDATES,
         pdl: bool = False,
         prefetch_bytes: int = PREFETCH_BYTES,
+        fixed: Config | None = None,
     ) -> None:
         super().__init__()  # choices: a Config, or None for cuBLAS
-        self.pdl = pdl
+        self.pdl, self.fixed = pdl, fixed
         self.candidates = tuple(replace(c, pdl=True) for c in candidates) if pdl else candidates
+        self.fold_candidates = self.candidates + tuple(replace(c, pdl=pdl) for c in NARROW_K)
         self.skinny = SkinnyGemm(prefetch_bytes)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self._run(x, w, lambda: x @ w, glu=False)
+        return self._run(x, w, PLAIN, lambda out: x @ w)
 
     def glu(self, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up @ w`` for gate_up = [gate | up]: per shape the faster of the
         silu_mul kernel then cuBLAS, and the Triton kernel making its input as it loads (one
         launch for two)."""
-        return self._run(gate_up, w, lambda: fused.silu_mul(gate_up, self.pdl) @ w, glu=True)
+        fallback = lambda out: fused.silu_mul(gate_up, self.pdl) @ w  # noqa: E731
+        return self._run(gate_up, w, Fold(glu=True), fallback)
+
+    def normed(self, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``RMSNorm(x) * g @ w``: the norm kernel then cuBLAS, or the Triton kernel scaling as
+        it loads and sums (x, the residual stream, is read once either way)."""
+        fallback = lambda out: fused.add_rms_norm(x, None, g, self.pdl) @ w  # noqa: E731
+        return self._run(x, w, Fold(norm=True), fallback, norm_weight=g)
+
+    def gated(self, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``silu(h @ gate) * (h @ up)`` for h = RMSNorm(x) * g and w = [gate | up]: the MLP's
+        input in one launch where the fallback takes three (norm, cuBLAS, silu_mul)."""
+
+        def fallback(out: torch.Tensor | None) -> torch.Tensor:
+            return fused.silu_mul(fused.add_rms_norm(x, None, g, self.pdl) @ w, self.pdl)
+
+        return self._run(x, w, Fold(norm=True, gate_up=True), fallback, norm_weight=g)
+
+    def add_into(self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``y += x @ w`` (y the residual stream; the product rounded to y's dtype first, as a
+        separate add rounds it): cuBLAS then the add, or the Triton kernel adding as it stores."""
+        return self._run(x, w, Fold(add=True), lambda out: out.add_(x @ w), out=y)
 
     def _run(
-        self, x: torch.Tensor, w: torch.Tensor, plain: Callable[[], torch.Tensor], glu: bool
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        fold: Fold,
+        fallback: Fallback,
+        out: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if not x.is_cuda or x.shape[0] > MAX_M:
-            return plain()
-        key = (block_m(x.shape[0]), w.shape[0], w.shape[1], w.stride(), x.dtype, glu)
-        cfg = self.choice(key, lambda: self._tune(x, w, plain, glu))
-        return plain() if cfg is None else self.skinny(x, w, cfg, glu=glu)
+        if x.shape[0] > MAX_M or (not x.is_cuda and self.fixed is None):
+            return fallback(out)
+        if self.fixed is not None:
+            cfg = self.fixed
+        else:
+            key = (block_m(x.shape[0]), w.shape[0], w.shape[1], w.stride(), x.dtype, fold)
+            launch = functools.partial(self.skinny, x, w, fold=fold, norm_weight=norm_weight)
+            wide = self.fold_candidates if fold.norm or fold.gate_up else self.candidates
+            cfg = self.choice(key, lambda: self._tune(launch, fallback, out, wide))
+        if cfg is None:
+            return fallback(out)
+        return self.skinny(x, w, cfg, out=out, fold=fold, norm_weight=norm_weight)
 
     def _tune(
-        self, x: torch.Tensor, w: torch.Tensor, plain: Callable[[], torch.Tensor], glu: bool
+        self,
+        launch: Callable[..., torch.Tensor],
+        fallback: Fallback,
+        out: torch.Tensor | None,
+        candidates: tuple[Config, ...],
     ) -> tuple[Config | None, dict[str, float]]:
-        """The fastest choice for this shape, and the ms of cuBLAS and of that choice (alone)."""
+        """The fastest choice for this shape, and the ms of the fallback and of that choice
+        (alone). An adding shape is tuned on a copy of the stream (its sum is checked as the
+        change it makes, so an unwritten element cannot agree), and a configuration that does
+        not fit the GPU (shared memory) is passed over."""
         from decodecliff.bench.timing import median_ms
 
-        ref = plain()
-        best, best_ms = None, median_ms(plain, x.device, TUNE_REPEATS)
+        stream = None if out is None else out.clone()
+        ref = fallback(None if stream is None else stream.clone())
+        device = ref.device
+        best, best_ms = None, median_ms(lambda: fallback(stream), device, TUNE_REPEATS)
         cublas_ms = best_ms
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
-        for cfg in self.candidates:
-            poisoned = torch.full_like(ref, float("nan"))  # an unwritten element cannot agree
-            if not agrees(self.skinny(x, w, cfg, out=poisoned, glu=glu), ref):
+        for cfg in candidates:
+            try:
+                if not self._agrees(launch, cfg, ref, out):
+                    continue
+            except triton.runtime.errors.OutOfResources:
                 continue
-            run = functools.partial(self.skinny, x, w, cfg, prefetch_bytes=0, glu=glu)
-            ms = median_ms(run, x.device, TUNE_REPEATS)
+            run = functools.partial(launch, cfg=cfg, out=stream, prefetch_bytes=0)
+            ms = median_ms(run, device, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
         return best, {"cublas_ms": cublas_ms, "ms": best_ms if best else cublas_ms}
 
+    @staticmethod
+    def _agrees(
+        launch: Callable[..., torch.Tensor],
+        cfg: Config,
+        ref: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> bool:
+        if out is None:
+            poisoned = torch.full_like(ref, float("nan"))  # an unwritten element cannot agree
+            return agrees(launch(cfg=cfg, out=poisoned), ref)
+        before = out.float()
+        sum_ = launch(cfg=cfg, out=out.clone())
+        return agrees(sum_.float() - before, ref.float() - before)
+
     def describe(self) -> list[dict]:
         """What each tuned shape runs, and its tuning's times alone (for the bench's records)."""
         return [
-            {"m_tile": key[0], "k": key[1], "n": key[2], "glu": key[5],
+            {"m_tile": key[0], "k": key[1], "n": key[2],
+             **{name: on for name, on in vars(key[5]).items()},
              "impl": "cublas" if c is None else "triton", "config": None if c is None else c.name,
              **self.timed.get(key, {})}
             for key, c in self.choices.items()
