@@ -36,7 +36,8 @@
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
 # of patch names joined by +, "base" for the tree as it is) applied in turn, built, checked
 # against float64 and the planted masks in both builds and timed in the sm_120 model at 185k
-# (chain16, tree64; 8 and 64 heads); the source is restored after each.
+# (chain16, tree64; 8 and 64 heads); the source is restored after each, and no set starts
+# past BUDGET_S (give the sets over two calls with V5_PATCHES where one call cannot hold all).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
 # apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
 # wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
@@ -167,7 +168,11 @@ for lim in (0, 102400):
       cu=src/decodecliff/kernels/csrc/mla_verify.cu
       cp "$cu" /tmp/mla_verify.cu.orig
       trap 'cp /tmp/mla_verify.cu.orig "$cu"' EXIT  # the source as sent, however the call ends
-      for set in base ${V5_PATCHES:-copy-in-phase1 full-tile-branch copy-in-phase1+full-tile-branch}; do
+      sets="full-tile-branch 16-warps 16-warps+full-tile-branch copy-in-phase1"
+      for set in base ${V5_PATCHES:-$sets copy-in-phase1+full-tile-branch}; do
+        if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
+          echo "skipped $set: past BUDGET_S"; continue
+        fi
         tag=${set//+/_}
         lib=results/build-$tag
         cp /tmp/mla_verify.cu.orig "$cu"
