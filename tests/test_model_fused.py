@@ -192,6 +192,7 @@ def test_the_rope_table_is_built_once_and_grows_only_when_asked():
     assert torch.equal(model.rope.rows(pos), torch.cat([angles.cos(), angles.sin()], -1))
 
 
+@pytest.mark.slow  # the Triton interpreter runs every projection of the tiny model
 @pytest.mark.parametrize(
     "dtype,tol", [(torch.float32, 2e-5), (torch.float16, 3e-2)], ids=["fp32", "fp16"]
 )
