@@ -467,22 +467,22 @@ def test_the_gemm_bench_times_cublas_cublaslt_and_the_triton_kernel(tmp_path):
     assert torch.backends.cuda.preferred_blas_library() == before  # switched for its rows only
 
 
+# The folded weight GEMMs (--gemm fused): scripts/gpu_backends_run.sh's engine-fused part runs
+# the tests named test_gemm_fold_*.
+
+
 @pytest.mark.parametrize("backend", capturable_backends())
-def test_fused_tunes_the_folds_and_its_graphs_give_its_eager_tokens(backend):
+def test_gemm_fold_engine_graphs_give_its_eager_tokens(backend):
     """gemm fused: the normed projections (q_a|kv_a, the LM head), gate|up and the two adding
-    ones (o, down) are tuned as folds (against cuBLAS with the separate kernels) eagerly, q_b
+    ones (o, down) are chosen as folds (against cuBLAS with the separate kernels) eagerly, q_b
     plainly; with the same choices the graphs replay the eager step's kernels: the same
     tokens."""
     eager_engine = engine(backend=backend, spec="chain", gemm="fused")
     eager = outputs(eager_engine)
     tuned = eager_engine.model.mm.describe()
     folds = {(c["norm"], c["gate_up"], c["add"]) for c in tuned}
-    plain, normed, gated, added = (
-        (False,) * 3,
-        (True, False, False),
-        (True, True, False),
-        (False, False, True),
-    )
+    plain, normed, gated, added = (False,) * 3, (True, False, False), (True, True, False), (
+        False, False, True)  # fmt: skip
     assert folds == {plain, normed, gated, added}
     eng = engine(backend=backend, spec="chain", gemm="fused", cuda_graph=True)
     eng.model.mm.choices.update(eager_engine.model.mm.choices)
@@ -491,13 +491,15 @@ def test_fused_tunes_the_folds_and_its_graphs_give_its_eager_tokens(backend):
     assert not eng.model.mm.untuned_in_capture
 
 
-def test_the_folded_forward_matches_the_unfused_one_at_kimi_shapes():
+def test_gemm_fold_forward_matches_the_unfused_one_at_kimi_shapes():
     """The Kimi-K2 rank's layers, bf16, a chain of 16 on 2 requests: the folded projections
-    (tuned per shape) give the unfused forward's logits to bf16 rounding."""
+    (every projection the Triton kernel at one configuration) give the unfused forward's
+    logits to bf16 rounding."""
     from test_model_fused import verify_step
+    from test_skinny_gemm import CountingGemm
 
     from decodecliff.engine.projections import FoldedProjections, Projections
-    from decodecliff.engine.skinny_gemm import WeightGemm
+    from decodecliff.engine.skinny_gemm import Config, WeightGemm
     from decodecliff.kernels.reference import TorchAttention
 
     cfg = dataclasses.replace(PRESETS["kimi-k2-tp8-rank"], num_layers=4, vocab_size=4096)
@@ -507,16 +509,18 @@ def test_the_folded_forward_matches_the_unfused_one_at_kimi_shapes():
     g = torch.Generator(device="cuda").manual_seed(5)
     cache = torch.randn(cfg.num_layers, pages, 1, cfg.kv_row_dim, generator=g, device="cuda")
     cache = cache.bfloat16()
-    model.proj = Projections(torch.matmul)
+    model.mm, model.proj = torch.matmul, Projections(torch.matmul)
     ref = model.forward(step, cache.clone(), TorchAttention())
-    model.proj = FoldedProjections(WeightGemm())
+    gemm = WeightGemm(fixed=Config(16, 128, 2))
+    gemm.skinny = CountingGemm()
+    model.mm, model.proj = gemm, FoldedProjections(gemm)
     folded = model.forward(step, cache.clone(), TorchAttention())
     assert (folded - ref).abs().max() <= 3e-2 * ref.abs().max()
-    assert {c["impl"] for c in model.proj.gemm.describe()} <= {"triton", "cublas"}
+    assert len(gemm.skinny.folds) == 5 * cfg.num_layers + 1  # every projection a Triton launch
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_the_folded_gemms_compute_their_kernels_math_on_the_gpu(layout):
+def test_gemm_fold_kernels_compute_the_separate_kernels_math(layout):
     """Each fold against the kernels it replaces, compiled (ragged K and N, split-K and not):
     gate|up and the residual add the same bits as the GEMM then silu_mul or the add; the norm
     to bf16 rounding of the norm kernel then the GEMM."""
@@ -545,10 +549,45 @@ def test_the_folded_gemms_compute_their_kernels_math_on_the_gpu(layout):
         assert torch.equal(added, stream + gemm(x, w, cfg))
 
 
-def test_the_adding_gemm_tuning_refuses_a_kernel_that_adds_half_its_columns(monkeypatch):
-    """An adding configuration checked on the change it makes to the stream: one that adds to
-    half the columns (the rest keep the stream's values, close to the sum when the product is
-    small) is refused though timed as the fastest; the shape keeps cuBLAS and the add."""
+def _fold_case(seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).bfloat16()
+
+    x, norm = rand(16, 1024), rand(1024).abs() + 0.5
+    w, w2 = rand(1024, 512, scale=1e-3), rand(1024, 1024, scale=0.03)
+    return x, norm, w, w2, rand(16, 512, scale=10)
+
+
+def test_gemm_fold_choice_is_the_kernel_where_it_is_fastest(monkeypatch):
+    """With every candidate timed as faster than the fallback, each fold (the norm, gate|up
+    with the norm, the add) chooses the Triton kernel and runs it: a positive control for the
+    refusals below, and the stream the add is tuned on is a copy (the real one changes once)."""
+    from decodecliff.engine import fused_triton
+    from decodecliff.engine.skinny_gemm import WeightGemm
+
+    x, norm, w, w2, stream = _fold_case(8)
+    gemm = WeightGemm()
+    _candidates_look_fastest(monkeypatch)
+    normed = gemm.normed(x, norm, w)
+    _candidates_look_fastest(monkeypatch)
+    gated = gemm.gated(x, norm, w2)
+    _candidates_look_fastest(monkeypatch)
+    y = stream.clone()
+    gemm.add_into(y, x, w)
+    assert [c["impl"] for c in gemm.describe()] == ["triton"] * 3
+    h = fused_triton.add_rms_norm(x, None, norm, 1e-6, False)
+    for got, want in ((normed, h @ w), (gated, fused_triton.silu_mul(h @ w2, False))):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    torch.testing.assert_close(y.float(), (stream + x @ w).float(), rtol=1e-2, atol=1e-3)
+
+
+def test_gemm_fold_add_check_refuses_a_kernel_that_adds_half_its_columns(monkeypatch):
+    """An adding configuration is checked on a zero stream with a random input: one that adds
+    to half the columns (the rest keep the stream's values, close to the sum here, where the
+    product is small) is refused though timed as the fastest; the shape keeps cuBLAS and the
+    add."""
     from decodecliff.engine.skinny_gemm import SkinnyGemm, WeightGemm
 
     class HalfAdded(SkinnyGemm):
@@ -560,10 +599,7 @@ def test_the_adding_gemm_tuning_refuses_a_kernel_that_adds_half_its_columns(monk
     _candidates_look_fastest(monkeypatch)
     gemm = WeightGemm()
     gemm.skinny = HalfAdded()
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    x = torch.randn(16, 1024, generator=gen, device="cuda").bfloat16()
-    w = (torch.randn(1024, 512, generator=gen, device="cuda") / 1e3).bfloat16()
-    stream = torch.randn(16, 512, generator=gen, device="cuda").bfloat16() * 10
+    x, _, w, _, stream = _fold_case(7)
     y = stream.clone()
     gemm.add_into(y, x, w)
     assert torch.equal(y, stream + x @ w)

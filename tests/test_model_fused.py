@@ -206,6 +206,8 @@ def test_the_folded_forward_equals_the_unfused_forward(dtype, tol, prefixes, q, 
     Triton kernel, interpreted on the CPU at a fixed configuration; above 64 rows the separate
     kernels' math): the unfused forward's logits and cache rows, to rounding."""
     skinny = pytest.importorskip("decodecliff.engine.skinny_gemm")
+    from test_skinny_gemm import CountingGemm
+
     from decodecliff.engine.projections import FoldedProjections
 
     cfg = dataclasses.replace(PRESETS["tiny"], num_layers=2)
@@ -218,8 +220,14 @@ def test_the_folded_forward_equals_the_unfused_forward(dtype, tol, prefixes, q, 
     ref_cache = cache.clone()
     ref = reference_forward(model, step, ref_cache)
     gemm = skinny.WeightGemm(fixed=skinny.Config(32, 128, 2))
-    model.proj = FoldedProjections(gemm)
+    gemm.skinny = CountingGemm()
+    model.mm, model.proj = gemm, FoldedProjections(gemm)  # as gemm fused builds them on CUDA
     logits = model.forward(step, cache, TorchAttention())
     assert logits.shape == ref.shape
+    # per layer q_a|kv_a (normed), q_b, o (adding), gate|up, down (adding); then the LM head
+    plain, norm, gated, add = skinny.PLAIN, skinny.Fold(norm=True), skinny.Fold(
+        norm=True, gate_up=True), skinny.Fold(add=True)  # fmt: skip
+    kernels = [norm, plain, add, gated, add] * cfg.num_layers + [norm]
+    assert gemm.skinny.folds == (kernels if step.input_ids.shape[0] <= skinny.MAX_M else [])
     assert (logits - ref).abs().max() <= tol * ref.abs().max()
     assert (cache.double() - ref_cache.double()).abs().max() <= tol * ref_cache.abs().max()

@@ -20,6 +20,19 @@ skinny = pytest.importorskip("decodecliff.engine.skinny_gemm")
 GLU, NORM, ADD = skinny.Fold(glu=True), skinny.Fold(norm=True), skinny.Fold(add=True)
 GATED = skinny.Fold(norm=True, gate_up=True)
 
+
+class CountingGemm(skinny.SkinnyGemm):
+    """The kernel as it is, each launch's fold recorded (so a test knows the kernel ran)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folds: list = []
+
+    def __call__(self, x, w, cfg, **options):
+        self.folds.append(options.get("fold", skinny.PLAIN))
+        return super().__call__(x, w, cfg, **options)
+
+
 CASES = [  # (M, K, N, config, weight layout)
     (16, 512, 96, skinny.Config(32, 128, 4), "kn"),
     (5, 300, 50, skinny.Config(16, 128, 2), "nk"),  # ragged K and N, partial row tile
@@ -133,8 +146,10 @@ def test_an_adding_gemm_adds_its_product_to_the_stream(m, k, n, cfg, layout):
     assert torch.equal(y[:, :n], apart) and torch.equal(y[:, n:], stream[:, n:])
     with pytest.raises(ValueError, match="needs it as out"):
         gemm(x, w, cfg, fold=ADD)
-    with pytest.raises(ValueError, match="one weight per input column"):
+    with pytest.raises(ValueError, match="one contiguous weight per input column"):
         gemm(x, w, cfg, fold=NORM, norm_weight=torch.ones(k + 1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="its out is"):  # a stream of the wrong width
+        gemm(x, w, cfg, out=stream, fold=ADD)
 
 
 def test_a_fixed_weight_gemm_runs_the_kernel_where_a_tuned_one_falls_back():
@@ -146,11 +161,13 @@ def test_a_fixed_weight_gemm_runs_the_kernel_where_a_tuned_one_falls_back():
     w_down = weights(160, 384, "kn")
     fixed, fallback = skinny.WeightGemm(fixed=skinny.Config(32, 128, 2)), skinny.WeightGemm()
     for gemm_ in (fixed, fallback):
+        gemm_.skinny = CountingGemm()
         y = stream.clone()
         gemm_.add_into(y, gemm_.gated(x, g, w2), w_down)
         gemm_.result = (gemm_.normed(x, g, w), y)
     for a, b in zip(fixed.result, fallback.result, strict=True):
         assert ((a.double() - b.double()).norm() / b.double().norm()).item() < 5e-3
+    assert fixed.skinny.folds == [GATED, ADD, NORM] and not fallback.skinny.folds
     assert not fallback.choices and not fixed.choices
 
 

@@ -373,7 +373,7 @@ class SkinnyGemm:
         weight (K), and with ``fold.add`` ``out`` is the residual stream it adds to."""
         m, k = x.shape[0], x.shape[1] // (2 if fold.glu else 1)
         n = w.shape[1] // (2 if fold.gate_up else 1)
-        self._check(x, w, out, fold, norm_weight)
+        self._check(x, w, cfg, out, fold, norm_weight)
         y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
         ws, ss, tickets = self.scratch(cfg, m, w.shape[1], x.device)
         grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -391,6 +391,7 @@ class SkinnyGemm:
     def _check(
         x: torch.Tensor,
         w: torch.Tensor,
+        cfg: Config,
         out: torch.Tensor | None,
         fold: Fold,
         norm_weight: torch.Tensor | None,
@@ -402,11 +403,25 @@ class SkinnyGemm:
             raise ValueError(f"skinny GEMM takes {takes.format(MAX_M)} x [K, N], got {shapes}")
         if fold.gate_up and w.shape[1] % 2:
             raise ValueError(f"a [gate | up] weight has an even width, got {tuple(w.shape)}")
-        if fold.norm and (norm_weight is None or norm_weight.shape != (k,) or fold.glu):
+        if fold.norm and not (
+            norm_weight is not None
+            and norm_weight.shape == (k,)
+            and norm_weight.stride() == (1,)
+            and norm_weight.device == x.device
+            and not fold.glu
+        ):
             got = None if norm_weight is None else tuple(norm_weight.shape)
-            raise ValueError(f"a normed GEMM takes one weight per input column ({k}), got {got}")
+            raise ValueError(
+                f"a normed GEMM takes one contiguous weight per input column ({k}), got {got}"
+            )
         if fold.add and out is None:
             raise ValueError("a GEMM that adds to the residual stream needs it as out")
+        n = w.shape[1] // (2 if fold.gate_up else 1)
+        if out is not None and (out.shape != (m, n) or out.dtype != x.dtype):
+            got = f"{tuple(out.shape)} {out.dtype}"
+            raise ValueError(f"the GEMM writes [{m}, {n}] {x.dtype}, its out is {got}")
+        if fold.gate_up and cfg.pdl:  # the prefetch plan knows one weight slice per program
+            raise ValueError("a gate|up GEMM is not launched as a programmatic dependent")
 
     def launch_options(self, cfg: Config, w: torch.Tensor, budget: int | None = None) -> dict:
         """A chained launch's prefetch plan (this GEMM's budget unless ``budget``) and flag;
@@ -453,8 +468,8 @@ class WeightGemm(PerShape):
     timed on its first call, with the L2 flushed before each repeat (a step streams weights the
     L2 cannot hold); a call during CUDA-graph capture before that takes the fallback. On a CPU,
     and above MAX_M rows (prefill chunks), it is the fallback (torch's ``x @ w``), unless
-    ``fixed`` names the configuration to run without tuning (then the Triton kernel runs on any
-    device, interpreted on a CPU).
+    ``fixed`` names the configuration to run without tuning or checking (then the Triton kernel
+    runs on any device, interpreted on a CPU: the tests' way to run the folds there).
 
     ``pdl``: every shape takes the fastest candidate launched as a programmatic dependent, not
     cuBLAS (a cuBLAS kernel in the chain waits for the whole kernel before it and makes the next
@@ -522,58 +537,62 @@ class WeightGemm(PerShape):
             cfg = self.fixed
         else:
             key = (block_m(x.shape[0]), w.shape[0], w.shape[1], w.stride(), x.dtype, fold)
-            launch = functools.partial(self.skinny, x, w, fold=fold, norm_weight=norm_weight)
             wide = self.fold_candidates if fold.norm or fold.gate_up else self.candidates
-            cfg = self.choice(key, lambda: self._tune(launch, fallback, out, wide))
+            tune = functools.partial(self._tune, x, w, fold, fallback, out, norm_weight, wide)
+            cfg = self.choice(key, tune)
         if cfg is None:
             return fallback(out)
         return self.skinny(x, w, cfg, out=out, fold=fold, norm_weight=norm_weight)
 
     def _tune(
         self,
-        launch: Callable[..., torch.Tensor],
+        x: torch.Tensor,
+        w: torch.Tensor,
+        fold: Fold,
         fallback: Fallback,
         out: torch.Tensor | None,
+        norm_weight: torch.Tensor | None,
         candidates: tuple[Config, ...],
     ) -> tuple[Config | None, dict[str, float]]:
         """The fastest choice for this shape, and the ms of the fallback and of that choice
-        (alone). An adding shape is tuned on a copy of the stream (its sum is checked as the
-        change it makes, so an unwritten element cannot agree), and a configuration that does
-        not fit the GPU (shared memory) is passed over."""
+        (alone). Each candidate is checked first (``_probe``); an adding shape is timed on a
+        copy of the stream; a configuration that does not fit the GPU (shared memory) is
+        passed over."""
         from decodecliff.bench.timing import median_ms
 
+        launch = functools.partial(self.skinny, w=w, fold=fold, norm_weight=norm_weight)
         stream = None if out is None else out.clone()
-        ref = fallback(None if stream is None else stream.clone())
-        device = ref.device
-        best, best_ms = None, median_ms(lambda: fallback(stream), device, TUNE_REPEATS)
+        best, best_ms = None, median_ms(lambda: fallback(stream), x.device, TUNE_REPEATS)
         cublas_ms = best_ms
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
+        probe, ref = self._probe(x, w, fold, fallback)
         for cfg in candidates:
+            # an unwritten element keeps the NaN of a fresh output, or the zero of a zero stream
+            start = torch.zeros_like(ref) if fold.add else torch.full_like(ref, float("nan"))
             try:
-                if not self._agrees(launch, cfg, ref, out):
+                if not agrees(launch(probe, cfg=cfg, out=start), ref):
                     continue
             except triton.runtime.errors.OutOfResources:
                 continue
-            run = functools.partial(launch, cfg=cfg, out=stream, prefetch_bytes=0)
-            ms = median_ms(run, device, TUNE_REPEATS)
+            run = functools.partial(launch, x, cfg=cfg, out=stream, prefetch_bytes=0)
+            ms = median_ms(run, x.device, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
         return best, {"cublas_ms": cublas_ms, "ms": best_ms if best else cublas_ms}
 
     @staticmethod
-    def _agrees(
-        launch: Callable[..., torch.Tensor],
-        cfg: Config,
-        ref: torch.Tensor,
-        out: torch.Tensor | None,
-    ) -> bool:
-        if out is None:
-            poisoned = torch.full_like(ref, float("nan"))  # an unwritten element cannot agree
-            return agrees(launch(cfg=cfg, out=poisoned), ref)
-        before = out.float()
-        sum_ = launch(cfg=cfg, out=out.clone())
-        return agrees(sum_.float() - before, ref.float() - before)
+    def _probe(
+        x: torch.Tensor, w: torch.Tensor, fold: Fold, fallback: Fallback
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input a candidate is checked on and the fallback's answer to it: the step's own
+        input, but for an adding fold a random one added to a zero stream (the answer is then
+        the product alone, never zero where an element is left unwritten, whatever the step
+        reads: the first step's o projection reads zeros)."""
+        if not fold.add:
+            return x, fallback(None)
+        probe = torch.randn_like(x)
+        return probe, probe @ w
 
     def describe(self) -> list[dict]:
         """What each tuned shape runs, and its tuning's times alone (for the bench's records)."""
