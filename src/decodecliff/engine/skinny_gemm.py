@@ -12,6 +12,11 @@ launch (a CUDA graph replays the same buffers).
 configurations in ``CANDIDATES``, timed once on first use outside graph capture; a step captured
 before a shape was timed takes cuBLAS for it.
 
+A launch can also do the small kernels around a projection (``Fold``, engine/projections.py):
+make its input as silu(gate) * up or as RMSNorm(x) * g while loading it, store silu(gate) * up of
+a [gate | up] weight's two halves, or add its product to the residual stream as it stores; a
+folded shape is chosen against cuBLAS with those kernels.
+
 With ``pdl`` (programmatic dependent launch, sm_90 and newer) a projection starts while the kernel
 before it still runs: each program first asks the L2 for the head of its weight slice (the weights
 do not depend on that kernel), then waits for it (``griddepcontrol.wait``) and lets the next kernel
@@ -336,7 +341,8 @@ PLAIN = Fold()
 
 
 class SkinnyGemm:
-    """y = x @ w for x [M <= 64, K], w a [K, N] view (row-major or the transpose of [N, K])."""
+    """y = x @ w for x [M <= 64, K], w a [K, N] view (row-major or the transpose of [N, K]),
+    with a ``Fold``'s work besides."""
 
     def __init__(self, prefetch_bytes: int = PREFETCH_BYTES) -> None:
         self.prefetch_bytes = prefetch_bytes  # per chained launch, over all its programs
