@@ -57,11 +57,19 @@ class Projections:
         w_down: torch.Tensor,
     ) -> torch.Tensor | None:
         """``x += delta``, then the MLP of RMSNorm(x) * g: its output as ``residual`` gives it."""
-        gate_up = self.normed(x, delta, g, w_gate_up)
+        return self._down(x, self._gate_up(x, delta, g, w_gate_up), w_down)
+
+    def _gate_up(
+        self, x: torch.Tensor, delta: torch.Tensor | None, g: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        """The gate|up projection's output: [gate | up]."""
+        return self.normed(x, delta, g, w)
+
+    def _down(self, x: torch.Tensor, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
         glu = getattr(self.mm, "glu", None)  # tuned: silu(gate) * up made as the GEMM loads it
         if glu is not None:
-            return glu(gate_up, w_down)
-        return self.mm(fused.silu_mul(gate_up, self.pdl), w_down)
+            return glu(gate_up, w)
+        return self.residual(x, fused.silu_mul(gate_up, self.pdl), w)
 
 
 class FoldedProjections(Projections):
@@ -74,21 +82,24 @@ class FoldedProjections(Projections):
     def normed(
         self, x: torch.Tensor, delta: torch.Tensor | None, g: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
-        if delta is not None:  # the stream's first use in a step, or a caller's own delta
-            x.add_(delta)
+        _add(x, delta)
         return self.gemm.normed(x, g, w)
 
     def residual(self, x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> None:
         self.gemm.add_into(x, a, w)
 
-    def mlp(
-        self,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
-        g: torch.Tensor,
-        w_gate_up: torch.Tensor,
-        w_down: torch.Tensor,
-    ) -> None:
-        if delta is not None:
-            x.add_(delta)
-        self.residual(x, self.gemm.gated(x, g, w_gate_up), w_down)
+    def _gate_up(
+        self, x: torch.Tensor, delta: torch.Tensor | None, g: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        """silu(gate) * up, made by the gate|up projection itself."""
+        _add(x, delta)
+        return self.gemm.gated(x, g, w)
+
+    def _down(self, x: torch.Tensor, act: torch.Tensor, w: torch.Tensor) -> None:
+        self.residual(x, act, w)
+
+
+def _add(x: torch.Tensor, delta: torch.Tensor | None) -> None:
+    """A delta from an unfolded projection into the stream (the folded forward passes None)."""
+    if delta is not None:
+        x.add_(delta)
