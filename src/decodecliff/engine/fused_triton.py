@@ -106,13 +106,19 @@ def _rope_kernel(
 
 
 @triton.jit
-def silu_mul_tile(g_at, u_at, mask, dtype: tl.constexpr):
-    """silu(gate) * up in ``dtype``, silu rounded to it first (as unfused); the down projection's
-    GEMM (engine/skinny_gemm.py) makes its input tiles with it too."""
-    g = tl.load(g_at, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_at, mask=mask, other=0.0).to(tl.float32)
+def silu_mul_values(g, u, dtype: tl.constexpr):
+    """silu(gate) * up of float32 values, in ``dtype``, silu rounded to it first (as unfused);
+    the weight GEMMs of engine/skinny_gemm.py that make or store it call it too."""
     act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     return (act * u).to(dtype)
+
+
+@triton.jit
+def silu_mul_tile(g_at, u_at, mask, dtype: tl.constexpr):
+    """``silu_mul_values`` of the gate and up elements at g_at and u_at."""
+    g = tl.load(g_at, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_at, mask=mask, other=0.0).to(tl.float32)
+    return silu_mul_values(g, u, dtype)
 
 
 @triton.jit

@@ -42,7 +42,7 @@ import triton.language as tl
 from . import fused
 from .config import GEMM_PREFETCH_MB
 from .fused import Rope
-from .fused_triton import _rope_pair, chain_start, chained, silu_mul_tile
+from .fused_triton import _rope_pair, chain_start, chained, silu_mul_tile, silu_mul_values
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,9 @@ def _finish(acc, up, ss, y_at, mask, K, eps, NORM: tl.constexpr, GATE_UP: tl.con
         rms = 1.0 / tl.sqrt(ss / K + eps)
         acc = acc * rms[:, None]
         up = up * rms[:, None]
-    if GATE_UP:
-        gate = acc.to(dtype).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        acc = act * up.to(dtype).to(tl.float32)
+    if GATE_UP:  # both halves rounded as the GEMM's stored output is, then the silu_mul kernel
+        acc = silu_mul_values(acc.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+        acc = acc.to(tl.float32)
     if ADD:
         acc = acc.to(dtype).to(tl.float32) + tl.load(y_at, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_at, acc.to(dtype), mask=mask)
