@@ -3,6 +3,8 @@ under the Triton interpreter against the reference, and the backends' error hand
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import os
 
@@ -12,6 +14,7 @@ import torch
 from decodecliff.kernels import D_QK, D_V, get_backend
 from decodecliff.kernels.api import token_slot, token_slots
 from decodecliff.kernels.reference import TorchAttention, reference_attention
+from decodecliff.kernels.registry import parse_spec
 from decodecliff.kernels.synthetic import random_batch, relative_error
 
 BF16_TOL = 2e-2
@@ -159,9 +162,23 @@ def test_arch_configs_follow_sglang_for_lq_576() -> None:
         assert tb.resolve_arch_config("auto").name == "sm90"
 
 
+def test_backend_options_are_the_constructors_keywords() -> None:
+    from decodecliff.kernels.registry import BACKENDS, OPTIONS
+
+    not_from_text = {"compute_dtype"}  # the reference's torch.dtype: no KEY=VALUE sets it
+    for name, (module, cls) in BACKENDS.items():
+        made = getattr(importlib.import_module(module), cls)
+        takes = set(inspect.signature(made.__init__).parameters) - {"self"} - not_from_text
+        assert set(OPTIONS[name]) == takes, name
+
+
 def test_backend_errors() -> None:
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("cudnn")
+    with pytest.raises(ValueError, match="the torch backend has no option 'foo'"):
+        get_backend("torch", foo="bar")
+    with pytest.raises(ValueError, match=r"no option 'varient' \(its options: num_splits, "):
+        parse_spec("custom:varient=v5")
     tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
     with pytest.raises(ValueError, match="decode must be"):
         tb.TritonAttention(decode="split")

@@ -179,6 +179,9 @@ BAD_BODIES = [
     ({"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, "ignore_eos"),
     ({"input_ids": [1], "sampling_params": []}, "sampling_params"),
     ({"input_ids": [1], "stream": "yes"}, "stream"),
+    ({"input_ids": [1], "stream": 0}, "stream must be true or false"),
+    ({"input_ids": [1], "logprob_start_len": "x"}, "logprob_start_len must be an integer"),
+    ({"input_ids": [1], "sampling_params": {"skip_special_tokens": "x"}}, "skip_special_tokens"),
     ({"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": 100}}, "max_total_num_tokens"),
     ([1, 2, 3], "JSON object"),
 ]
@@ -197,6 +200,11 @@ def test_malformed_json_and_bad_completions_keep_the_server_up(srv):
     assert srv.post("/v1/completions", {"max_tokens": 3}).status_code == 400
     assert srv.post("/v1/completions", {"prompt": []}).status_code == 400
     assert srv.post("/v1/completions", {"prompt": "a", "max_tokens": 0}).status_code == 400
+    for field in ({"model": [1]}, {"echo": ""}, {"stream": 0}):
+        resp = srv.post("/v1/completions", {"prompt": "a", **field})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == next(iter(field))
+    named = [{"role": "user", "content": "hi", "name": 5}]
+    assert srv.post("/v1/chat/completions", {"messages": named}).status_code == 400
     assert srv.get("/health").status_code == 200
     assert gen(srv, [1, 2, 3], 2).status_code == 200
 
@@ -358,14 +366,16 @@ def test_health_answers_while_a_long_request_runs(srv):
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while srv.get("/get_server_info").json()["running_requests"] != 1:
+        assert time.monotonic() < deadline and not done.is_set(), "the request never ran"
+        time.sleep(0.05)
     start = time.monotonic()
     health = srv.get("/health")
-    info = srv.get("/get_server_info").json()
-    assert health.status_code == 200 and time.monotonic() - start < 5
-    busy = not done.is_set()
+    elapsed, running = time.monotonic() - start, not done.is_set()
     worker.join(120)
-    assert not busy or info["running_requests"] == 1
+    assert health.status_code == 200 and elapsed < 5
+    assert running, "the request ended before /health answered, so nothing was shown"
 
 
 @pytest.mark.slow  # starts servers that fail

@@ -137,6 +137,29 @@ BAD = {
         _set("sweep.servers[4].backend_options", {"not a key": "x"}),
         "config.sweep.servers[4].backend_options",
     ),
+    "drafts-beyond-pool": (  # fits without the 15 draft slots a chain16 step takes
+        _set("sweep.servers[0].chunks[0].contexts", [servers.CPU_DEFAULT_POOL - 6 - 1]),
+        "config.sweep.servers[0].chunks[0].contexts",
+    ),
+    "nan": (_set("sweep.start_timeout_s", float("nan")), "config.sweep.start_timeout_s"),
+    "infinite": (
+        _set("sweep.servers[0].chunks[0].timeout_s", float("inf")),
+        "config.sweep.servers[0].chunks[0].timeout_s",
+    ),
+    "integer-as-float": (_set("sweep.gen_tokens", 6.0), "config.sweep.gen_tokens"),
+    "context-as-float": (
+        _set("sweep.servers[0].chunks[0].contexts", [256.0]),
+        "config.sweep.servers[0].chunks[0].contexts[0]",
+    ),
+    "unknown-backend-option": (
+        _set("sweep.servers[0].backend_options", {"foo": "bar"}),
+        "config.sweep.servers[0].backend_options",
+    ),
+    "engine-backend-option": (
+        _set("engine.backends", ["torch:foo=bar"]),
+        "config.engine.backends[0]",
+    ),
+    "engine-draft-len": (_set("engine.draft_len", 100), "config.engine.draft_len"),
     "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
     "sm120-model-unbuilt": (_set("kernels.sm120_model", True), "config.kernels.sm120_model"),
 }

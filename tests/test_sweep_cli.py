@@ -35,6 +35,10 @@ def _dead_url() -> str:
         (["--contexts", "64", "--name", "a/b"], "letters, digits"),
         (["--contexts", "64", "--warmup-tokens", "-1"], "warm-up tokens must be >= 0"),
         (["--contexts", "64", "--warmup-gen-tokens", "0"], "warm-up gen tokens must be >= 1"),
+        (["--contexts", "64", "--point-timeout", "nan"], "positive finite seconds"),
+        (["--contexts", "64", "--chunk-timeout", "inf"], "positive finite seconds"),
+        (["--contexts", "64", "--start-timeout", "nan"], "positive finite seconds"),
+        (["--contexts", "64", "--stop-grace", "nan"], "finite seconds >= 0"),
     ],
 )
 def test_usage_errors_exit_2(tmp_path, capsys, extra, message):
@@ -44,6 +48,24 @@ def test_usage_errors_exit_2(tmp_path, capsys, extra, message):
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "chunk, message",
+    [
+        ({"contexts": [64], "timeout_s": None}, "chunk 0: chunk and point timeouts"),
+        ({"contexts": [[64]]}, "chunk 0: contexts must be positive integers"),
+        ({"contexts": [64.0]}, "chunk 0: contexts must be positive integers"),
+    ],
+)
+def test_a_bad_chunks_file_is_a_usage_error(tmp_path, capsys, chunk, message):
+    chunks = tmp_path / "chunks.json"
+    chunks.write_text(json.dumps([chunk]))
+    argv = ["--url", "http://127.0.0.1:1", "--name", "x", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        cli.cli([*argv, "--chunks-json", str(chunks)])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_template_is_a_usage_error(tmp_path, capsys):

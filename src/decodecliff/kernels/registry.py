@@ -24,6 +24,16 @@ BACKENDS = {
     "flashinfer": ("decodecliff.kernels.peers", "FlashInferAttention"),
     "cublas": ("decodecliff.kernels.peers", "CublasAttention"),
 }
+# The options a spec ("NAME:KEY=VALUE") or `serve --backend-option` may set: each backend's
+# constructor keywords that take a string or an int (tests/test_kernels_cpu.py keeps them in step).
+OPTIONS = {
+    "torch": (),
+    "triton": ("arch_config", "decode", "num_kv_splits", "index_dtype"),
+    "custom": ("num_splits", "lib_path", "variant", "model"),
+    "sglang": ("kernel", "num_kv_splits", "max_context_len", "index_dtype", "interpreted"),
+    "flashinfer": ("backend", "model"),
+    "cublas": (),
+}
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 # The package a peer loads, and how to install it (the `peers` extra pins the versions).
 PACKAGES = {
@@ -68,7 +78,16 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
         if not sep or not key.isidentifier():
             raise ValueError(f"backend option {item!r} of {spec!r} is not KEY=VALUE")
         options[key] = int(value) if value.lstrip("-").isdigit() else value
+    check_options(name, options)
     return name, options
+
+
+def check_options(name: str, options: dict[str, object]) -> None:
+    """ValueError naming an option that backend ``name`` does not take, and those it does."""
+    unknown = sorted(set(options) - set(OPTIONS[name]))
+    if unknown:
+        takes = ", ".join(OPTIONS[name]) or "none"
+        raise ValueError(f"the {name} backend has no option {unknown[0]!r} (its options: {takes})")
 
 
 def spec_label(spec: str) -> str:
@@ -82,5 +101,6 @@ def spec_label(spec: str) -> str:
 def get_backend(name: str, **options: object) -> AttentionBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
+    check_options(name, options)
     module, cls = BACKENDS[name]
     return getattr(importlib.import_module(module), cls)(**options)

@@ -12,7 +12,9 @@ included: 400 for bad input (naming the parameter, values truncated), 401 withou
 for a foreign Host or Origin, 408 for an upload slower than its deadline, 413 for a body over the
 size limit, 415 for a body that is not JSON, 503 when the server is shutting down, its queue is
 full, or device memory runs out inside a request (its memory is given back first), 500 for internal
-errors (guard.py bounds what a request may cost). A stream that fails after it began ends with an
+errors (guard.py bounds what a request may cost); only what aiohttp's HTTP parser refuses before
+any handler runs (headers over 8 KB, a Content-Encoding other than gzip or deflate) is its own
+plain-text 400. A stream that fails after it began ends with an
 error chunk and ``data: [DONE]``. Requests are admitted as SGLang admits them (engine/engine.py: on
 their next step plus a share of the rest, the youngest retracted when the pool runs out); one that
 could never fit is a 400 at once, and one beyond the queue's bound a 503 with Retry-After. A client
@@ -209,7 +211,7 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     _check_alive(engine)
     body, parsed = await read_request(request, parse_chat if chat else parse_completions)
     batch = _batch(request, parsed)
-    model = str(body.get("model") or request.app[MODEL])
+    model = body.get("model") or request.app[MODEL]
     return await OpenAIResponder(parsed, model, chat).run(request, batch)
 
 

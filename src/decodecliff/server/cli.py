@@ -39,8 +39,9 @@ def parser() -> argparse.ArgumentParser:
         help="port to listen on (1-65535; 0: a free one, named in the ready line)",
     )
     p.add_argument(
-        "--log-level", default="warning", help="logging level: debug, info, warning or error"
-    )
+        "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"),
+        default="warning", help="logging level",
+    )  # fmt: skip
     add_limits(p)
     add_options(p)
     p.add_argument(

@@ -108,6 +108,12 @@ def _bool(value: object, name: str) -> bool:
     return value
 
 
+def _flag(body: dict, key: str, where: str = "", default: bool = False) -> bool:
+    """An optional true/false field: absent or null is the default, anything else a bool."""
+    value = body.get(key)
+    return default if value is None else _bool(value, where + key)
+
+
 def _object(body: object, name: str = "the request body") -> dict:
     if not isinstance(body, dict):
         raise BadRequest(f"{name} must be a JSON object", None if name.startswith("the") else name)
@@ -215,6 +221,8 @@ def _sampling(
         value = sp.get(key)
         return defaults.get(ours) if value is None else value
 
+    for key in ("skip_special_tokens", "spaces_between_special_tokens"):
+        _flag(sp, key)  # the tokenizer has no special tokens to skip or space: checked only
     top_k = get("top_k")
     top_k = 0 if top_k == -1 else _int(top_k, names.get("top_k", "top_k"), 0, lim.vocab_size)
     seed = get("seed")
@@ -372,7 +380,8 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
     logprob = _bool(body.get("return_logprob", False), "return_logprob")
     top = _int(body.get("top_logprobs_num") or 0, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
     start = body.get("logprob_start_len")
-    if logprob and start not in (None, -1):
+    start = -1 if start is None else _int(start, "logprob_start_len", -1, lim.max_tokens)
+    if logprob and start != -1:
         raise BadRequest(
             "logprob_start_len: prompt logprobs are not supported", "logprob_start_len"
         )
@@ -523,9 +532,11 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
 
 
 def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int | None, **kw):
+    if not isinstance(body.get("model", ""), (str, type(None))):
+        raise BadRequest(f"model must be a string, got {show(body['model'])}", "model")
     n = _int(body.get("n", 1) if body.get("n") is not None else 1, "n", 1, MAX_N)
     _fan_out(prompts, n, lim)
-    stream = _bool(body.get("stream", False) or False, "stream")
+    stream = _flag(body, "stream")
     usage, every = _stream_options(body, stream)
     stop = _stop(body.get("stop"), "stop", lim)
     params = _sampling(
@@ -564,7 +575,7 @@ def parse_completions(body: object, lim: Limits) -> ParsedRequest:
         raise BadRequest("best_of other than n is not supported", "best_of")
     lp = body.get("logprobs")
     lp = None if lp is None else _int(lp, "logprobs", 0, MAX_TOP_LOGPROBS)
-    echo = _bool(body.get("echo", False) or False, "echo")
+    echo = _flag(body, "echo")
     if echo and lp is not None:
         raise BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo")
     return _openai(body, lim, prompts, batched, lp, echo=echo, default_max=16, ignored=ignored)
@@ -585,6 +596,8 @@ def chat_prompt(messages: object, lim: Limits) -> list[int]:
         extra = sorted(set(m) - {"role", "content", "name"})
         if extra:
             raise BadRequest(f"messages: unsupported field(s) {', '.join(extra)}", "messages")
+        if not isinstance(m.get("name", ""), str):
+            raise BadRequest(f"messages: name must be a string, got {show(m['name'])}", "messages")
         parts.append(f"<|{role}|>\n{_content(content)}\n")
     return lim.tokenizer.encode("".join(parts) + "<|assistant|>\n")
 
@@ -616,7 +629,7 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     if _bool(body.get("add_generation_prompt", True), "add_generation_prompt") is not True:
         raise BadRequest("add_generation_prompt = false is not supported", "add_generation_prompt")
     prompt = chat_prompt(body.get("messages"), lim)
-    want = _bool(body.get("logprobs", False) or False, "logprobs")
+    want = _flag(body, "logprobs")
     top = body.get("top_logprobs")
     top = None if top is None else _int(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not want:

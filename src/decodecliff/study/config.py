@@ -11,6 +11,7 @@ config.sweep.servers[0].spec.mode (config/h200.yaml, line 57): 'beam' is not one
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -125,9 +126,30 @@ def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
     return validate(cfg, schema, paths)
 
 
+def _finite_number(checker: object, instance: object) -> bool:
+    """A number a bound can judge: NaN passes every minimum and maximum, infinity is no time."""
+    return (
+        isinstance(instance, (int, float))
+        and not isinstance(instance, bool)
+        and math.isfinite(instance)
+    )
+
+
+def _integer(checker: object, instance: object) -> bool:
+    """An int as YAML writes it: JSON Schema counts 6.0 as an integer, but the commands the
+    rules format from it (``--gen-tokens 6.0``) do not."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine_many(
+    {"number": _finite_number, "integer": _integer}
+)
+
+
 def _with_defaults(validator_class: type) -> type:
     """The validator class that sets each missing property's schema default as it validates
-    (python-jsonschema's FAQ recipe, which Snakemake's validate uses)."""
+    (python-jsonschema's FAQ recipe, which Snakemake's validate uses), with numbers finite and
+    integers written as integers."""
     check_properties = validator_class.VALIDATORS["properties"]
 
     def properties(validator: Validator, props: dict, instance: object, schema: dict) -> Iterator:
@@ -137,7 +159,9 @@ def _with_defaults(validator_class: type) -> type:
                     instance[key] = copy.deepcopy(sub["default"])  # never the schema's own list
         yield from check_properties(validator, props, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": properties})
+    return jsonschema.validators.extend(
+        validator_class, {"properties": properties}, type_checker=STRICT_TYPES
+    )
 
 
 def _json_path(path: Iterable) -> str:
@@ -162,6 +186,12 @@ def explain(err: jsonschema.ValidationError) -> ConfigError:
         return ConfigError(f"{where}.{missing[0]}", "missing (it is required)")
     if err.validator == "not":
         return ConfigError(where, "give either command or url, not both")
+    if err.validator == "type" and isinstance(err.instance, float):
+        if not math.isfinite(err.instance):
+            return ConfigError(where, f"{err.instance} is not a finite number")
+        if err.instance.is_integer() and "integer" in str(err.validator_value):
+            whole = int(err.instance)
+            return ConfigError(where, f"{err.instance} is not an integer: write {whole}")
     return ConfigError(where, err.message)
 
 
@@ -181,7 +211,8 @@ def validate(cfg: dict, schema: str | Path = SCHEMA, files: Sequence[str | Path]
 
 
 def check(cfg: dict) -> None:
-    """What the schema cannot say: unique names and points, timeouts, templates, KV pools."""
+    """What the schema cannot say: unique names and points, timeouts, backend options, templates,
+    KV pools."""
     if cfg["kernels"].get("sm120_model") and not cfg["build"].get("sm120_model"):
         raise ConfigError(
             "config.kernels.sm120_model",
@@ -202,9 +233,18 @@ def check(cfg: dict) -> None:
         gpu_only = server["backend"] in registry.GPU_ONLY
         if server["cuda_graph"] and sweep["device"] != "cuda" and not gpu_only:
             raise ConfigError(f"{key}.cuda_graph", "CUDA graphs need sweep.device: cuda")
+        try:
+            registry.check_options(server["backend"], server["backend_options"])
+        except ValueError as exc:
+            raise ConfigError(f"{key}.backend_options", str(exc)) from None
         if not server.get("url"):
             _check_template(sweep, server, key)
             _check_pool(sweep, server, key)
+    for i, spec in enumerate(cfg.get("engine", {}).get("backends", [])):
+        try:
+            registry.parse_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
 
 
 def _check_points(server: dict, key: str) -> None:
@@ -242,23 +282,26 @@ def _check_template(sweep: dict, server: dict, key: str) -> None:
 
 
 def _check_pool(sweep: dict, server: dict, key: str) -> None:
-    """Every point fits the server's KV pool (concurrency streams of prompt + generated tokens),
-    where the config fixes the pool; elsewhere the sweep checks it against the running server."""
+    """Every point fits the server's KV pool (concurrency streams of prompt + generated tokens +
+    a verify step's drafts), where the config fixes the pool; elsewhere the sweep checks it
+    against the running server."""
     pool = srv.pool_tokens(sweep, server)
     if pool is None:
         return
     gen, k, name = sweep["gen_tokens"], srv.concurrency(sweep, server), server["name"]
+    drafts = srv.draft_reserve(server)
+    also = f" + {drafts} draft tokens of a verify step" if drafts else ""
     for j, chunk in enumerate(server["chunks"]):
         for ctx in chunk["contexts"]:
-            if ctx + gen > pool:
+            if ctx + gen + drafts > pool:
                 raise ConfigError(
                     f"{key}.chunks[{j}].contexts",
-                    f"context {ctx} + {gen} generated tokens exceed the KV pool of server "
-                    f"{name!r} ({pool} tokens)",
+                    f"context {ctx} + {gen} generated tokens{also} exceed the KV pool of "
+                    f"server {name!r} ({pool} tokens)",
                 )
-            if k * (ctx + gen) > pool:
+            if k * (ctx + gen + drafts) > pool:
                 raise ConfigError(
                     f"{key}.concurrency",
-                    f"{k} streams of {ctx} + {gen} tokens exceed the KV pool of server "
+                    f"{k} streams of {ctx} + {gen} tokens{also} exceed the KV pool of server "
                     f"{name!r} ({pool} tokens)",
                 )

@@ -100,6 +100,13 @@ def concurrency(sweep: dict, server: dict) -> int:
     return server.get("concurrency") or sweep["concurrency"]
 
 
+def draft_reserve(server: dict) -> int:
+    """KV slots a verify step takes beyond a request's output: its draft tokens but one (what
+    the sweep reads from a running server's speculative_num_draft_tokens)."""
+    spec = server["spec"]
+    return {"none": 1, "chain": spec["draft_len"], "tree": spec["tree_nodes"]}[spec["mode"]] - 1
+
+
 def pool_tokens(sweep: dict, server: dict) -> int | None:
     """The server's KV pool when the config fixes it (--max-total-tokens in its command, or the
     embedded server's CPU default), in whole pages; None when it depends on the GPU's memory."""

@@ -178,13 +178,15 @@ def _load_chunks(path: Path, point_timeout: float, chunk_timeout: float) -> list
         unknown = set(c) - {"contexts", "timeout_s", "point_timeout_s"}
         if unknown or not isinstance(c.get("contexts"), list):
             raise ValueError(f"{path}: chunk {i} needs 'contexts' (a list); unknown: {unknown}")
-        chunks.append(
-            Chunk(
+        try:
+            chunk = Chunk(
                 contexts=c["contexts"],
-                timeout_s=float(c.get("timeout_s", chunk_timeout)),
-                point_timeout_s=float(c.get("point_timeout_s", point_timeout)),
+                timeout_s=c.get("timeout_s", chunk_timeout),
+                point_timeout_s=c.get("point_timeout_s", point_timeout),
             )
-        )
+        except ValueError as exc:
+            raise ValueError(f"{path}: chunk {i}: {exc}") from None
+        chunks.append(chunk)
     return chunks
 
 

@@ -54,6 +54,16 @@ SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sw
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
 
+def positive_seconds(value: object) -> bool:
+    """A time limit that can run out: a positive, finite number (NaN compares false to all)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Context points run against one server launch, with a time budget for the whole chunk."""
@@ -65,10 +75,14 @@ class Chunk:
     def __post_init__(self) -> None:
         if not self.contexts:
             raise ValueError("a chunk needs at least one context")
-        if any(int(c) != c or c < 1 for c in self.contexts):
+        whole = (isinstance(c, int) and not isinstance(c, bool) for c in self.contexts)
+        if not all(whole) or min(self.contexts) < 1:
             raise ValueError(f"contexts must be positive integers, got {self.contexts}")
-        if self.timeout_s <= 0 or self.point_timeout_s <= 0:
-            raise ValueError("chunk and point timeouts must be positive")
+        if not (positive_seconds(self.timeout_s) and positive_seconds(self.point_timeout_s)):
+            raise ValueError(
+                "chunk and point timeouts must be positive finite seconds, got "
+                f"{self.timeout_s!r} and {self.point_timeout_s!r}"
+            )
 
 
 @dataclass
@@ -119,8 +133,14 @@ class SweepConfig:
             raise ValueError(f"requests per point must be >= 1, got {self.requests_per_point}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.start_timeout_s <= 0:
-            raise ValueError("the start timeout must be positive")
+        for name in ("stop_grace_s", "heartbeat_s"):  # 0 is allowed: no grace, no heartbeat
+            value = getattr(self, name)
+            if not (value == 0 or positive_seconds(value)):
+                raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
+        if not positive_seconds(self.start_timeout_s):
+            raise ValueError(
+                f"the start timeout must be positive finite seconds, got {self.start_timeout_s!r}"
+            )
         seen = [c for ch in self.chunks for c in ch.contexts]
         if len(seen) != len(set(seen)):
             raise ValueError(f"a context appears twice in the sweep: {seen}")
