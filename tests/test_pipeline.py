@@ -209,6 +209,21 @@ def test_forcerun_of_a_point_plans_that_point_and_its_dependents(study: Path) ->
     assert plan.get("render_report") == 1, plan
 
 
+def test_a_changed_parameter_reruns_the_notebooks_that_show_it(study: Path) -> None:
+    """The notebooks' papermill parameters are recorded with their jobs, so a config edit that
+    reaches only them (tau, the description the report embeds) reruns them, and no point."""
+    changed = small_config()
+    changed["sweep"]["acceptance_length"] = 2.5
+    changed["study"]["description"] = "The same study, described again."
+    (study / "changed.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+    done = snakemake(study, "--cores", "1", "--dry-run", "--configfile", "changed.yaml")
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = job_counts(done.stdout)
+    assert plan.get("notebook_report") == 1 and plan.get("notebook_compare") == 1, plan
+    assert plan.get("notebook_sweep") == 2 and plan.get("render_report") == 1, plan
+    assert "sweep_point" not in plan and "bench_kernels" not in plan, plan
+
+
 def test_snakemake_report_has_the_captions(study: Path) -> None:
     done = snakemake(study, "--report", "results/snakemake-report.html")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -361,8 +361,13 @@ def test_notebook_table() -> None:
     figures = table["report"].inputs["figures"](None)
     assert "results/figures/sweep/sglang-graph-p1/metrics.png" in figures
     wildcards = SimpleNamespace(server="sglang-graph-p1")
-    values = table["sweep"].parameters(wildcards, SimpleNamespace(sweep="s.csv"))
+    values = table["sweep"].parameters(wildcards)
     assert values["server"] == "sglang-graph-p1" and values["tau"] == 3.0
+    # the files a notebook is given are the files its rule waits for
+    for name, book in table.items():
+        files = {v for v in book.inputs.values() if isinstance(v, str)}
+        given = {v for k, v in book.parameters(wildcards).items() if k.endswith(("_csv", "_json"))}
+        assert given and given <= files, name
     assert notebooks.output("sweep") == "results/notebooks/sweep-{server}.ipynb"
     assert notebooks.log("report", "report") == "results/logs/report/notebook_report.log"
 

@@ -116,6 +116,4 @@ def table_outputs(name: str) -> list:
 
 def papermill_parameters(name: str):
     """The params function of a notebook job: papermill's -y and -p options."""
-    return lambda wildcards, input: nb.papermill_options(
-        NOTEBOOKS[name].parameters(wildcards, input)
-    )
+    return lambda wildcards: nb.papermill_options(NOTEBOOKS[name].parameters(wildcards))

@@ -1,8 +1,10 @@
 """The analysis notebooks: one table of what differs between them (inputs, papermill parameters,
 report categories), read by the one rule statement of workflow/rules/notebooks.smk.
 
-Input and parameter functions take Snakemake's ``wildcards`` and ``input`` objects (anything with
-the same attributes will do).
+Input and parameter functions take Snakemake's ``wildcards`` (anything with the same attributes
+will do). Parameters never take ``input``: Snakemake records a params function of the wildcards
+alone with the job, so a changed parameter (the config, tau) reruns the notebook; one that reads
+``input`` is left out of that record, and the report went stale after a config edit.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ YAML_PARAMETERS = ("published", "config")
 class Notebook:
     """notebooks/<name>.ipynb, run by papermill; its figures and tables are layout.py's <name>.
 
-    ``parameters(wildcards, input)`` gives papermill's parameters in the notebook's order;
+    ``parameters(wildcards)`` gives papermill's parameters in the notebook's order;
     ``figures`` / ``tables`` name the category of its figures / tables in Snakemake's report
     (None: its tables are outputs but not shown there).
     """
@@ -55,18 +57,18 @@ def notebooks(study: Study) -> dict[str, Notebook]:
                 "flashinfer": paths.FLASHINFER_SM120,
                 "published": published,
             },
-            parameters=lambda wildcards, input: {
-                "kernels_csv": input.kernels,
+            parameters=lambda wildcards: {
+                "kernels_csv": paths.SUMMARY_KERNELS,
                 **common,
                 "published": study.published_dir(),
-                "flashinfer_sm120": input.flashinfer,
+                "flashinfer_sm120": paths.FLASHINFER_SM120,
             },
             figures="5. Kernel microbenchmark",
         ),
         "sweep": Notebook(
             inputs={"sweep": paths.SUMMARY_SWEEP},
-            parameters=lambda wildcards, input: {
-                "sweep_csv": input.sweep,
+            parameters=lambda wildcards: {
+                "sweep_csv": paths.SUMMARY_SWEEP,
                 "server": wildcards.server,
                 **common,
                 **tau,
@@ -80,10 +82,10 @@ def notebooks(study: Study) -> dict[str, Notebook]:
                 "reference": cfg["reference"],
                 "published": published,
             },
-            parameters=lambda wildcards, input: {
-                "sweep_csv": input.sweep,
-                "kernels_csv": input.kernels,
-                "reference_csv": input.reference,
+            parameters=lambda wildcards: {
+                "sweep_csv": paths.SUMMARY_SWEEP,
+                "kernels_csv": paths.SUMMARY_KERNELS,
+                "reference_csv": cfg["reference"],
                 **common,
                 **tau,
                 "published": study.published_dir(),
@@ -95,8 +97,8 @@ def notebooks(study: Study) -> dict[str, Notebook]:
                 "bench": paths.ENGINE_BENCH,
                 "published": lambda wildcards: study.published_engine_input(),
             },
-            parameters=lambda wildcards, input: {
-                "bench_json": input.bench,
+            parameters=lambda wildcards: {
+                "bench_json": paths.ENGINE_BENCH,
                 "results": paths.RESULTS,
                 "published": study.published_dir(),
             },
@@ -113,12 +115,12 @@ def notebooks(study: Study) -> dict[str, Notebook]:
                 "figures": figures,
                 "published": published,
             },
-            parameters=lambda wildcards, input: {
+            parameters=lambda wildcards: {
                 "summary_dir": paths.SUMMARY_DIR,
                 "results": paths.RESULTS,
-                "bench_json": input.bench,
-                "build_json": input.build,
-                "reference_csv": input.reference,
+                "bench_json": paths.KERNEL_BENCH,
+                "build_json": paths.BUILD_INFO,
+                "reference_csv": cfg["reference"],
                 "published": study.published_dir(),
                 "config": cfg,
             },
