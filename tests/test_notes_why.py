@@ -48,6 +48,9 @@ def test_an_end_to_end_target_gives_the_step_anatomy_of_its_server(why) -> None:
     assert f"attention {row['attention_ms']:.3g} ({row['attention_floor_ms']:.3g})" in text
     assert f"GEMMs {row['gemm_ms']:.3g} ({row['gemm_floor_ms']:.3g})" in text
     assert "a step of 10 ms" in text
+    # custom eager at 185k: the step less its no-op step is under attention's floor
+    eager = why["verify steps per second at 185k: custom-p1"]
+    assert "custom eager at 185k" in eager and "attention hidden in host time" in eager
     both = why["end-to-end decode at 128k: custom-p1 over triton-p1"]
     assert "`custom-p1`: custom eager at 128k" in both and "`triton-p1`: triton eager" in both
 
@@ -55,3 +58,12 @@ def test_an_end_to_end_target_gives_the_step_anatomy_of_its_server(why) -> None:
 def test_the_notes_render_the_section() -> None:
     text = notes.render(STUDY, yaml.safe_load(CONFIG.read_text()), "h200")
     assert "## What limits each missed target" in text
+
+
+def test_host_time_between_steps_is_never_negative() -> None:
+    """Client and server step from the same statistic (a median of rates), so their difference
+    is the host's time, not the gap between a median of times and one of rates."""
+    for root in (STUDY, REPO / "tests/data/study"):
+        rows = notes.server_rows(summarize.load_study(root))
+        hosts = [float(r["host_ms"].replace(",", "")) for r in rows if r["host_ms"] != "–"]
+        assert hosts and min(hosts) >= 0, root

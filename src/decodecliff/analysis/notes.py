@@ -76,6 +76,11 @@ def _attention_ms(
     return {"ms": float(best["ms"]), "ctx": int(near), "series": best["series"]}
 
 
+def _per_step_ms(rate: object) -> float | None:
+    """1,000 / a rate in steps per second; None where it is missing or zero."""
+    return 1e3 / float(rate) if pd.notna(rate) and rate else None
+
+
 def server_rows(study: summarize.Study) -> list[dict]:
     """Per server configuration at its longest ok context: the step, its parts and its floor."""
     sweep, kernels = tables.ok(study.sweep), study.kernels
@@ -87,8 +92,12 @@ def server_rows(study: summarize.Study) -> list[dict]:
             continue
         r = rows.iloc[-1]
         ctx, layers = int(r["requested_ctx"]), r.get("num_layers")
-        step_ms = r.get("verify_step_ms_server")
-        client_ms = 1e3 / r[tables.PRIMARY] if pd.notna(r.get(tables.PRIMARY)) else None
+        # both steps from a median of rates (1 / verify steps per second): a median of step
+        # times beside 1 / a median of rates differ by more than the host's share when a point
+        # holds few requests
+        step_ms, client_ms = (
+            _per_step_ms(r.get(key)) for key in ("verify_steps_s_server", tables.PRIMARY)
+        )
         row = {
             "server": server,
             "ctx": ctx,
@@ -102,7 +111,7 @@ def server_rows(study: summarize.Study) -> list[dict]:
             "host_ms": "–",
             "accept": _num(r.get("spec_accept_length")),
         }
-        if client_ms and pd.notna(step_ms):
+        if client_ms is not None and step_ms is not None:
             row["host_ms"] = _num(client_ms - step_ms, ",.1f")
         if r.get("preset") != BENCH_PRESET:  # other shapes than the kernel benchmark's
             out.append(row)
@@ -248,6 +257,11 @@ def _anatomy(rows: list[dict], backend: str, graphs: bool, ctx: int) -> str | No
         f"{what} {_ms(r[f'{key}_ms'])} ({_ms(r[f'{key}_floor_ms'])})"
         for what, key in (("attention", "attention"), ("GEMMs", "gemm"), ("rest", "rest"))
     ]
+    if r["attention_ms"] < r["attention_floor_ms"]:  # eager: the GPU waited for the host
+        parts[0] = (
+            f"attention hidden in host time (it adds {_ms(r['attention_ms'])}, under its floor "
+            f"{_ms(r['attention_floor_ms'])})"
+        )
     return (
         f"{r['backend']} {'CUDA graphs' if graphs else 'eager'} at {tables.ctx_label(near)}: "
         f"step {_ms(r['step_ms'])} ({_ms(r['step_floor_ms'])}) = {' + '.join(parts)} ms"
