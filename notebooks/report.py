@@ -105,7 +105,8 @@ for name in finding:
         fig_key = f"compare/{layout.PUBLISHED if name != 'this run' else ''}headline"
         display(HTML(page.figure(path, f"{titles[name]}: {headline.alt_text(sweep)}", fig_key)))
         shown.add(fig_key)
-    display(Markdown("\n\n".join(headline.sentences(sweep, engine(name), reference))))
+    said = headline.sentences(sweep, engine(name), reference, studies[name].ceilings)
+    display(Markdown("\n\n".join(said)))
 
 # %% [markdown]
 # ## The evidence

@@ -175,3 +175,31 @@ def test_the_win_cites_the_step_of_the_winner_s_own_configuration(sweep) -> None
     assert "`custom-sm120-graph-p1` runs" in text
     assert "90% of its 30 ms step there (floor 6.25 ms)" in text  # the time beside its floor
     assert "of its 21 ms step there (floor not measured)" in headline.win(sweep[~sm120], engine)
+
+
+def test_the_sentences_state_the_step_floor_the_table_and_figure_draw(sweep, engine) -> None:
+    ceilings = summarize.load_study(PUBLISHED).ceilings
+    collapse, win, *_ = headline.sentences(sweep, engine, None, ceilings)
+    floor = floors.step_ms(sweep, ceilings, 185000)
+    assert floor == pytest.approx(1e3 / floors.steps_s(sweep, ceilings)[185000])
+    assert f"floor {headline.num(floor)} ms;" in collapse
+    assert f"(floor {headline.num(floor)} ms)" in win
+
+
+def test_a_lead_within_the_requests_spread_is_no_win(sweep) -> None:
+    pair = ["custom-graph-p1", "flashinfer-graph-p1"]
+    two = sweep[sweep["server"].isin(pair)].copy()
+    spans = two.set_index(["server", "requested_ctx"])[[f"{PRIMARY}_min", f"{PRIMARY}_max"]]
+    fi, custom = spans.loc["flashinfer-graph-p1"], spans.loc["custom-graph-p1"]
+    leads = [c for c in fi.index if rate(two, pair[1], c) > rate(two, pair[0], c)]
+    overlap = [c for c in leads if custom.loc[c].iloc[1] >= fi.loc[c].iloc[0]]
+    text = headline.fastest(two)
+    assert overlap  # 64k and 128k in the published study
+    for ctx in overlap:
+        tie = f"at {tables.ctx_label(ctx)} within the requests' spread of `custom-graph-p1`"
+        assert tie in text
+    assert 185000 not in overlap and "a peer wins there, " in text
+    # custom's fastest request at 185k reaching flashinfer's slowest: a lead, no win
+    at = (two["server"] == "custom-graph-p1") & (two["requested_ctx"] == 185000)
+    two.loc[at, f"{PRIMARY}_max"] = float(fi.loc[185000].iloc[0])
+    assert "a peer leads there, " in headline.fastest(two)

@@ -55,15 +55,22 @@ def step_floor(model: Mapping, ctx: int, copy_gbs: float, matmul_tflops: float) 
 def steps_s(sweep: pd.DataFrame, ceilings: Mapping) -> pd.Series:
     """Verify steps/s per requested context if every step took its floor; empty without the
     ceilings or the served model, or where the servers serve different models."""
+    ctxs = sorted(sweep["requested_ctx"].unique()) if len(sweep) else []
+    floors = [step_ms(sweep, ceilings, int(c)) for c in ctxs]
+    if not floors or any(f is None for f in floors):
+        return pd.Series(dtype=float)
+    return pd.Series([1e3 / f for f in floors], index=ctxs)
+
+
+def step_ms(sweep: pd.DataFrame, ceilings: Mapping | None, ctx: int) -> float | None:
+    """The floor of the study's served verify step at ``ctx`` (ms); None without the ceilings or
+    the served model, or where the servers serve different models."""
+    ceilings = ceilings or {}
     copy_gbs, matmul = ceilings.get("copy_gbs"), ceilings.get("matmul_tflops")
     if not copy_gbs or not matmul or sweep.empty or not set(MODEL_COLUMNS) <= set(sweep):
-        return pd.Series(dtype=float)
+        return None
     models = sweep[list(MODEL_COLUMNS)].dropna().drop_duplicates()
     if len(models) != 1:
-        return pd.Series(dtype=float)
-    model = models.iloc[0]
-    ctxs = sorted(sweep["requested_ctx"].unique())
-    floors = [step_floor(model, int(c), copy_gbs, matmul) for c in ctxs]
-    if any(f is None for f in floors):
-        return pd.Series(dtype=float)
-    return pd.Series([1e3 / f.ms for f in floors], index=ctxs)
+        return None
+    floor = step_floor(models.iloc[0], ctx, copy_gbs, matmul)
+    return None if floor is None else floor.ms

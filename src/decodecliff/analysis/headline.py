@@ -10,7 +10,7 @@ page and the README both open with them (``analysis/readme.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -230,12 +230,18 @@ def attention_share(engine: pd.DataFrame | None, backend: str, graphs: bool) -> 
     return rows.assign(share=rows["attention_ms"] / rows["step_ms"])[cols]
 
 
-def _floor(row: pd.Series) -> str:
-    """', floor 6.19 ms' of an anatomy row (nothing where the bench predates its floors)."""
-    return "" if pd.isna(row["step_floor_ms"]) else f", floor {num(row['step_floor_ms'])} ms"
+def _floor(row: pd.Series, sweep: pd.DataFrame, ceilings: Mapping | None) -> str:
+    """', floor 6.1 ms' at an anatomy row's context: the study's step floor, the one its tables
+    and figure draw (the kernel bench's ceilings), else the engine bench's own; nothing where
+    neither is known."""
+    floor = floors.step_ms(sweep, ceilings, int(row["context"]))
+    floor = row["step_floor_ms"] if floor is None else floor
+    return "" if pd.isna(floor) else f", floor {num(floor)} ms"
 
 
-def _why(engine: pd.DataFrame | None, backend: str, graphs: bool) -> str:
+def _why(
+    engine: pd.DataFrame | None, backend: str, graphs: bool, sweep: pd.DataFrame, ceilings
+) -> str:
     share = attention_share(engine, backend, graphs)
     if share.empty and backend == "sglang":  # the Triton baseline runs SGLang's algorithm
         backend = "triton"
@@ -247,7 +253,8 @@ def _why(engine: pd.DataFrame | None, backend: str, graphs: bool) -> str:
     return (
         f", because attention grows from {lo['share']:.0%} of a verify step at "
         f"{ctx_label(lo['context'])} to {hi['share']:.1%} at {ctx_label(hi['context'])} "
-        f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms{_floor(hi)}; step anatomy, "
+        f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms{_floor(hi, sweep, ceilings)}; "
+        f"step anatomy, "
         f"{backend} engine {how})"
     )
 
@@ -265,7 +272,10 @@ def _reference_clause(reference: pd.DataFrame | None) -> str:
 
 
 def collapse(
-    sweep: pd.DataFrame, engine: pd.DataFrame | None, reference: pd.DataFrame | None = None
+    sweep: pd.DataFrame,
+    engine: pd.DataFrame | None,
+    reference: pd.DataFrame | None = None,
+    ceilings: Mapping | None = None,
 ) -> str:
     f = facts(sweep)
     if f.baseline is None:
@@ -280,7 +290,7 @@ def collapse(
         f"**What collapses:** `{f.baseline}`, {who}, falls from "
         f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
         f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower"
-        f"{_why(engine, backend, graphs)}{_reference_clause(reference)}."
+        f"{_why(engine, backend, graphs, sweep, ceilings)}{_reference_clause(reference)}."
     )
 
 
@@ -292,7 +302,7 @@ def engine_label(sweep: pd.DataFrame, server: str) -> str:
     return f"custom ({model})" if isinstance(model, str) else "custom"
 
 
-def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
+def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | None = None) -> str:
     f = facts(sweep)
     if f.winner is None:
         return "**What the custom kernel wins:** no custom server ran beside the baseline."
@@ -304,7 +314,7 @@ def win(sweep: pd.DataFrame, engine: pd.DataFrame | None) -> str:
         row = at_long.iloc[0]
         step = (
             f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there "
-            f"({_floor(row)[2:] or 'floor not measured'})"
+            f"({_floor(row, sweep, ceilings)[2:] or 'floor not measured'})"
         )
     return (
         f"**What the custom kernel wins:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
@@ -376,7 +386,15 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     span = ctx_label(ctxs[0]) if len(ctxs) == 1 else f"{ctx_label(ctxs[0])}–{ctx_label(ctxs[-1])}"
     span = f"at every context, {span}" if len(group) == len(rates) else f"at {span}"
     values = ", ".join(f"{num(rates.loc[c, server])}" for c in ctxs)
-    text = f"`{server}` {span} ({values} steps/s)"
+    near = {c: _within_spread(sweep, rates.columns, server, c) for c in ctxs}
+    ties = [(c, s) for c in ctxs for s in near[c]]
+    close = "".join(
+        f"; at {ctx_label(c)} within the requests' spread of "
+        + ", ".join(f"`{s}`" for s in near[c])
+        for c in ctxs
+        if near[c]
+    )
+    text = f"`{server}` {span} ({values} steps/s{close})"
     backend = ok(sweep).groupby("server")["backend"].first()
     if family(server, backend[server]) == "custom":
         return text
@@ -387,14 +405,47 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     rival = rates.loc[c, custom].idxmax()
     ratio = rates.loc[c, server] / rates.loc[c, rival]
     who = "a peer wins" if family(server, backend[server]) in PEERS else "no custom server wins"
+    if (c, rival) in ties:
+        who = (
+            "a peer leads" if family(server, backend[server]) in PEERS else "no custom server leads"
+        )
     return f"{text}: {who} there, {ratio:.2g}x `{rival}` at {ctx_label(c)}"
 
 
+def _span(sweep: pd.DataFrame, server: str, ctx: int) -> tuple[float, float] | None:
+    """The min and max over a point's requests of its verify steps/s (None where none ran)."""
+    rows = ok(sweep)[lambda d: (d["server"] == server) & (d["requested_ctx"] == ctx)]
+    cols = [f"{PRIMARY}_min", f"{PRIMARY}_max"]
+    if rows.empty or not set(cols) <= set(rows) or rows[cols].iloc[0].isna().any():
+        return None
+    return tuple(rows[cols].iloc[0])
+
+
+def _within_spread(sweep: pd.DataFrame, names: Iterable[str], best: str, ctx: int) -> list[str]:
+    """The servers whose requests at ``ctx`` reach the fastest one's slowest request: its lead
+    there is within what the requests scatter, no measured win."""
+    mine = _span(sweep, best, ctx)
+    if mine is None:
+        return []
+    return [
+        s for s in names
+        if s != best and (theirs := _span(sweep, s, ctx)) is not None and theirs[1] >= mine[0]
+    ]  # fmt: skip
+
+
 def sentences(
-    sweep: pd.DataFrame, engine: pd.DataFrame | None, reference: pd.DataFrame | None = None
+    sweep: pd.DataFrame,
+    engine: pd.DataFrame | None,
+    reference: pd.DataFrame | None = None,
+    ceilings: Mapping | None = None,
 ) -> list[str]:
-    """The three sentences under the headline figure (Markdown)."""
-    out = [collapse(sweep, engine, reference), win(sweep, engine), fastest(sweep)]
+    """The sentences under the headline figure (Markdown); a step's floor at the study's
+    ceilings (the kernel bench's), as the table and the figure draw it."""
+    out = [
+        collapse(sweep, engine, reference, ceilings),
+        win(sweep, engine, ceilings),
+        fastest(sweep),
+    ]
     sm120 = on_sm120(sweep)
     if sm120 is not None:
         title = (

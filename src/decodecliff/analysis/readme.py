@@ -92,13 +92,14 @@ def draw_headline(study: Path, reference: Path = REFERENCE) -> Path:
 
 def finding(study: Path, rel: str, reference: Path = REFERENCE) -> list[str]:
     """The headline figure (linked) and the three sentences under it."""
-    sweep = summarize.load_study(study).sweep
+    loaded = summarize.load_study(study)
+    sweep = loaded.sweep
     ref, _ = summarize.reference_table(reference)
     engine_json = study / "engine/bench.json"
     doc = json.loads(engine_json.read_text()) if engine_json.is_file() else None
     png = headline_png(study).relative_to(study).as_posix()
     alt = headline.alt_text(sweep)
-    sentences = headline.sentences(sweep, headline.engine_rows(doc), ref)
+    sentences = headline.sentences(sweep, headline.engine_rows(doc), ref, loaded.ceilings)
     return [f"![{alt}]({rel}/{png})", "", *[line for s in sentences for line in (s, "")]]
 
 
