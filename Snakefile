@@ -3,7 +3,8 @@
 #
 #   snakemake --cores 2                                      the study in config.yaml
 #   snakemake --cores 1 --configfile config/h200.yaml        the GPU study
-#   snakemake results/sweep/<server>/ctx<N>.json --cores 1 --forcerun   one point again
+#   snakemake --cores 1 --forcerun results/sweep/<server>/ctx<N>.json  one point again, and
+#                                                            what depends on it
 
 from snakemake.utils import min_version
 

@@ -15,6 +15,7 @@ prints the keys of such a file whose result a run folder (laid out as results/) 
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
@@ -71,14 +72,26 @@ def missing(commands: Path, run: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "--missing":
-        print(" ".join(missing(Path(argv[1]), Path(argv[2]))))
+    p = argparse.ArgumentParser(
+        description="Print a GPU study's measuring commands, as its rules would run them.",
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", type=Path, help="a GPU study's config (config/h200.yaml)")
+    p.add_argument(
+        "--missing", nargs=2, type=Path, metavar=("COMMANDS", "RUN"),
+        help="the keys of COMMANDS whose result the run folder RUN lacks yet",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if (args.config is None) == (args.missing is None):
+        p.error("give a config, or --missing COMMANDS RUN")
+    if args.missing:
+        print(" ".join(missing(*args.missing)))
         return 0
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
+    if not args.config.is_file():
+        p.error(f"no config file {args.config}")
     lines = []
-    for command in re.findall(r"^Shell command: (.*)$", dry_run(Path(argv[0])), re.M):
+    for command in re.findall(r"^Shell command: (.*)$", dry_run(args.config), re.M):
         if "--skip-reason" in command:
             sys.exit(f"a peer is missing here, so the plan skips a point: {command[:200]}...")
         if (name := key(command)) is not None:
