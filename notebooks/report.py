@@ -155,6 +155,16 @@ for name, study in studies.items():
     )
 
 # %% [markdown]
+# ### FlashInfer on sm_120's shared memory
+# FlashInfer picks its fa2 MLA kernel's tiles from the GPU's shared memory per SM: the build
+# check compiles it for sm_120 and reads the configuration its dispatch takes there.
+
+# %%
+for name, study in studies.items():
+    check = layout.table_path(study.root, "kernels", "flashinfer_sm120")
+    display(Markdown(f"**{titles[name]}**: {tables.flashinfer_sm120(check)}"))
+
+# %% [markdown]
 # ## End to end, every number
 # Verify steps per second on the client's clock, the median over each point's requests (after a
 # warm-up request per server launch) with their min–max in brackets; a row per server

@@ -203,3 +203,11 @@ def test_a_lead_within_the_requests_spread_is_no_win(sweep) -> None:
     at = (two["server"] == "custom-graph-p1") & (two["requested_ctx"] == 185000)
     two.loc[at, f"{PRIMARY}_max"] = float(fi.loc[185000].iloc[0])
     assert "a peer leads there, " in headline.fastest(two)
+
+
+def test_a_cpu_study_does_not_claim_the_gpu_s_cliff(sweep, engine) -> None:
+    ref, _ = summarize.reference_table(REFERENCE)
+    on_gpu = headline.collapse(sweep, engine, ref)
+    assert "the published RTX PRO 6000 sweep shows the same cliff, 119 → 1.4 tok/s" in on_gpu
+    on_cpu = headline.collapse(sweep.assign(gpu=None), engine, ref)
+    assert "same cliff" not in on_cpu and "Triton's interpreter stands in for a GPU" in on_cpu

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from decodecliff.analysis import tables
@@ -74,3 +76,16 @@ def test_a_failed_point_gives_no_speedup_even_with_a_partial_rate() -> None:
     assert table.loc["fast", "8k (8,192)"] == "failed"
     speed = tables.sweep_speedup(sweep, "base")
     assert speed["speedup"].isna().all()
+
+
+def test_flashinfer_s_sm120_configuration_is_one_sentence_from_its_table(tmp_path) -> None:
+    published = Path(__file__).resolve().parents[1] / "results/published/h200"
+    check = published / "tables/kernels/flashinfer_sm120.csv"
+    if check.is_file():
+        row = pd.read_csv(check).iloc[0]
+        text = tables.flashinfer_sm120(check)
+        assert f"in {int(row['smem_per_block']):,} B of shared memory per block (fits" in text
+    skipped = tmp_path / "skipped.csv"
+    skipped.write_text("status,reason\nskipped,no flashinfer_sm120 JSON given\n")
+    assert tables.flashinfer_sm120(skipped).endswith("skipped: no flashinfer_sm120 JSON given.")
+    assert "not checked" in tables.flashinfer_sm120(tmp_path / "none.csv")

@@ -439,7 +439,9 @@ def sweep_metrics(points: pd.DataFrame, server: str, title: str, tau: float) -> 
 
 
 def _n_text(good: pd.DataFrame) -> str:
-    if good.empty or "requests" not in good:
+    if good.empty:
+        return "no point ran"
+    if "requests" not in good:
         return "n = 1 request per point"
     lo, hi = int(good["requests"].min()), int(good["requests"].max())
     n = str(lo) if lo == hi else f"{lo}–{hi}"

@@ -259,15 +259,20 @@ def _why(
     )
 
 
-def _reference_clause(reference: pd.DataFrame | None) -> str:
+def _reference_clause(reference: pd.DataFrame | None, sweep: pd.DataFrame) -> str:
     ref = _reference(reference)
     if len(ref) < 2:
         return ""
     a, b = ref.iloc[0], ref.iloc[-1]
-    return (
-        f"; the published RTX PRO 6000 sweep shows the same cliff, {num(a['decode_tok_s'])} → "
-        f"{num(b['decode_tok_s'])} tok/s from {ctx_label(a['actual_ctx'])} to "
-        f"{ctx_label(b['actual_ctx'])}"
+    cliff = (
+        f"{num(a['decode_tok_s'])} → {num(b['decode_tok_s'])} tok/s from "
+        f"{ctx_label(a['actual_ctx'])} to {ctx_label(b['actual_ctx'])}"
+    )
+    if "gpu" in sweep and sweep["gpu"].notna().any():
+        return f"; the published RTX PRO 6000 sweep shows the same cliff, {cliff}"
+    return (  # a CPU study runs Triton's interpreter: its slowdown is no GPU's cliff
+        f"; on this CPU Triton's interpreter stands in for a GPU, so this slowdown is no "
+        f"measure of the cliff, which the published RTX PRO 6000 sweep shows: {cliff}"
     )
 
 
@@ -290,7 +295,7 @@ def collapse(
         f"**What collapses:** `{f.baseline}`, {who}, falls from "
         f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
         f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower"
-        f"{_why(engine, backend, graphs, sweep, ceilings)}{_reference_clause(reference)}."
+        f"{_why(engine, backend, graphs, sweep, ceilings)}{_reference_clause(reference, sweep)}."
     )
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import pandas as pd
 
@@ -346,3 +348,28 @@ def fidelity(kernels: pd.DataFrame, contexts: list[int]) -> pd.DataFrame:
                 "baseline / SGLang": a[ctx] / b[ctx],
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def flashinfer_sm120(path: str | Path) -> str:
+    """One sentence of FlashInfer's sm_120 build check (the kernels notebook's
+    flashinfer_sm120.csv): how its fa2 MLA kernel configures itself within sm_120's shared
+    memory, beside the H200's configuration."""
+    if not Path(path).is_file():
+        return "FlashInfer's sm_120 build was not checked in this study."
+    row = pd.read_csv(path).iloc[0]
+    if row["status"] != "ok":
+        return f"FlashInfer's sm_120 build check {row['status']}: {row['reason']}."
+    sm120, h200 = json.loads(row["sm120_config"]), json.loads(row["h200_config"])
+    fits = "fits" if row["fits"] else "does not fit"
+    return (
+        f"FlashInfer {row['flashinfer']}'s fa2 MLA kernel, compiled for sm_120 (no GPU needed), "
+        f"configures itself to {_stages(sm120)} in {int(row['smem_per_block']):,} B of shared "
+        f"memory per block ({fits} sm_120's {int(row['smem_limit_per_block']):,} B; "
+        f"{int(row['registers'])} registers, {int(row['spill_bytes'])} B of spill); on the H200 "
+        f"it takes {_stages(h200)} in {int(row['h200_smem_per_block']):,} B."
+    )
+
+
+def _stages(config: dict) -> str:
+    stages = int(config["stages"])
+    return f"{stages} stage{'s' if stages > 1 else ''} of {config['cta_tile_kv']}-token KV tiles"
