@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from .. import envinfo
 from . import abi, sass
 
 CSRC = Path(__file__).parent / "csrc"
@@ -215,6 +216,7 @@ def build(
         "main_loops": sass_note,
         "kernels": kernels,
         "smem_limit": SMEM_LIMIT,
+        "env": envinfo.collect(),  # the report's setup table names the build's commit and host
         "ok": {
             "sass": found is not None and not missing,
             "smem": all(k["smem_ok"] for k in kernels),
