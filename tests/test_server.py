@@ -182,6 +182,7 @@ BAD_BODIES = [
     ({"input_ids": [1], "stream": 0}, "stream must be true or false"),
     ({"input_ids": [1], "logprob_start_len": "x"}, "logprob_start_len must be an integer"),
     ({"input_ids": [1], "sampling_params": {"skip_special_tokens": "x"}}, "skip_special_tokens"),
+    ({"input_ids": [1], "return_entropy": "yes"}, "return_entropy must be true or false"),
     ({"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": 100}}, "max_total_num_tokens"),
     ([1, 2, 3], "JSON object"),
 ]

@@ -199,6 +199,9 @@ def _refuse(
         if value is None or value == ok or (ok == () and not value):
             continue
         raise BadRequest(f"{where}{key} = {show(value)} is not supported", where + key)
+    for key, default in ignored.items():  # an ignored flag is still a flag
+        if isinstance(default, bool):
+            _flag(body, key, where)
     return [where + k for k, default in ignored.items() if body.get(k) not in (None, default)]
 
 
