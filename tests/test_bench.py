@@ -267,3 +267,17 @@ def test_a_ragged_batch_reads_its_mixed_lengths_and_floors_their_sum(tmp_path: P
     # the floor counts 96 + 64 + 32 tokens, not 3 x 96
     tokens_per_s = point["gbs"] * 1e9 / (576 * 2)
     assert tokens_per_s * point["ms"] * 1e-3 == pytest.approx(96 + 64 + 32)
+
+
+def test_a_shape_whose_inputs_cannot_be_built_is_failed_and_the_bench_goes_on(tmp_path) -> None:
+    """A context far past the machine's memory: its inputs fail to allocate (a real error of the
+    allocator, as an out-of-memory is on a GPU), its points are recorded failed, the next runs."""
+    code, out = bench_here(
+        tmp_path, "--backends", "torch", "--contexts", str(10**12), "64", "--modes", "decode",
+        "--heads", "2", "--page-sizes", "1", "--repeats", "1", "--quiet",
+    )  # fmt: skip
+    points = {p["ctx"]: p for p in json.loads(out.read_text())["points"]}
+    assert code == 0 and set(points) == {10**12, 64}
+    assert points[10**12]["status"] == "failed"
+    assert points[10**12]["reason"].startswith("inputs not built: ")
+    assert points[64]["status"] == "ok"

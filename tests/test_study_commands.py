@@ -193,6 +193,86 @@ def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_p
     assert "nothing written" in capsys.readouterr().err
 
 
+def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_path) -> None:
+    from decodecliff.study import runs
+
+    run = tmp_path / "deep" / "run"
+    for name in ("../escaped.json", "/tmp/decodecliff-escaped.json"):
+        call = _tar(tmp_path / "t.tar", {name: "{}", "sweep/s/ctx1.json": "{}"})
+        with pytest.raises(ValueError, match="would land outside the run folder"):
+            runs.merge_calls([call], run)
+    assert not (tmp_path / "deep/escaped.json").exists() and not run.exists()
+    assert not Path("/tmp/decodecliff-escaped.json").exists()
+    with pytest.raises(ValueError, match="holds no study files"):
+        runs.merge_calls([_tar(tmp_path / "e.tar", {"build/lib.so": "ELF"})], run)
+
+
+def test_a_merge_that_cannot_write_every_file_writes_none(tmp_path: Path) -> None:
+    from decodecliff.study import runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "sweep").write_text("a file where a folder must go")
+    call = _tar(tmp_path / "c.tar", {"a.json": "{}", "sweep/s/ctx1.json": "{}"})
+    with pytest.raises(ValueError, match=r"sweep/s/ctx1\.json \(a folder, or under a file\)"):
+        runs.merge_calls([call], run)
+    assert not (run / "a.json").exists()
+
+
+def test_an_empty_file_then_another_in_one_merge_is_a_conflict(tmp_path: Path) -> None:
+    from decodecliff.study import runs
+
+    calls = [
+        _tar(tmp_path / f"c{i}.tar", {"sweep/s/ctx1.json": text})
+        for i, text in enumerate(("", '{"status": "ok"}'))
+    ]
+    with pytest.raises(ValueError, match="other bytes for 1 file"):
+        runs.merge_calls(calls, tmp_path / "run")
+
+
+def test_a_launch_logged_further_is_taken_whole_and_one_logged_otherwise_stops(tmp_path) -> None:
+    from decodecliff.study import runs
+
+    run = tmp_path / "run"
+    cut = launch(1).removesuffix("bye\n")
+    runs.merge_calls([_tar(tmp_path / "a.tar", {LOG: cut})], run)
+    runs.merge_calls([_tar(tmp_path / "b.tar", {LOG: launch(1) + launch(2)})], run)
+    assert (run / LOG).read_text() == launch(1) + launch(2)
+    other = launch(1).replace("ready", "crashed")
+    with pytest.raises(ValueError, match="a launch logged otherwise"):
+        runs.merge_calls([_tar(tmp_path / "c.tar", {LOG: other})], run)
+    assert runs.merged_log("no launch here\n", "no launch, other text\n") is None
+
+
+def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
+    import json
+
+    from decodecliff.study import runs
+
+    def point(git: str) -> str:
+        return json.dumps({"env": {"git": git}, "status": "ok"})
+
+    run = tmp_path / "run"
+    runs.merge_calls([_tar(tmp_path / "a.tar", {"sweep/s/ctx1.json": point("abc1234")})], run)
+    same = _tar(tmp_path / "b.tar", {"sweep/s/ctx2.json": point("abc1234-dirty")})
+    assert set(runs.merge_calls([same], run).added) == {"sweep/s/ctx2.json"}
+    other = _tar(tmp_path / "c.tar", {"sweep/t/ctx1.json": point("fff0000")})
+    with pytest.raises(ValueError, match="one commit's measurements; these are of abc1234"):
+        runs.merge_calls([other], run)
+    assert not (run / "sweep/t").exists()
+
+
+def test_describe_refuses_what_is_no_run_folder(tmp_path: Path, capsys) -> None:
+    from decodecliff.study import runs
+
+    assert runs.main(["describe", str(tmp_path / "missing")]) == 1
+    assert "no run folder" in capsys.readouterr().err
+    (tmp_path / "run/sweep/s").mkdir(parents=True)
+    (tmp_path / "run/sweep/s/ctx1.json").write_text("{")
+    assert runs.main(["describe", str(tmp_path / "run")]) == 1
+    assert "ctx1.json" in capsys.readouterr().err
+
+
 def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
     import json
 

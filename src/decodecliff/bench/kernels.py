@@ -641,7 +641,18 @@ def run_shape(
             record(doc, point, args, progress)
         return
     kv_lens = kv_lengths(ctx, q_len, args.batch, args.ragged)
-    batch = core.problem(kv_lens, q_len, heads, page_size, tree, device=device, seed=args.seed)
+    try:
+        batch = core.problem(kv_lens, q_len, heads, page_size, tree, device=device, seed=args.seed)
+    except (RuntimeError, MemoryError, ValueError) as exc:  # out of memory: no point can run
+        for v in todo:
+            point = base_point(v, heads, ctx, mode, page_size, args)
+            point.update(
+                status="failed", reason=f"inputs not built: {type(exc).__name__}: {exc}"[:500]
+            )
+            record(doc, point, args, progress)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return
     runner.reference, runner.planted = None, None
     runner.shape = dict(kv_lens=kv_lens, q_len=q_len, heads=heads, page_size=page_size, tree=tree)
     for v in todo:

@@ -13,9 +13,13 @@ server on the machine, so a folder is filled by merging, not by copying over:
 
 * a file the folder lacks is added; one it holds with the same bytes is left alone;
 * a server log (``sweep/SERVER/server-SERVER.log``) gains the launches it lacks (each begins
-  with a ``==== launch`` line, which names its time);
-* a file it holds with other bytes (a point measured twice, another build record) stops the
-  merge before anything is written: which measurement stands is the publisher's decision;
+  with a ``==== launch`` line, which names its time), and a launch a later call brings back
+  longer (the same launch, logged further) is taken whole;
+* a file it holds with other bytes (a point measured twice, another build record, a launch
+  logged otherwise), a measurement of another commit, or a path that is not a file in the
+  folder stops the merge before anything is written: which measurement stands is the
+  publisher's decision;
+* a tar with no study files, or a name that would land outside the folder, is refused;
 * the build's logs come from the call that recorded the build (``build/build.json``): a later
   call's rebuild of the same commit, whose record must match, writes logs that differ only in
   temporary names;
@@ -31,7 +35,7 @@ import re
 import sys
 import tarfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 BUILD_RECORD = "build/build.json"
 POINT = re.compile(r"^sweep/[^/]+/ctx\d+\.json$")  # paths.point_file, under results/
@@ -67,8 +71,13 @@ def _files(tar: tarfile.TarFile) -> dict[str, bytes]:
     out = {}
     for member in tar.getmembers():
         name = member.name.removeprefix("./")
+        path = PurePosixPath(name)
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"{tar.name}: {name!r} would land outside the run folder")
         if member.isfile() and not LEFT_OUT.search(name):
             out[name] = tar.extractfile(member).read()
+    if not out:
+        raise ValueError(f"{tar.name}: holds no study files")
     return out
 
 
@@ -78,14 +87,22 @@ def launches(text: str) -> dict[str, str]:
     return {b.splitlines()[1]: b for b in blocks if b.startswith("\n==== launch ")}
 
 
-def merged_log(have: str, new: str) -> str:
-    """``have`` with the launches of ``new`` it lacks appended, in their order."""
-    known = launches(have)
-    extra = [block for header, block in launches(new).items() if header not in known]
-    if not extra:
-        return have
+def merged_log(have: str, new: str) -> str | None:
+    """``have`` with the launches of ``new`` it lacks appended, in their order, and any launch
+    ``new`` logged further taken whole; None where the two disagree (a launch logged otherwise,
+    or logs of no launch that differ)."""
+    known, theirs = launches(have), launches(new)
+    if not known or not theirs:
+        return have if have == new else None
+    for header, block in theirs.items():
+        mine = known.get(header)
+        if mine is not None and not block.startswith(mine.rstrip("\n")):
+            return None
+        if mine is not None and len(block) > len(mine):
+            have = have.replace(mine.rstrip("\n"), block.rstrip("\n"), 1)
+    extra = [block for header, block in theirs.items() if header not in known]
     sep = "" if not have or have.endswith("\n") else "\n"
-    return have + sep + "".join(extra)
+    return have + sep + "".join(extra) if extra else have
 
 
 def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = None) -> Merge:
@@ -93,9 +110,12 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
     merge = merge or Merge()
     for name, data in sorted(files.items()):
         dest = run_dir / name
-        have = merge.added.get(name) or merge.extended.get(name)
+        have = merge.added.get(name, merge.extended.get(name))
         if have is None and dest.is_file():
             have = dest.read_bytes()
+        if have is None and not _free(run_dir, name):
+            merge.conflicts.append(f"{name} (a folder, or under a file)")
+            continue
         recorded = BUILD_RECORD in merge.added or (run_dir / BUILD_RECORD).is_file()
         if name.startswith("build/") and name != BUILD_RECORD and have is not None and recorded:
             merge.unchanged.append(name)  # the recorded build's own log stands
@@ -104,8 +124,10 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
         elif have == data:
             merge.unchanged.append(name)
         elif SERVER_LOG.match(name):
-            text = merged_log(have.decode(), data.decode()).encode()
-            if text == have:
+            text = merged_log(have.decode(), data.decode())
+            if text is None:
+                merge.conflicts.append(f"{name} (a launch logged otherwise)")
+            elif (text := text.encode()) == have:
                 merge.unchanged.append(name)
             else:
                 target = merge.added if name in merge.added else merge.extended
@@ -115,11 +137,47 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
     return merge
 
 
+def _free(run_dir: Path, name: str) -> bool:
+    """Whether ``name`` can be written under ``run_dir``: no folder there, no file above it."""
+    dest = run_dir / name
+    return not dest.exists() and not any(p.is_file() for p in dest.parents)
+
+
+def commit_of(data: bytes) -> str | None:
+    """The commit a result file was measured at (its ``env``), '-dirty' dropped; None for
+    files without one (logs, the build's record before it had one)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    env = doc.get("env") if isinstance(doc, dict) else None
+    git = env.get("git") if isinstance(env, dict) else None
+    return git.removesuffix("-dirty") if isinstance(git, str) else None
+
+
+def _commits(run_dir: Path, merge: Merge) -> dict[str, str]:
+    """Each commit the folder and the merge hold, with one file measured at it."""
+    files = run_dir.rglob("*.json") if run_dir.is_dir() else []
+    held = {str(f.relative_to(run_dir)): f.read_bytes() for f in files}
+    found: dict[str, str] = {}
+    for name, data in {**held, **merge.added}.items():
+        if (commit := commit_of(data)) is not None:
+            found.setdefault(commit, name)
+    return found
+
+
 def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     """Merge the calls' files into ``run_dir`` in the given order; on a conflict write nothing."""
     merge = Merge()
     for tar in tars:
         plan_merge(study_files(tar), run_dir, merge)
+    commits = _commits(run_dir, merge)
+    if len(commits) > 1:
+        raise ValueError(
+            "a run folder holds one commit's measurements; these are of "
+            + ", ".join(f"{c} ({name})" for c, name in commits.items())
+            + " (nothing written)"
+        )
     if merge.conflicts:
         names = sorted(set(merge.conflicts))
         raise ValueError(
@@ -144,12 +202,25 @@ def _ctx(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 else str(n)
 
 
+def _read(path: Path) -> dict:
+    """A result file's JSON object; ValueError naming the file where it is none."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("env"), dict):
+        raise ValueError(f"{path}: not a result file (no JSON object with an env)")
+    return doc
+
+
 def describe(run_dir: Path) -> str:
     """A markdown table of what ``run_dir`` holds: one row per bench and per swept server."""
+    if not run_dir.is_dir():
+        raise ValueError(f"no run folder {run_dir}")
     rows = ["| file(s) | commit | measured (UTC) | what |", "|---|---|---|---|"]
     for rel, what in (("kernels/bench.json", "points"), ("engine/bench.json", "rows")):
         if (run_dir / rel).is_file():
-            doc = json.loads((run_dir / rel).read_text())
+            doc = _read(run_dir / rel)
             items = doc.get(what, [])
             failed = sum(1 for i in items if i.get("status", "ok") not in ("ok", "skipped"))
             rows.append(
@@ -157,8 +228,11 @@ def describe(run_dir: Path) -> str:
                 f"{failed} failed |"
             )
     for server_dir in sorted((run_dir / "sweep").glob("*/")):
-        points = sorted(server_dir.glob("ctx*.json"), key=lambda f: int(f.stem[3:]))
-        docs = [json.loads(f.read_text()) for f in points]
+        points = sorted(
+            (f for f in server_dir.glob("ctx*.json") if f.stem[3:].isdigit()),
+            key=lambda f: int(f.stem[3:]),
+        )
+        docs = [_read(f) for f in points]
         if not docs:
             continue
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
@@ -185,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     describe_p = sub.add_parser("describe", help="what a run folder holds, as a markdown table")
     describe_p.add_argument("run_dir", type=Path)
     args = p.parse_args(argv)
-    if args.command == "describe":
-        print(describe(args.run_dir))
-        return 0
     try:
+        if args.command == "describe":
+            print(describe(args.run_dir))
+            return 0
         merge = merge_calls(args.tars, args.into)
     except (ValueError, tarfile.TarError, OSError) as exc:
         print(f"runs: {exc}", file=sys.stderr)
