@@ -91,12 +91,22 @@ def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
         (["--backends", "cudnn"], "unknown backend"),
         (["--contexts", "0"], "must be positive"),
         (["--triton-config", "sm75"], "unknown --triton-config"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--warmup", "-3"], "--warmup must be >= 0"),
+        (["--max-seconds-per-point", "nan"], "--max-seconds-per-point must be positive"),
+        (["--seed", str(2**64)], "--seed must be in"),
     ],
 )
 def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str, capsys) -> None:
     code, out = bench_here(tmp_path, *args)
     assert code == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys) -> None:
+    (tmp_path / "bench.json").mkdir()  # bench_here's --out is a folder
+    code, _ = bench_here(tmp_path, "--backends", "torch", "--contexts", "64")
+    assert code == 2 and "--out: " in capsys.readouterr().err
 
 
 def test_every_option_says_its_default_in_plain_text() -> None:

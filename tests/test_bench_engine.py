@@ -67,6 +67,15 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.cli(["--gemm-prefetch-mb", "65", "--out", str(tmp_path / "x.json")])
     assert "--gemm-prefetch-mb must be in 0..64" in capsys.readouterr().err
+    for bad, said in (
+        (["--dtype", "foo"], "dtype must be one of"),
+        (["--draft-len", "0"], "draft len must be in 2..64"),
+        (["--parts", "host", "--chunk-size", "0"], "chunk size must be >= 1"),
+        (["--out", str(tmp_path)], "is a folder"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench.cli(["--device", "cpu", "--out", str(tmp_path / "x.json"), *bad])
+        assert exc.value.code == 2 and said in capsys.readouterr().err, bad
     assert not (tmp_path / "x.json").exists()
 
 
@@ -105,6 +114,19 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     with pytest.raises(ValueError, match="gemms measured in more than one part"):
         engine_merge.merge([{**parts[0], "gemms": [{"m": 16}]}, twice])
     assert engine_merge.merge([parts[0], twice])["gemms"] == [{"m": 16}]
+    # a merged document merges again, every part's command kept in order
+    third = {
+        **parts[1],
+        "command": "third",
+        "rows": [{**r, "context": 65} for r in parts[1]["rows"]],
+    }
+    again = engine_merge.merge([doc, third])
+    assert [p["command"] for p in again["parts"]] == [*(p["command"] for p in parts), "third"]
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    with pytest.raises(SystemExit) as exc:
+        engine_merge.cli([str(first), str(listed), "--out", str(tmp_path / "m.json")])
+    assert exc.value.code == 2 and not (tmp_path / "m.json").exists()
 
 
 def test_a_merge_keeps_measured_ceilings_and_drops_errors_another_part_measured(tmp_path):

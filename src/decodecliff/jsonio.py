@@ -33,3 +33,19 @@ def write_json(
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why ``write_json`` could not write ``path`` (a folder there, a folder that cannot be made
+    or written above it), or None; makes that folder. Asked before a run measures anything it
+    would then lose."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make its folder: {exc}"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"{path.parent} is not writable"
+    return None

@@ -49,7 +49,7 @@ from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams, Update
 from decodecliff.engine.spec import DraftTree, NgramDrafter
-from decodecliff.jsonio import write_json
+from decodecliff.jsonio import unwritable, write_json
 from decodecliff.kernels import sm120_model
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
@@ -545,13 +545,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.scatter_seed = None if args.scatter_seed < 0 else args.scatter_seed
     if args.device != "cuda" and "graphs" in args.paths:
         p.error("--paths graphs needs a CUDA device")
-    if any(c < 1 for c in args.contexts) or args.repeats < 1 or args.batch < 1:
-        p.error("contexts, repeats and batch must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda asked for, but torch sees no CUDA device")
+    counts = [*args.contexts, *(args.loop_contexts or [])]
+    counts += [args.repeats, args.batch, args.loop_steps, args.drafter_steps, args.gen]
+    if min(counts) < 1 or args.chunk_size < 1 or args.warmup < 0 or args.vocab < 2:
+        p.error(
+            "contexts, loop contexts, repeats, batch, loop, drafter steps, gen and chunk size "
+            "must be >= 1, warmup >= 0, vocab >= 2"
+        )
     bounds = {f.name: f.metadata for f in dataclasses.fields(EngineConfig)}
     for name in ("gemm_prefetch_mb", "l2_overlap_mb"):
         low, high = bounds[name]["min"], bounds[name]["max"]
         if not low <= getattr(args, name) <= high:
             p.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
+    for spec in dict.fromkeys(MODES[m] for m in args.modes):  # the engine's own limits
+        try:
+            engine_config(args, args.backends[0], spec, 1 << 20, False).validate()
+        except ValueError as exc:
+            p.error(str(exc))
+    if (why := unwritable(args.out)) is not None:
+        p.error(f"--out: {why}")
     return args
 
 
@@ -610,18 +624,24 @@ def cli(argv: list[str]) -> int:
     for mode in ("chain", "tree") if "drafter" in args.parts else ():
         size = args.draft_len - 1 if mode == "chain" else args.tree_nodes
         for ctx in args.contexts:
-            doc["drafter"].append(
-                bench_drafter(ctx, mode, size, args.drafter_steps, args.vocab, args.seed)
+            fn = functools.partial(
+                bench_drafter, ctx, mode, size, args.drafter_steps, args.vocab, args.seed
             )
+            row = run_guarded(doc, f"drafter {mode} {ctx}", fn)
+            doc["drafter"] += [row] if row else []
     for spec in ("chain", "tree") if "host" in args.parts else ():
         for ctx in args.contexts:
-            doc["host"].append(bench_host(ctx, spec, args))
+            row = run_guarded(
+                doc, f"host {spec} {ctx}", functools.partial(bench_host, ctx, spec, args)
+            )
+            doc["host"] += [row] if row else []
     doc["targets"] = check_targets(doc["rows"], doc["loop"])
     for t in doc["targets"]:
         verdict = "met" if t["met"] else f"missed by {t['missed_by']:.2f}x"
         print(f"target {t['target']} ({t['subject']}): {t['value']:.3g} vs {t['limit']}: {verdict}")
     write_json(args.out, doc)
-    return 1 if doc["errors"] and not (doc["rows"] or doc["loop"]) else 0
+    measured = doc["rows"] or doc["loop"] or doc["drafter"] or doc["host"] or doc.get("gemms")
+    return 1 if doc["errors"] and not measured else 0
 
 
 if __name__ == "__main__":

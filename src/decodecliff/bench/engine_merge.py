@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from decodecliff.jsonio import write_json
+from decodecliff.jsonio import unwritable, write_json
 
 from .engine import check_targets
 
@@ -34,7 +34,7 @@ LISTS = {
     "host": ("spec", "context"),
     "errors": None,
 }
-JOINED = {"command", "args", "env", "ceilings", "targets_spec", "targets", *LISTS}
+JOINED = {"command", "args", "env", "ceilings", "targets_spec", "targets", "parts", *LISTS}
 
 
 def _check_alike(docs: list[dict]) -> None:
@@ -83,6 +83,20 @@ def _superseded(error: dict, merged: dict) -> bool:
     return kind == "gemms" and merged.get("gemms") is not None
 
 
+def _parts(doc: dict) -> list[dict]:
+    """What each measurement in ``doc`` ran: its own, or a merged document's parts (so a merge
+    of merges keeps every part's command, ceilings and errors)."""
+    if doc.get("parts"):
+        return list(doc["parts"])
+    return [
+        {
+            "command": doc["command"],
+            "ceilings": doc.get("ceilings"),
+            "errors": doc.get("errors", []),
+        }
+    ]
+
+
 def merge(docs: list[dict]) -> dict:
     """The parts as one; refuses parts measured otherwise (another commit, GPU or option) and a
     row measured twice."""
@@ -102,12 +116,16 @@ def merge(docs: list[dict]) -> dict:
     # the ceilings of the first part that measured them (each part's own under parts: its rows'
     # floors come from those)
     out["ceilings"] = next((d["ceilings"] for d in docs if d.get("ceilings")), None)
-    out["parts"] = [
-        {"command": d["command"], "ceilings": d.get("ceilings"), "errors": d.get("errors", [])}
-        for d in docs
-    ]
+    out["parts"] = [part for d in docs for part in _parts(d)]
     out["targets"] = check_targets(out["rows"], out["loop"])
     return out
+
+
+def _document(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or not {"command", "args", "env"} <= set(doc):
+        raise ValueError(f"{path}: not a bench-engine document")
+    return doc
 
 
 def cli(argv: list[str]) -> int:
@@ -116,10 +134,14 @@ def cli(argv: list[str]) -> int:
     p.add_argument("parts", nargs="+", type=Path, help="bench-engine JSON documents, in order")
     p.add_argument("--out", required=True, type=Path, help="the merged document")
     args = p.parse_args(argv)
+    if (why := unwritable(args.out)) is not None:
+        p.error(f"--out: {why}")
     try:
-        doc = merge([json.loads(path.read_text()) for path in args.parts])
-    except (OSError, ValueError, KeyError) as exc:
+        doc = merge([_document(path) for path in args.parts])
+    except (OSError, ValueError) as exc:
         p.error(str(exc))
+    except KeyError as exc:  # a row or document without a field a merge reads
+        p.error(f"a part lacks {exc} (not a bench-engine document?)")
     write_json(args.out, doc)
     print(f"{args.out}: {len(doc['rows'])} rows, {len(doc['loop'])} loops from {len(args.parts)}")
     return 0

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import envinfo
-from ..jsonio import write_json
+from ..jsonio import unwritable, write_json
 from ..kernels import planted as planting
 from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
@@ -511,6 +511,16 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda asked for, but torch sees no CUDA device")
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.warmup is not None and args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if not (math.isfinite(args.max_seconds_per_point) and args.max_seconds_per_point > 0):
+        p.error(f"--max-seconds-per-point must be positive, got {args.max_seconds_per_point}")
+    if not 0 <= args.seed < 2**63:
+        p.error(f"--seed must be in 0..2^63-1, got {args.seed}")
+    if (why := unwritable(args.out)) is not None:
+        p.error(f"--out: {why}")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -518,7 +528,7 @@ def run(args: argparse.Namespace) -> dict:
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
     gpu = device.type == "cuda"
-    args.repeats = args.repeats or (20 if gpu else 3)
+    args.repeats = (20 if gpu else 3) if args.repeats is None else args.repeats
     args.warmup = (2 if gpu else 0) if args.warmup is None else args.warmup
     ceilings = roofline.measure_ceilings(device)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
