@@ -306,6 +306,8 @@ def test_auto_takes_v5_where_one_cta_fits_for_many_rows_over_long_splits(
     assert lone_cta_variant(heads * q_len, ctx, v5) == expected
 
 
+@pytest.mark.slow  # nvcc builds the fat binary: seconds per test
+@needs_nvcc
 def test_two_builds_load_side_by_side(built):
     # A GNU-unique symbol (a template's function-local static) is shared by every library that
     # defines it, even loaded RTLD_LOCAL: the sm_120-model build would read the regular one's
@@ -333,3 +335,30 @@ def test_a_machine_without_nvdisasm_builds_and_says_why_no_loop_is_read(tmp_path
     info = json.loads((tmp_path / "build.json").read_text())
     assert info["main_loops"] == "not read: cuobjdump or nvdisasm not found"
     assert not any("main_loop" in k for k in info["kernels"])
+
+
+@pytest.mark.slow  # nvcc builds the library twice
+@needs_nvcc
+def test_a_failed_build_leaves_the_last_good_one_whole(tmp_path, capsys):
+    assert build.cli(["--arch", "90", "--require", "90", "--out", str(tmp_path)]) == 0
+    names = (build.LIB_NAME, "build.json", "ptxas.log")
+    good = {n: (tmp_path / n).read_bytes() for n in names}
+    assert "staging" not in good["build.json"].decode()
+    # it compiles, but lacks the SASS it is asked to hold
+    assert build.cli(["--arch", "120", "--require", "90", "--out", str(tmp_path)]) == 1
+    assert "SASS missing for sm_[90]" in capsys.readouterr().err
+    assert {n: (tmp_path / n).read_bytes() for n in names} == good
+    assert (tmp_path / "failed-build" / "build.json").is_file()
+    assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_build_options_are_checked_before_nvcc_runs(tmp_path, capsys):
+    for bad, said in ((["--arch", "70"], "needs sm_80"), (["--sm120-model", "0"], "needs sm_80")):
+        with pytest.raises(SystemExit) as exc:
+            build.cli([*bad, "--out", str(tmp_path / "out")])
+        assert exc.value.code == 2 and said in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        build.cli(["--out", str(tmp_path / "file")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

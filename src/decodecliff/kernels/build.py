@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -178,16 +179,55 @@ def build(
 ) -> dict:
     """Compile, inspect and write ``build.json``; raises BuildError when a check fails.
 
-    ``lib_name`` and ``defines`` build another flavour of the same source beside it (the
-    sm_120-model library of kernels/sm120_model.py), whose record is ``<lib stem>.json``."""
+    The library, its record and its ptxas log are made in a staging folder beside ``out_dir``'s
+    files and moved in only when every check passes, so a failed build leaves the last good one
+    whole (its own files stay in ``out_dir/failed-build/`` to read). ``lib_name`` and
+    ``defines`` build another flavour of the same source beside it (the sm_120-model library of
+    kernels/sm120_model.py), whose record is ``<lib stem>.json``."""
     nvcc = find_nvcc()
     out_dir.mkdir(parents=True, exist_ok=True)
+    record = "build" if lib_name == LIB_NAME else Path(lib_name).stem
+    names = [
+        lib_name,
+        f"{record}.json",
+        "ptxas.log" if record == "build" else f"{record}.ptxas.log",
+    ]
+    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    try:
+        info = _build_in(nvcc, archs, stage, required, lib_name, defines, names)
+    except BuildError as exc:
+        failed = out_dir / "failed-build"
+        shutil.rmtree(failed, ignore_errors=True)
+        stage.rename(failed)
+        raise BuildError(
+            f"{exc} (this build's files: {failed}; {out_dir}'s are untouched)"
+        ) from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    for name in names:
+        os.replace(stage / name, out_dir / name)
+    shutil.rmtree(stage, ignore_errors=True)
+    info["library"] = str((out_dir / lib_name).resolve())
+    info["command"] = [a.replace(str(stage), str(out_dir)) for a in info["command"]]
+    (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _build_in(
+    nvcc: str,
+    archs: list[int],
+    out_dir: Path,
+    required: list[int],
+    lib_name: str,
+    defines: tuple[str, ...],
+    names: list[str],
+) -> dict:
     lib = out_dir / lib_name
     cmd = nvcc_command(nvcc, archs, lib, defines)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
-    record = "build" if lib_name == LIB_NAME else Path(lib_name).stem
-    (out_dir / ("ptxas.log" if lib_name == LIB_NAME else f"{record}.ptxas.log")).write_text(log)
+    (out_dir / names[2]).write_text(log)
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
     kernels = parse_ptxas(log)
@@ -223,7 +263,7 @@ def build(
             "spills": all(k["spill_ok"] for k in kernels),
         },
     }
-    (out_dir / f"{record}.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
     problems = []
     if found is None:
         problems.append("cuobjdump not found (install nvidia-cuda-cuobjdump): cannot check SASS")
@@ -295,11 +335,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+MIN_ARCH = 80  # the kernel's mma.sync, ldmatrix and cp.async
+
+
 def cli(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    low = [
+        a for a in [*args.arch, *args.require, args.sm120_model] if a is not None and a < MIN_ARCH
+    ]
+    if low:
+        p.error(f"architecture {low[0]}: the kernel needs sm_{MIN_ARCH} or newer")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file, not a folder")
     try:
         info = build(args.arch, args.out, args.require)
-        if args.sm120_model:
+        if args.sm120_model is not None:
             from . import sm120_model
 
             model = sm120_model.build(args.sm120_model, args.out)
@@ -307,7 +358,7 @@ def cli(argv: list[str]) -> int:
         print(f"build-kernel: error: {exc}", file=sys.stderr)
         return 1
     print(summary(info))
-    if args.sm120_model:
+    if args.sm120_model is not None:
         print(summary(model))
     if not info["ok"]["spills"]:
         print("build-kernel: warning: register spills (see build.json)", file=sys.stderr)
