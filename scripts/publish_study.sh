@@ -18,12 +18,21 @@
 # computed here too (nvcc, no GPU): install flashinfer-python and apache-tvm-ffi (`--no-deps`, see
 # the `peers` extra) first, or it is published as skipped.
 set -euo pipefail
+usage() { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
+fail() { echo "$0: $*" >&2; exit 2; }
+[ $# -ge 3 ] && [ "$1" != -h ] && [ "$1" != --help ] || usage
+[ -f "$1" ] || fail "no config file $1"
+for raw in "${@:3}"; do [ -d "$raw" ] || fail "no run folder $raw"; done
+# a publication is whole: DEST holds nothing of an earlier one (its gpu-logs/ stay, hand-kept)
+if [ -d "$2" ] && [ -n "$(ls -A "$2" | grep -vx gpu-logs)" ]; then
+  fail "$2 holds an earlier publication's files: remove all but gpu-logs/ first"
+fi
 cfg=$(realpath "$1") dest=$(realpath -m "$2")
 shift 2
-[ $# -ge 1 ] || { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+build_json=$(mktemp)
+trap 'rm -rf "$work" "$build_json"' EXIT
 
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
@@ -39,7 +48,7 @@ for raw in "$@"; do
 done
 rm -f "$work/results/NOTES.md"
 cd "$work"
-build_json=$(mktemp) && cp results/build/build.json "$build_json"
+cp results/build/build.json "$build_json"
 decodecliff build-kernel --out results/build > /dev/null  # the library the rules name as input
 cp "$build_json" results/build/build.json  # keep the GPU machine's record of its build
 # the measured files count as up to date; only what is computed from them runs here

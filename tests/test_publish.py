@@ -82,3 +82,20 @@ def test_a_file_in_two_runs_stops_before_any_work(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "in two runs" in done.stderr and "build/build.json" in done.stderr
     assert not dest.exists()
+
+
+def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path: Path) -> None:
+    first, _ = split_runs(tmp_path)
+    for args, said in (
+        ([], "usage:"),
+        (["--help"], "usage:"),
+        ([str(tmp_path / "none.yaml"), str(tmp_path / "dest"), str(first)], "no config file"),
+        ([str(REPO / "config.yaml"), str(tmp_path / "dest"), str(tmp_path / "nope")], "no run"),
+    ):
+        done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+    (tmp_path / "published" / "gpu-logs").mkdir(parents=True)
+    (tmp_path / "published" / "NOTES.md").write_text("an earlier publication's")
+    done, dest = publish(tmp_path, first)
+    assert done.returncode == 2 and "remove all but gpu-logs/" in done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["NOTES.md", "gpu-logs"]
