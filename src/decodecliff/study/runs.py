@@ -170,7 +170,11 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     """Merge the calls' files into ``run_dir`` in the given order; on a conflict write nothing."""
     merge = Merge()
     for tar in tars:
-        plan_merge(study_files(tar), run_dir, merge)
+        try:
+            files = study_files(tar)
+        except tarfile.TarError as exc:
+            raise ValueError(f"{tar}: not a readable tar ({str(exc).splitlines()[0]})") from None
+        plan_merge(files, run_dir, merge)
     commits = _commits(run_dir, merge)
     if len(commits) > 1:
         raise ValueError(
