@@ -241,6 +241,9 @@ def test_a_launch_logged_further_is_taken_whole_and_one_logged_otherwise_stops(t
     other = launch(1).replace("ready", "crashed")
     with pytest.raises(ValueError, match="a launch logged otherwise"):
         runs.merge_calls([_tar(tmp_path / "c.tar", {LOG: other})], run)
+    # every call again, the cut one first: what the folder holds already (nothing to do)
+    again = runs.merge_calls([tmp_path / "a.tar", tmp_path / "b.tar"], run)
+    assert not again.added and not again.extended
     assert runs.merged_log("no launch here\n", "no launch, other text\n") is None
 
 
@@ -260,6 +263,29 @@ def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one commit's measurements; these are of abc1234"):
         runs.merge_calls([other], run)
     assert not (run / "sweep/t").exists()
+
+
+def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tmp_path) -> None:
+    import json
+
+    from decodecliff.study import runs
+
+    def record(host: str) -> str:
+        return json.dumps({"ok": True, "env": {"git": "abc1234", "host": host, "cpu_count": 16}})
+
+    run = tmp_path / "run"
+    (run / "gpu-logs/sm120/check.json").mkdir(parents=True)  # a folder named like a result
+    (run / "gpu-logs/x.json").write_text(json.dumps({"env": {"git": "0000000+patch"}}))
+    point = json.dumps({"env": {"git": "abc1234" + "0" * 33}, "status": "ok"})  # git's full hash
+    first = {"build/build.json": record("a"), "sweep/s/ctx1.json": point}
+    runs.merge_calls([_tar(tmp_path / "a.tar", first)], run)
+    later = {"build/build.json": record("b"), "sweep/s/ctx2.json": point}
+    merge = runs.merge_calls([_tar(tmp_path / "b.tar", later)], run)
+    assert set(merge.added) == {"sweep/s/ctx2.json"} and "build/build.json" in merge.unchanged
+    assert json.loads((run / "build/build.json").read_text())["env"]["host"] == "a"
+    other = json.dumps({"ok": False, "env": {"git": "abc1234", "host": "c"}})
+    with pytest.raises(ValueError, match=r"other bytes for 1 file.*build/build\.json"):
+        runs.merge_calls([_tar(tmp_path / "c.tar", {"build/build.json": other})], run)
 
 
 def test_describe_refuses_what_is_no_run_folder(tmp_path: Path, capsys) -> None:

@@ -181,7 +181,7 @@ def build(
 
     The library, its record and its ptxas log are made in a staging folder beside ``out_dir``'s
     files and moved in only when every check passes, so a failed build leaves the last good one
-    whole (its own files stay in ``out_dir/failed-build/`` to read). ``lib_name`` and
+    whole (its own files stay in ``out_dir/failed-<record>/`` to read). ``lib_name`` and
     ``defines`` build another flavour of the same source beside it (the sm_120-model library of
     kernels/sm120_model.py), whose record is ``<lib stem>.json``."""
     nvcc = find_nvcc()
@@ -196,7 +196,7 @@ def build(
     try:
         info = _build_in(nvcc, archs, stage, required, lib_name, defines, names)
     except BuildError as exc:
-        failed = out_dir / "failed-build"
+        failed = out_dir / f"failed-{record}"
         shutil.rmtree(failed, ignore_errors=True)
         stage.rename(failed)
         raise BuildError(

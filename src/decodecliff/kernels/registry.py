@@ -25,7 +25,7 @@ BACKENDS = {
     "cublas": ("decodecliff.kernels.peers", "CublasAttention"),
 }
 # The options a spec ("NAME:KEY=VALUE") or `serve --backend-option` may set: each backend's
-# constructor keywords that take a string or an int (tests/test_kernels_cpu.py keeps them in step).
+# constructor keywords that a KEY=VALUE can give (tests/test_kernels_cpu.py keeps them in step).
 OPTIONS = {
     "torch": (),
     "triton": ("arch_config", "decode", "num_kv_splits", "index_dtype"),

@@ -382,9 +382,10 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         )
     logprob = _bool(body.get("return_logprob", False), "return_logprob")
     top = _int(body.get("top_logprobs_num") or 0, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
-    start = body.get("logprob_start_len")
-    start = -1 if start is None else _int(start, "logprob_start_len", -1, lim.max_tokens)
-    if logprob and start != -1:
+    start = body.get("logprob_start_len")  # SGLang's: one for all prompts, or one per prompt
+    starts = start if isinstance(start, list) else [] if start is None else [start]
+    starts = [_int(v, "logprob_start_len", -1, 2**31 - 1) for v in starts]
+    if logprob and any(v != -1 for v in starts):
         raise BadRequest(
             "logprob_start_len: prompt logprobs are not supported", "logprob_start_len"
         )

@@ -128,11 +128,9 @@ def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
 
 def _finite_number(checker: object, instance: object) -> bool:
     """A number a bound can judge: NaN passes every minimum and maximum, infinity is no time."""
-    return (
-        isinstance(instance, (int, float))
-        and not isinstance(instance, bool)
-        and math.isfinite(instance)
-    )
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
 
 
 def _integer(checker: object, instance: object) -> bool:

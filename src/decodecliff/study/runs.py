@@ -96,10 +96,11 @@ def merged_log(have: str, new: str) -> str | None:
         return have if have == new else None
     for header, block in theirs.items():
         mine = known.get(header)
-        if mine is not None and not block.startswith(mine.rstrip("\n")):
+        if mine is None or mine.startswith(block.rstrip("\n")):
+            continue  # a launch it lacks (appended below), or one it holds as far or further
+        if not block.startswith(mine.rstrip("\n")):
             return None
-        if mine is not None and len(block) > len(mine):
-            have = have.replace(mine.rstrip("\n"), block.rstrip("\n"), 1)
+        have = have.replace(mine.rstrip("\n"), block.rstrip("\n"), 1)
     extra = [block for header, block in theirs.items() if header not in known]
     sep = "" if not have or have.endswith("\n") else "\n"
     return have + sep + "".join(extra) if extra else have
@@ -121,7 +122,7 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
             merge.unchanged.append(name)  # the recorded build's own log stands
         elif have is None:
             merge.added[name] = data
-        elif have == data:
+        elif have == data or (name == BUILD_RECORD and _same_build(have, data)):
             merge.unchanged.append(name)
         elif SERVER_LOG.match(name):
             text = merged_log(have.decode(), data.decode())
@@ -137,30 +138,48 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
     return merge
 
 
+def _same_build(have: bytes, new: bytes) -> bool:
+    """Two records of one commit's build on two machines: alike but for the machine (``env``:
+    host, cores); the record first merged stands."""
+    try:
+        mine, theirs = json.loads(have), json.loads(new)
+    except ValueError:
+        return False
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return False
+    mine.pop("env", None), theirs.pop("env", None)
+    return mine == theirs
+
+
 def _free(run_dir: Path, name: str) -> bool:
     """Whether ``name`` can be written under ``run_dir``: no folder there, no file above it."""
     dest = run_dir / name
     return not dest.exists() and not any(p.is_file() for p in dest.parents)
 
 
+STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
+SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike
+
+
 def commit_of(data: bytes) -> str | None:
-    """The commit a result file was measured at (its ``env``), '-dirty' dropped; None for
-    files without one (logs, the build's record before it had one)."""
+    """The commit a result file was measured at (its ``env``), '-dirty' dropped, to its first
+    seven characters; None for files without one (logs, a build record older than its env)."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return None
     env = doc.get("env") if isinstance(doc, dict) else None
     git = env.get("git") if isinstance(env, dict) else None
-    return git.removesuffix("-dirty") if isinstance(git, str) else None
+    return git.removesuffix("-dirty")[:SHORT] if isinstance(git, str) else None
 
 
 def _commits(run_dir: Path, merge: Merge) -> dict[str, str]:
     """Each commit the folder and the merge hold, with one file measured at it."""
-    files = run_dir.rglob("*.json") if run_dir.is_dir() else []
+    files = [f for d in STUDY_DIRS for f in (run_dir / d).rglob("*.json") if f.is_file()]
     held = {str(f.relative_to(run_dir)): f.read_bytes() for f in files}
     found: dict[str, str] = {}
-    for name, data in {**held, **merge.added}.items():
+    added = {n: d for n, d in merge.added.items() if n.split("/")[0] in STUDY_DIRS}
+    for name, data in {**held, **added}.items():
         if (commit := commit_of(data)) is not None:
             found.setdefault(commit, name)
     return found
