@@ -49,13 +49,13 @@ from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams, Update
 from decodecliff.engine.spec import DraftTree, NgramDrafter
-from decodecliff.jsonio import unwritable, write_json
+from decodecliff.jsonio import write_json
 from decodecliff.kernels import sm120_model
 from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
 from . import gemms, roofline, timeline
-from .timing import sync, wall_ms, wall_times_ms
+from .timing import refuse_unusable, sync, wall_ms, wall_times_ms
 
 if TYPE_CHECKING:
     from torch.profiler import profile
@@ -545,8 +545,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.scatter_seed = None if args.scatter_seed < 0 else args.scatter_seed
     if args.device != "cuda" and "graphs" in args.paths:
         p.error("--paths graphs needs a CUDA device")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda asked for, but torch sees no CUDA device")
     counts = [*args.contexts, *(args.loop_contexts or [])]
     counts += [args.repeats, args.batch, args.loop_steps, args.drafter_steps, args.gen]
     if min(counts) < 1 or args.chunk_size < 1 or args.warmup < 0 or args.vocab < 2:
@@ -564,8 +562,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             engine_config(args, args.backends[0], spec, 1 << 20, False).validate()
         except ValueError as exc:
             p.error(str(exc))
-    if (why := unwritable(args.out)) is not None:
-        p.error(f"--out: {why}")
+    refuse_unusable(p, args.device, args.out)
     return args
 
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import torch
 
 from .. import envinfo
-from ..jsonio import unwritable, write_json
+from ..jsonio import write_json
 from ..kernels import planted as planting
 from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
 from ..kernels.peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
 from ..kernels.registry import BACKENDS, get_backend, unavailable
 from . import core, roofline
-from .timing import wall_ms
+from .timing import refuse_unusable, wall_ms
 
 SCHEMA = "decodecliff.kernel-bench/1"
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 32768, 65536, 131072, 185000]
@@ -509,8 +509,6 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--decode-splits must be >= 0 or 'sglang'")
     if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):
         p.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda asked for, but torch sees no CUDA device")
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup is not None and args.warmup < 0:
@@ -519,8 +517,7 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--max-seconds-per-point must be positive, got {args.max_seconds_per_point}")
     if not 0 <= args.seed < 2**63:
         p.error(f"--seed must be in 0..2^63-1, got {args.seed}")
-    if (why := unwritable(args.out)) is not None:
-        p.error(f"--out: {why}")
+    refuse_unusable(p, args.device, args.out)
 
 
 def run(args: argparse.Namespace) -> dict:

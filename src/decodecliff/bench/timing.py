@@ -4,18 +4,32 @@
 synchronised wall clock on a CPU. ``graph_median_ms``: the same events around replays of the step
 captured once in a CUDA graph, as a graph-mode server runs its layers (no host launch gaps).
 ``wall_ms`` / ``wall_times_ms``: the synchronised wall clock on either device (a step whose host
-work counts, or a first call that also compiles).
+work counts, or a first call that also compiles). ``refuse_unusable``: a bench's arguments
+checked against the device and the file system before it measures anything.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from decodecliff.jsonio import unwritable
+
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H200: 50 MB), as triton.testing
+
+
+def refuse_unusable(parser: argparse.ArgumentParser, device: str, out: str | os.PathLike) -> None:
+    """Exit through ``parser.error`` (status 2) on a CUDA device torch cannot see or an ``--out``
+    that could not be written: what a bench measured would be lost."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda asked for, but torch sees no CUDA device")
+    if (why := unwritable(out)) is not None:
+        parser.error(f"--out: {why}")
 
 
 def sync(device: torch.device | str) -> None:

@@ -205,7 +205,7 @@ def build(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    for name in names:
+    for name in (names[0], names[2]):  # the record is written once, with the final paths
         os.replace(stage / name, out_dir / name)
     shutil.rmtree(stage, ignore_errors=True)
     info["library"] = str((out_dir / lib_name).resolve())
@@ -263,7 +263,6 @@ def _build_in(
             "spills": all(k["spill_ok"] for k in kernels),
         },
     }
-    (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
     problems = []
     if found is None:
         problems.append("cuobjdump not found (install nvidia-cuda-cuobjdump): cannot check SASS")
@@ -276,7 +275,8 @@ def _build_in(
     ]
     if not kernels:
         problems.append("no kernel found in the ptxas -v output")
-    if problems:
+    if problems:  # the failed build's record, kept with its files for reading
+        (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
         raise BuildError("; ".join(problems))
     return info
 

@@ -16,6 +16,7 @@ import reprlib
 from dataclasses import dataclass, field
 
 from decodecliff.engine.request import SamplingParams
+from decodecliff.values import is_int
 
 from .tokenizer import ByteTokenizer
 
@@ -82,12 +83,8 @@ class Limits:
 
 
 # value checks ----------------------------------------------------------------------------------
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _int(value: object, name: str, lo: int, hi: int) -> int:
-    if not _is_int(value):
+    if not is_int(value):
         raise BadRequest(f"{name} must be an integer, got {type(value).__name__}", name)
     if not lo <= value <= hi:
         raise BadRequest(f"{name} must be in [{lo}, {hi}], got {show(value)}", name)
@@ -124,7 +121,7 @@ def _token_ids(value: object, name: str, vocab_size: int) -> list[int]:
     if not isinstance(value, list):
         raise BadRequest(f"{name} must be a list of token ids", name)
     for tok in value:
-        if not _is_int(tok):
+        if not is_int(tok):
             raise BadRequest(f"{name} must hold integers, got {show(tok)}", name)
         if not 0 <= tok < vocab_size:
             raise BadRequest(

@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
+from decodecliff.values import is_finite_number, is_int
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
@@ -126,21 +127,10 @@ def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
     return validate(cfg, schema, paths)
 
 
-def _finite_number(checker: object, instance: object) -> bool:
-    """A number a bound can judge: NaN passes every minimum and maximum, infinity is no time."""
-    if isinstance(instance, bool):
-        return False
-    return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
-
-
-def _integer(checker: object, instance: object) -> bool:
-    """An int as YAML writes it: JSON Schema counts 6.0 as an integer, but the commands the
-    rules format from it (``--gen-tokens 6.0``) do not."""
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
+# Numbers finite (a bound cannot judge NaN) and integers written as integers: JSON Schema counts
+# 6.0 as an integer, but the commands the rules format from it (``--gen-tokens 6.0``) do not.
 STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine_many(
-    {"number": _finite_number, "integer": _integer}
+    {"number": lambda _, v: is_finite_number(v), "integer": lambda _, v: is_int(v)}
 )
 
 

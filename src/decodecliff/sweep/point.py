@@ -14,6 +14,8 @@ import math
 import re
 from pathlib import Path
 
+from decodecliff.values import is_integral, is_number
+
 SCHEMA_PATH = Path(__file__).with_name("point.schema.json")
 
 # Keywords that only describe; every other keyword of the schema is checked below.
@@ -29,11 +31,8 @@ TYPES = {
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer())
-    ),
+    "number": is_number,
+    "integer": is_integral,
 }
 
 

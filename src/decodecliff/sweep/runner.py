@@ -49,19 +49,10 @@ from decodecliff import envinfo
 from decodecliff.jsonio import write_json
 from decodecliff.sweep import client, launcher, metrics, point, prompts
 from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point files are defined)
+from decodecliff.values import is_int, is_positive_seconds
 
 SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sweep-point/2
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
-
-
-def positive_seconds(value: object) -> bool:
-    """A time limit that can run out: a positive, finite number (NaN compares false to all)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
 
 
 @dataclass(frozen=True)
@@ -75,10 +66,9 @@ class Chunk:
     def __post_init__(self) -> None:
         if not self.contexts:
             raise ValueError("a chunk needs at least one context")
-        whole = (isinstance(c, int) and not isinstance(c, bool) for c in self.contexts)
-        if not all(whole) or min(self.contexts) < 1:
+        if not all(map(is_int, self.contexts)) or min(self.contexts) < 1:
             raise ValueError(f"contexts must be positive integers, got {self.contexts}")
-        if not (positive_seconds(self.timeout_s) and positive_seconds(self.point_timeout_s)):
+        if not (is_positive_seconds(self.timeout_s) and is_positive_seconds(self.point_timeout_s)):
             raise ValueError(
                 "chunk and point timeouts must be positive finite seconds, got "
                 f"{self.timeout_s!r} and {self.point_timeout_s!r}"
@@ -135,9 +125,9 @@ class SweepConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         for name in ("stop_grace_s", "heartbeat_s"):  # 0 is allowed: no grace, no heartbeat
             value = getattr(self, name)
-            if not (value == 0 or positive_seconds(value)):
+            if not (value == 0 or is_positive_seconds(value)):
                 raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
-        if not positive_seconds(self.start_timeout_s):
+        if not is_positive_seconds(self.start_timeout_s):
             raise ValueError(
                 f"the start timeout must be positive finite seconds, got {self.start_timeout_s!r}"
             )
