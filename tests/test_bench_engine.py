@@ -79,6 +79,26 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path):
+    """--gemm cublas fused: a backend's two engines side by side, the second named by its path,
+    and a part measured with another path merges beside them."""
+    base = ["--device", "cpu", "--threads", "1", "--contexts", "64", "--repeats", "1"]
+    base += ["--draft-len", "4", "--parts", "anatomy", "loop", "--loop-steps", "2"]
+    two, one = tmp_path / "two.json", tmp_path / "one.json"
+    assert bench.cli([*base, "--gemm", "cublas", "fused", "--out", str(two)]) == 0
+    doc = json.loads(two.read_text())
+    named = [(r["backend"], r["gemm"]) for r in doc["rows"]]
+    assert named == [("torch", "cublas"), ("torch + fused GEMMs", "fused")]
+    assert [(r["backend"], r["gemm"]) for r in doc["loop"]] == named
+    assert bench.cli([*base, "--gemm", "auto", "--out", str(one)]) == 0
+    merged = engine_merge.merge([doc, json.loads(one.read_text())])
+    assert [r["backend"] for r in merged["rows"]][-1] == "torch + auto GEMMs"
+    assert merged["args"]["gemm"] == ["cublas", "fused", "auto"]
+    with pytest.raises(SystemExit) as exc:
+        bench.cli([*base, "--gemm", "fused", "fused", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+
+
 def test_a_cpu_step_has_no_kernel_timeline(doc):
     assert all(r["timeline"] is None and r["profile"]["timeline"] is None for r in doc["rows"])
 
@@ -107,8 +127,8 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     other = {**parts[1], "env": {**parts[1]["env"], "git": "0000000"}}
     with pytest.raises(ValueError, match="differ in git"):
         engine_merge.merge([parts[0], other])
-    otherwise = {**parts[1], "args": {**parts[1]["args"], "gemm": "auto", "repeats": 3}}
-    with pytest.raises(ValueError, match="differ in gemm, repeats"):
+    otherwise = {**parts[1], "args": {**parts[1]["args"], "dtype": "float64", "repeats": 3}}
+    with pytest.raises(ValueError, match="differ in dtype, repeats"):
         engine_merge.merge([parts[0], otherwise])
     twice = {**parts[1], "gemms": [{"m": 16}]}
     with pytest.raises(ValueError, match="gemms measured in more than one part"):

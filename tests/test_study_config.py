@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from decodecliff.engine.config import EngineConfig
+from decodecliff.engine.config import DEFAULT_GEMM, GEMMS, EngineConfig
 from decodecliff.kernels import registry
 from decodecliff.study import config, notebooks, paths, servers
 from decodecliff.study.plan import PointError, Study
@@ -267,8 +267,13 @@ def test_h200_engine_bench_times_every_served_configuration() -> None:
 
 def test_engine_flags_fill_the_schemas_defaults() -> None:
     flags = study().engine_flags()
-    assert "--modes chain --draft-len 16 --repeats 5" in flags and flags.endswith("--threads 1")
-    assert "--loop-contexts" not in flags
+    assert "--modes chain --gemm cublas --draft-len 16 --repeats 5" in flags
+    assert flags.endswith("--threads 1") and "--loop-contexts" not in flags
+
+
+def test_the_engine_sections_gemm_paths_are_the_engines() -> None:
+    gemms = config.load_schema()["properties"]["engine"]["properties"]["gemms"]
+    assert tuple(gemms["items"]["enum"]) == GEMMS and gemms["default"] == [DEFAULT_GEMM]
 
 
 def test_bench_flags_only_what_the_config_sets() -> None:

@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import functools
 import gc
+import itertools
 import random
 import statistics
 import sys
@@ -44,7 +45,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from decodecliff import envinfo
-from decodecliff.engine.config import GEMM_PREFETCH_MB, GEMMS, PRESETS, EngineConfig
+from decodecliff.engine.config import (
+    DEFAULT_GEMM,
+    GEMM_PREFETCH_MB,
+    GEMMS,
+    PRESETS,
+    EngineConfig,
+)
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
 from decodecliff.engine.request import Request, SamplingParams, Update
@@ -209,7 +216,7 @@ def floors(model: SyntheticMLA, rows: int, batch: int, context: int, q: int, cei
 
 
 def engine_config(
-    args: argparse.Namespace, backend: str, spec: str, tokens: int, graphs: bool
+    args: argparse.Namespace, backend: str, spec: str, tokens: int, graphs: bool, gemm: str
 ) -> EngineConfig:
     name, options = parse_spec(backend)  # "flashinfer:backend=fa3"
     return EngineConfig(
@@ -225,7 +232,7 @@ def engine_config(
         draft_len=args.draft_len,
         tree_nodes=args.tree_nodes,
         cuda_graph=graphs,
-        gemm=args.gemm,
+        gemm=gemm,
         gemm_prefetch_mb=args.gemm_prefetch_mb,
         l2_overlap_mb=args.l2_overlap_mb,
         scatter_seed=args.scatter_seed,
@@ -248,19 +255,29 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig) -> Engine:
     return engine
 
 
-def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: dict) -> list:
-    """One engine per (backend, path, mode); every context reuses it (and its graphs)."""
+def run_label(backend: str, gemm: str) -> str:
+    """How rows name an engine configuration: the backend's label ("flashinfer (fa3)"), and its
+    weight GEMMs' path where that is not the engine's default ("custom + fused GEMMs")."""
+    label = spec_label(backend)
+    return label if gemm == DEFAULT_GEMM else f"{label} + {gemm} GEMMs"
+
+
+def anatomy(
+    args: argparse.Namespace, backend: str, gemm: str, path: str, mode: str, ceil: dict
+) -> list:
+    """One engine per (backend, GEMM path, path, mode); every context reuses it (and its
+    graphs)."""
     graphs = path == "graphs"
     spec = MODES[mode]
     room = args.draft_len if spec == "chain" else args.tree_nodes if spec == "tree" else 1
     tokens = args.batch * (max(args.contexts) + room + args.page_size) + args.page_size
-    engine = build_engine(args, engine_config(args, backend, spec, tokens, graphs))
+    engine = build_engine(args, engine_config(args, backend, spec, tokens, graphs, gemm))
     dev, q = engine.device, engine.cfg.spec_tokens
     layers = engine.model.cfg.num_layers
     noop = NoAttention()
     if graphs:
         real_runner, noop_runner = engine.graphs, engine.graph_runner(noop)
-    rows, gemm = [], None
+    rows, profile = [], None
     for context in args.contexts:
         reqs = place_requests(engine, args.batch, context)
         step = make_step(engine, reqs, mode, q)
@@ -272,19 +289,19 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
         else:
             real = functools.partial(engine.model.forward, step, cache, engine.backend)
             rest = eager_noop
-        if gemm is None:  # the GEMMs do not depend on the context, the backend or the path
+        if profile is None:  # the GEMMs do not depend on the context, the backend or the path
             try:
-                gemm = profile_step(dev, eager_noop, layers)
+                profile = profile_step(dev, eager_noop, layers)
             except Exception as exc:  # keep the timings even if the profiler fails here
-                gemm = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None,
-                        "timeline": None}  # fmt: skip
-                gemm["method"] = f"profile failed: {exc!r}"
+                profile = {"gemm_ms": float("nan"), "kernel_ms": None, "launches": None,
+                           "timeline": None}  # fmt: skip
+                profile["method"] = f"profile failed: {exc!r}"
         step_all = time_step(dev, real, args.warmup, args.repeats)
         rest_all = time_step(dev, rest, args.warmup, args.repeats)
         step_ms, noattn_ms = statistics.median(step_all), statistics.median(rest_all)
         floor = floors(engine.model, step.input_ids.shape[0], args.batch, context, q, ceil)
         row = {
-            "backend": spec_label(backend),
+            "backend": run_label(backend, gemm),
             "path": path,
             "mode": mode,
             "context": context,
@@ -293,11 +310,11 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
             "step_ms": step_ms,
             "non_attention_ms": noattn_ms,
             "attention_ms": step_ms - noattn_ms,
-            "gemm_ms": gemm["gemm_ms"],
-            "rest_ms": noattn_ms - gemm["gemm_ms"],
-            "profile": gemm,
-            "gemm": args.gemm,
-            "gemm_prefetch_mb": args.gemm_prefetch_mb if args.gemm == "pdl" else None,
+            "gemm_ms": profile["gemm_ms"],
+            "rest_ms": noattn_ms - profile["gemm_ms"],
+            "profile": profile,
+            "gemm": gemm,
+            "gemm_prefetch_mb": args.gemm_prefetch_mb if gemm == "pdl" else None,
             "l2_overlap_mb": args.l2_overlap_mb,
             "gemm_choices": [
                 *getattr(engine.model.mm, "describe", list)(),
@@ -313,7 +330,7 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
         }
         rows.append(row)
         print(
-            f"{backend:>7} {path:>6} {mode:>6} ctx {context:>7}: step {step_ms:8.3f} ms = "
+            f"{row['backend']:>7} {path:>6} {mode:>6} ctx {context:>7}: step {step_ms:8.3f} ms = "
             f"attention {row['attention_ms']:8.3f} + GEMMs {row['gemm_ms']:7.3f} + rest "
             f"{row['rest_ms']:7.3f}  (floor {floor['step_floor_ms']:.3f}; non-attention "
             f"{row['non_attention_over_floor']:.2f}x its byte floor)",
@@ -330,12 +347,14 @@ def anatomy(args: argparse.Namespace, backend: str, path: str, mode: str, ceil: 
 # the serving loop
 
 
-def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int) -> dict:
+def serving_loop(
+    args: argparse.Namespace, backend: str, gemm: str, path: str, context: int
+) -> dict:
     """Verify steps/s of one request at `context` through Engine.step (drafting, sampling, emit)."""
     steps = args.loop_steps
     q = args.draft_len
     tokens = context + (steps + 2) * q + 2 * args.page_size
-    cfg = engine_config(args, backend, "chain", tokens, path == "graphs")
+    cfg = engine_config(args, backend, "chain", tokens, path == "graphs", gemm)
     engine = build_engine(args, cfg)
     req = place_requests(engine, 1, context, extra=(steps + 1) * q)[0]
     req.drafter_state = engine.drafter.new_state()
@@ -347,7 +366,8 @@ def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int
     wall = wall_ms(lambda: [engine.step() for _ in range(steps)], engine.device) / 1e3
     done = len(req.verify_ms) - before
     row = {
-        "backend": spec_label(backend),
+        "backend": run_label(backend, gemm),
+        "gemm": gemm,
         "path": path,
         "context": context,
         "q_len": q,
@@ -359,8 +379,9 @@ def serving_loop(args: argparse.Namespace, backend: str, path: str, context: int
         "finish_reason": req.finish_reason,
     }
     print(
-        f"loop {backend:>7} {path:>6} ctx {context:>7}: {row['verify_steps_per_s']:.1f} verify "
-        f"steps/s (server-side step {row['verify_step_ms_median']:.2f} ms)",
+        f"loop {row['backend']:>7} {path:>6} ctx {context:>7}: "
+        f"{row['verify_steps_per_s']:.1f} verify steps/s "
+        f"(server-side step {row['verify_step_ms_median']:.2f} ms)",
         flush=True,
     )
     return row
@@ -512,13 +533,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scatter-seed", type=int, default=0, help="scattered slots (none: -1)")
     p.add_argument("--weight-layout", choices=WEIGHT_LAYOUTS, default="kn",
                    help="projections stored [K, N] (kn) or N-major (nk)")  # fmt: skip
-    p.add_argument("--gemm", choices=GEMMS, default="cublas",
-                   help="weight GEMMs: cuBLAS, the fastest per shape of cuBLAS and the Triton "
-                   "kernel (auto), the same with the norms, residual adds and silu folded "
-                   "into the kernel (fused), or that kernel chained with the elementwise kernels "
-                   "by programmatic dependent launch (pdl; engine/skinny_gemm.py), or cuBLAS with "
-                   "the other kernels chained (cublas-pdl); --parts gemms times the Triton "
-                   "configurations chained with pdl")  # fmt: skip
+    p.add_argument("--gemm", nargs="+", choices=GEMMS, default=[DEFAULT_GEMM],
+                   help="weight GEMMs, one path or more, each measured as a configuration of "
+                   "its own (rows name the path where it is not cublas): cuBLAS, the fastest "
+                   "per shape of cuBLAS and the Triton kernel (auto), the same with the norms, "
+                   "residual adds and silu folded into the kernel (fused), or that kernel "
+                   "chained with the elementwise kernels by programmatic dependent launch (pdl; "
+                   "engine/skinny_gemm.py), or cuBLAS with the other kernels chained "
+                   "(cublas-pdl); --parts gemms times the Triton configurations chained with "
+                   "pdl when the first path is pdl")  # fmt: skip
     p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,
                    help="with --gemm pdl: MB of each projection's weights asked of the L2 "
                    "before it waits (0: none)")  # fmt: skip
@@ -557,9 +580,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         low, high = bounds[name]["min"], bounds[name]["max"]
         if not low <= getattr(args, name) <= high:
             p.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
-    for spec in dict.fromkeys(MODES[m] for m in args.modes):  # the engine's own limits
-        try:
-            engine_config(args, args.backends[0], spec, 1 << 20, False).validate()
+    if len(set(args.gemm)) < len(args.gemm):
+        p.error(f"--gemm names a path twice: {args.gemm}")
+    for spec, gemm in itertools.product(dict.fromkeys(MODES[m] for m in args.modes), args.gemm):
+        try:  # the engine's own limits
+            engine_config(args, args.backends[0], spec, 1 << 20, False, gemm).validate()
         except ValueError as exc:
             p.error(str(exc))
     refuse_unusable(p, args.device, args.out)
@@ -578,6 +603,12 @@ def run_guarded(doc: dict, what: str, fn: Callable[[], object]) -> object | None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def configurations(args: argparse.Namespace, modes: list[str] | None = None) -> itertools.product:
+    """(backend, GEMM path, path, mode) of each engine a part builds, in the order it runs them:
+    a backend's GEMM paths side by side."""
+    return itertools.product(args.backends, args.gemm, args.paths, modes or args.modes)
 
 
 def cli(argv: list[str]) -> int:
@@ -600,24 +631,22 @@ def cli(argv: list[str]) -> int:
         "errors": [],
     }
     if "anatomy" in args.parts:
-        for backend in args.backends:
-            for path in args.paths:
-                for mode in args.modes:
-                    fn = functools.partial(anatomy, args, backend, path, mode, doc["ceilings"])
-                    doc["rows"] += run_guarded(doc, f"anatomy {backend} {path} {mode}", fn) or []
-                    write_json(args.out, doc)
+        for backend, gemm, path, mode in configurations(args):
+            fn = functools.partial(anatomy, args, backend, gemm, path, mode, doc["ceilings"])
+            what = f"anatomy {run_label(backend, gemm)} {path} {mode}"
+            doc["rows"] += run_guarded(doc, what, fn) or []
+            write_json(args.out, doc)
     if "gemms" in args.parts:
         fn = functools.partial(gemms.bench_gemms, args, doc["ceilings"])
         doc["gemms"] = run_guarded(doc, "gemms", fn) if device.type == "cuda" else None
         write_json(args.out, doc)
     if "loop" in args.parts:
         for ctx in args.loop_contexts or [max(args.contexts)]:
-            for backend in args.backends:
-                for path in args.paths:
-                    fn = functools.partial(serving_loop, args, backend, path, ctx)
-                    row = run_guarded(doc, f"loop {backend} {path} {ctx}", fn)
-                    doc["loop"] += [row] if row else []
-                    write_json(args.out, doc)
+            for backend, gemm, path, _ in configurations(args, modes=["chain"]):
+                fn = functools.partial(serving_loop, args, backend, gemm, path, ctx)
+                row = run_guarded(doc, f"loop {run_label(backend, gemm)} {path} {ctx}", fn)
+                doc["loop"] += [row] if row else []
+                write_json(args.out, doc)
     for mode in ("chain", "tree") if "drafter" in args.parts else ():
         size = args.draft_len - 1 if mode == "chain" else args.tree_nodes
         for ctx in args.contexts:

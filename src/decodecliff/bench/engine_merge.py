@@ -25,7 +25,7 @@ from .engine import check_targets
 SAME_ENV = ("git", "gpu", "driver", "torch", "triton", "cuda_runtime")  # what parts must share
 # The options that pick what a part measured may differ (and are joined); every other option says
 # how a row was measured, and must be the same in every part.
-SELECTION = ("backends", "paths", "modes", "contexts", "parts", "loop_contexts", "out")
+SELECTION = ("backends", "gemm", "paths", "modes", "contexts", "parts", "loop_contexts", "out")
 # Each list's rows, and what names one: a row measured in two parts is refused.
 LISTS = {
     "rows": ("backend", "path", "mode", "context", "batch"),
@@ -53,6 +53,7 @@ def _joined_args(docs: list[dict]) -> dict:
     args = dict(docs[0]["args"])
     for key in SELECTION[:-1]:  # each selection joined in order; out: the first part's
         lists = [d["args"].get(key) for d in docs if d["args"].get(key) is not None]
+        lists = [[x] if isinstance(x, str) else x for x in lists]  # --gemm was one path once
         args[key] = list(dict.fromkeys(x for each in lists for x in each)) if lists else None
     return args
 

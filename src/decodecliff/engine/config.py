@@ -82,6 +82,7 @@ PREFILL_ATTENTION = ("backend", "mha")
 DEVICES = ("cpu", "cuda")
 # engine/skinny_gemm.py: WeightGemm (engine/projections.py: fused folds), or x @ w
 GEMMS = ("auto", "cublas", "fused", "pdl", "cublas-pdl")
+DEFAULT_GEMM = "cublas"
 # What a chained weight GEMM asks of the L2 before its wait, over all its programs: a third of an
 # H200's 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
 GEMM_PREFETCH_MB = 16
@@ -161,7 +162,7 @@ class EngineConfig:
     tree_nodes: int = option(64, "tree verify size in nodes (the root included)", min=16, max=256)
     cuda_graph: bool = option(False, "capture decode and verify steps in CUDA graphs (CUDA only)")
     gemm: str = option(
-        "cublas",
+        DEFAULT_GEMM,
         "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
         "a weight-streaming Triton kernel timed at the first step (auto, CUDA; no faster in a "
         "graph-captured H200 step: notes/engine.md), the same with the residual adds, the "

@@ -178,6 +178,7 @@ class Study:
             "--paths " + " ".join(eng["paths"]),
             "--contexts " + " ".join(map(str, eng["contexts"])),
             "--modes " + " ".join(eng["modes"]),
+            "--gemm " + " ".join(eng["gemms"]),
             f"--draft-len {eng['draft_len']} --repeats {eng['repeats']}",
         ]
         if eng["loop_contexts"]:
