@@ -120,3 +120,8 @@ def test_the_step_anatomy_of_many_configurations_is_a_grid() -> None:
     one = figures.engine_anatomy(pd.DataFrame(rows[:2]), "one")
     assert len(one.axes) == 1
     plt.close(one)
+
+
+def test_an_engine_configuration_on_another_gemm_path_keeps_its_backends_colour() -> None:
+    assert style.color("custom + fused GEMMs") == style.color("custom")
+    assert style.color("custom (sm120) + fused GEMMs") == style.color("custom (sm120)")

@@ -75,8 +75,9 @@ STATUS_MARKERS = {"failed": "X", "skipped": "s"}
 
 
 def backend_of(name: str) -> str:
-    """'flashinfer (fa3)' -> 'flashinfer'; a plain name is its own backend."""
-    return name.split(" (", 1)[0]
+    """'flashinfer (fa3)' -> 'flashinfer', 'custom + fused GEMMs' (the engine bench's label of
+    another GEMM path) -> 'custom'; a plain name is its own backend."""
+    return name.split(" (", 1)[0].split(" + ", 1)[0]
 
 
 def has_color(name: str) -> bool:
