@@ -177,6 +177,23 @@ def test_the_win_cites_the_step_of_the_winner_s_own_configuration(sweep) -> None
     assert "of its 21 ms step there (floor not measured)" in headline.win(sweep[~sm120], engine)
 
 
+def test_a_server_on_another_gemm_path_cites_that_paths_step(sweep) -> None:
+    """A custom server that recorded fused weight GEMMs is matched to the engine bench's
+    "custom + fused GEMMs" rows, not to the cuBLAS ones."""
+    fused = sweep.copy()
+    fused["gemm"] = fused["gemm"].where(fused["server"] != "custom-graph-p1", "fused")
+    rows = [
+        {"backend": label, "path": "graphs", "mode": "chain", "context": 185000,
+         "step_ms": step, "attention_ms": 15.0, "step_floor_ms": 6.25}
+        for label, step in (("custom", 21.0), ("custom + fused GEMMs", 18.0))
+    ]  # fmt: skip
+    assert headline.engine_label(sweep, "custom-graph-p1") == "custom"
+    assert headline.engine_label(fused, "custom-graph-p1") == "custom + fused GEMMs"
+    assert headline.engine_label(fused, "custom-sm120-graph-p1") == "custom (sm120)"
+    share = headline.attention_share(pd.DataFrame(rows), "custom + fused GEMMs", True)
+    assert list(share["step_ms"]) == [18.0]
+
+
 def test_the_sentences_state_the_step_floor_the_table_and_figure_draw(sweep, engine) -> None:
     ceilings = summarize.load_study(PUBLISHED).ceilings
     collapse, win, *_ = headline.sentences(sweep, engine, None, ceilings)

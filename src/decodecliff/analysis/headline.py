@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..engine.config import gemm_label
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
 from .tables import PRIMARY, ctx_label, ok
@@ -300,11 +301,13 @@ def collapse(
 
 
 def engine_label(sweep: pd.DataFrame, server: str) -> str:
-    """The engine bench's label of a custom server's configuration: "custom", or its sm_120
-    build's "custom (sm120)"."""
-    models = ok(sweep).groupby("server")["model"].first() if "model" in sweep else {}
-    model = models.get(server)
-    return f"custom ({model})" if isinstance(model, str) else "custom"
+    """The engine bench's label of a custom server's configuration: "custom", its sm_120
+    build's "custom (sm120)", and its weight GEMMs' path where the server recorded another than
+    the default ("custom + fused GEMMs")."""
+    first = ok(sweep).groupby("server").first()
+    model, gemm = (first[k].get(server) if k in first else None for k in ("model", "gemm"))
+    label = f"custom ({model})" if isinstance(model, str) else "custom"
+    return gemm_label(label, gemm if isinstance(gemm, str) else None)
 
 
 def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | None = None) -> str:

@@ -20,7 +20,7 @@ from decodecliff.sweep import metrics as sweep_metrics
 
 KERNEL_SCHEMA = "decodecliff.kernel-bench/"
 SWEEP_SCHEMA = "decodecliff.sweep-point/"
-SERVER_KEYS = ("backend", "page_size", "cuda_graph", "defrag", "spec")
+SERVER_KEYS = ("backend", "page_size", "cuda_graph", "defrag", "spec", "gemm")
 ENV_KEYS = ("gpu", "gpu_capability", "driver", "torch", "triton", "cuda_runtime", "git", "host")
 # metrics whose spread over a point's requests the summary gives (as <key>_min, <key>_max)
 SPREAD_KEYS = (

@@ -51,6 +51,7 @@ from decodecliff.engine.config import (
     GEMMS,
     PRESETS,
     EngineConfig,
+    gemm_label,
 )
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.model import WEIGHT_LAYOUTS, StepInput, SyntheticMLA
@@ -256,10 +257,8 @@ def build_engine(args: argparse.Namespace, cfg: EngineConfig) -> Engine:
 
 
 def run_label(backend: str, gemm: str) -> str:
-    """How rows name an engine configuration: the backend's label ("flashinfer (fa3)"), and its
-    weight GEMMs' path where that is not the engine's default ("custom + fused GEMMs")."""
-    label = spec_label(backend)
-    return label if gemm == DEFAULT_GEMM else f"{label} + {gemm} GEMMs"
+    """How rows name an engine configuration: "flashinfer (fa3)", "custom + fused GEMMs"."""
+    return gemm_label(spec_label(backend), gemm)
 
 
 def anatomy(

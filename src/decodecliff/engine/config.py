@@ -83,6 +83,14 @@ DEVICES = ("cpu", "cuda")
 # engine/skinny_gemm.py: WeightGemm (engine/projections.py: fused folds), or x @ w
 GEMMS = ("auto", "cublas", "fused", "pdl", "cublas-pdl")
 DEFAULT_GEMM = "cublas"
+
+
+def gemm_label(label: str, gemm: object) -> str:
+    """How results name an engine configuration: its backend's label ("custom (sm120)"), and its
+    weight GEMMs' path where that is not the default ("custom (sm120) + fused GEMMs")."""
+    return label if gemm in (None, DEFAULT_GEMM) else f"{label} + {gemm} GEMMs"
+
+
 # What a chained weight GEMM asks of the L2 before its wait, over all its programs: a third of an
 # H200's 50 MB L2, so the prefetched head of each slice is still there when the program streams it.
 GEMM_PREFETCH_MB = 16

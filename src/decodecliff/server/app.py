@@ -329,6 +329,7 @@ def static_info(engine: Engine) -> dict:
         "page_size": cfg.page_size,
         "chunked_prefill_size": cfg.chunk_size,
         "prefill_attention": cfg.prefill_attention,
+        "gemm": cfg.gemm,  # the weight GEMMs' path: the engine bench's rows are named by it
         "max_total_num_tokens": engine.max_total_num_tokens,
         "max_running_requests": cfg.max_running_requests,
         "new_token_ratio": cfg.new_token_ratio,
