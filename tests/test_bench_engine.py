@@ -94,9 +94,19 @@ def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path):
     merged = engine_merge.merge([doc, json.loads(one.read_text())])
     assert [r["backend"] for r in merged["rows"]][-1] == "torch + auto GEMMs"
     assert merged["args"]["gemm"] == ["cublas", "fused", "auto"]
-    with pytest.raises(SystemExit) as exc:
-        bench.cli([*base, "--gemm", "fused", "fused", "--out", str(tmp_path / "x.json")])
-    assert exc.value.code == 2
+    # a group one part failed and another measured: named with its spaces, it is cleared
+    failed = {"what": "anatomy torch + fused GEMMs eager chain", "error": "OutOfMemory"}
+    kept = {"what": "loop torch + auto GEMMs eager 64", "error": "OutOfMemory"}
+    cut = {**json.loads(one.read_text()), "loop": [], "errors": [failed, kept]}
+    assert engine_merge.merge([doc, cut])["errors"] == [kept]
+    # a document of the time --gemm took one path: its rows named by that path as now
+    legacy = {**cut, "args": {**cut["args"], "gemm": "pdl", "contexts": [65]}, "errors": []}
+    legacy["rows"] = [{**r, "backend": "torch", "gemm": "pdl", "context": 65} for r in cut["rows"]]
+    assert engine_merge.merge([doc, legacy])["rows"][-1]["backend"] == "torch + pdl GEMMs"
+    for bad in (["fused", "fused"], ["cublas", "pdl", "--parts", "gemms"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.cli([*base, "--gemm", *bad, "--out", str(tmp_path / "x.json")])
+        assert exc.value.code == 2
 
 
 def test_a_cpu_step_has_no_kernel_timeline(doc):

@@ -187,9 +187,9 @@ def test_a_server_on_another_gemm_path_cites_that_paths_step(sweep) -> None:
          "step_ms": step, "attention_ms": 15.0, "step_floor_ms": 6.25}
         for label, step in (("custom", 21.0), ("custom + fused GEMMs", 18.0))
     ]  # fmt: skip
-    assert headline.engine_label(sweep, "custom-graph-p1") == "custom"
-    assert headline.engine_label(fused, "custom-graph-p1") == "custom + fused GEMMs"
-    assert headline.engine_label(fused, "custom-sm120-graph-p1") == "custom (sm120)"
+    assert tables.engine_label(sweep, "custom-graph-p1") == "custom"
+    assert tables.engine_label(fused, "custom-graph-p1") == "custom + fused GEMMs"
+    assert tables.engine_label(fused, "custom-sm120-graph-p1") == "custom (sm120)"
     share = headline.attention_share(pd.DataFrame(rows), "custom + fused GEMMs", True)
     assert list(share["step_ms"]) == [18.0]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,3 +68,29 @@ def test_host_time_between_steps_is_never_negative() -> None:
         rows = notes.server_rows(summarize.load_study(root))
         hosts = [float(r["host_ms"].replace(",", "")) for r in rows if r["host_ms"] != "–"]
         assert hosts and min(hosts) >= 0, root
+
+
+def test_a_server_is_cited_with_its_own_configurations_step() -> None:
+    """The sm_120 build's server with its own rows, a server that recorded fused GEMMs with the
+    fused rows: never the first row whose label starts with its backend."""
+    study = summarize.load_study(STUDY)
+    rows = [
+        {"backend": label, "gemm": gemm, "path": "graphs", "mode": "chain", "context": 185000,
+         "step_ms": step, "attention_ms": 5.0, "gemm_ms": 4.0, "rest_ms": step - 9.0,
+         "step_floor_ms": 6.0, "attention_floor_ms": 4.0, "gemm_floor_ms": 2.0,
+         "rest_floor_ms": 0.0}
+        for label, gemm, step in (
+            ("custom", "cublas", 21.0), ("custom (sm120)", "cublas", 22.0),
+            ("custom + fused GEMMs", "fused", 18.0),
+        )
+    ]  # fmt: skip
+    cited = notes._server_anatomy(study, rows, "custom-sm120-graph-p1", 185000)
+    assert "custom (sm120) CUDA graphs at 185k: step 22" in cited
+    assert "custom CUDA graphs at 185k: step 21" in notes._server_anatomy(
+        study, rows, "custom-graph-p1", 185000
+    )
+    fused = study.sweep.copy()
+    fused["gemm"] = fused["gemm"].where(fused["server"] != "custom-graph-p1", "fused")
+    study = dataclasses.replace(study, sweep=fused)
+    cited = notes._server_anatomy(study, rows, "custom-graph-p1", 185000)
+    assert "custom + fused GEMMs CUDA graphs at 185k: step 18" in cited

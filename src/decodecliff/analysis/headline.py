@@ -18,10 +18,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..engine.config import gemm_label
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, ok
+from .tables import PRIMARY, ctx_label, engine_label, ok
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -298,16 +297,6 @@ def collapse(
         f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower"
         f"{_why(engine, backend, graphs, sweep, ceilings)}{_reference_clause(reference, sweep)}."
     )
-
-
-def engine_label(sweep: pd.DataFrame, server: str) -> str:
-    """The engine bench's label of a custom server's configuration: "custom", its sm_120
-    build's "custom (sm120)", and its weight GEMMs' path where the server recorded another than
-    the default ("custom + fused GEMMs")."""
-    first = ok(sweep).groupby("server").first()
-    model, gemm = (first[k].get(server) if k in first else None for k in ("model", "gemm"))
-    label = f"custom ({model})" if isinstance(model, str) else "custom"
-    return gemm_label(label, gemm if isinstance(gemm, str) else None)
 
 
 def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | None = None) -> str:

@@ -21,6 +21,7 @@ import jinja2
 import pandas as pd
 import yaml
 
+from ..engine.config import DEFAULT_GEMM
 from . import floors, summarize, tables, targets
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "workflow" / "report" / "notes.md.j2"
@@ -240,13 +241,19 @@ def engine_rows(root: Path) -> list[dict]:
     return [r for r in json.loads(path.read_text()).get("rows", []) if "step_ms" in r]
 
 
-def _anatomy(rows: list[dict], backend: str, graphs: bool, ctx: int) -> str | None:
-    """'custom, CUDA graphs, 185k: step 21.1 ms (floor 6.27) = attention 15.8 (4.02) + ...'."""
+def _anatomy(
+    rows: list[dict], backend: str, graphs: bool, ctx: int, gemm: str, label: str | None = None
+) -> str | None:
+    """'custom, CUDA graphs, 185k: step 21.1 ms (floor 6.27) = attention 15.8 (4.02) + ...': the
+    rows of the backend's configuration named ``label`` where the bench has it, else of its
+    first on the same GEMM path."""
     path = "graphs" if graphs else "eager"
     mine = [
         r for r in rows
         if str(r.get("backend", "")).split(" ")[0] == backend and r.get("path") == path
+        and r.get("gemm", DEFAULT_GEMM) == gemm
     ]  # fmt: skip
+    mine = [r for r in mine if r["backend"] == label] or mine
     if not mine:
         return None
     near = min({r["context"] for r in mine}, key=lambda c: abs(c / ctx - 1))
@@ -279,7 +286,9 @@ def _server_anatomy(study: summarize.Study, rows: list[dict], server: str, ctx: 
         return ""
     first = sweep.iloc[0]
     graphs = str(first.get("cuda_graph")).strip().lower() in ("true", "1", "1.0")
-    text = _anatomy(rows, str(first.get("backend")), graphs, ctx)
+    backend, gemm = str(first.get("backend")), tables.server_gemm(study.sweep, server)
+    label = tables.engine_label(study.sweep, server) if backend == "custom" else None
+    text = _anatomy(rows, backend, graphs, ctx, gemm, label)
     return f"`{server}`: {text}" if text else ""
 
 

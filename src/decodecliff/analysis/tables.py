@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..engine.config import DEFAULT_GEMM, gemm_label
 from . import floors
 
 KERNEL_KEYS = ["heads", "mode", "q_len", "page_size", "batch", "ctx"]
@@ -373,3 +374,21 @@ def flashinfer_sm120(path: str | Path) -> str:
 def _stages(config: dict) -> str:
     stages = int(config["stages"])
     return f"{stages} stage{'s' if stages > 1 else ''} of {config['cta_tile_kv']}-token KV tiles"
+
+
+def server_gemm(sweep: pd.DataFrame, server: str) -> str:
+    """The weight GEMMs' path a server recorded (``/get_server_info``'s gemm); the default where
+    its points predate the record."""
+    first = ok(sweep).groupby("server").first()
+    gemm = first["gemm"].get(server) if "gemm" in first else None
+    return gemm if isinstance(gemm, str) else DEFAULT_GEMM
+
+
+def engine_label(sweep: pd.DataFrame, server: str) -> str:
+    """The engine bench's label of a custom server's configuration: "custom", its sm_120
+    build's "custom (sm120)", and its weight GEMMs' path where the server recorded another than
+    the default ("custom + fused GEMMs")."""
+    first = ok(sweep).groupby("server").first()
+    model = first["model"].get(server) if "model" in first else None
+    label = f"custom ({model})" if isinstance(model, str) else "custom"
+    return gemm_label(label, server_gemm(sweep, server))

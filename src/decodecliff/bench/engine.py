@@ -581,6 +581,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
     if len(set(args.gemm)) < len(args.gemm):
         p.error(f"--gemm names a path twice: {args.gemm}")
+    if "gemms" in args.parts and len(args.gemm) > 1:  # it times one path's configurations
+        p.error("--parts gemms takes one --gemm path (pdl: the Triton configurations chained)")
     for spec, gemm in itertools.product(dict.fromkeys(MODES[m] for m in args.modes), args.gemm):
         try:  # the engine's own limits
             engine_config(args, args.backends[0], spec, 1 << 20, False, gemm).validate()

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from decodecliff.engine.config import DEFAULT_GEMM, gemm_label
 from decodecliff.jsonio import unwritable, write_json
 
 from .engine import check_targets
@@ -73,15 +74,29 @@ def _others(docs: list[dict]) -> dict:
 
 def _superseded(error: dict, merged: dict) -> bool:
     """A part's failed group that another part measured (``what`` as bench/engine.py names it:
-    "anatomy BACKEND PATH MODE", "loop BACKEND PATH CONTEXT", "gemms")."""
-    kind, *names = error.get("what", "").split()
+    "anatomy LABEL PATH MODE", "loop LABEL PATH CONTEXT", "gemms"; a label may hold spaces:
+    "custom (sm120) + fused GEMMs")."""
+    kind, _, rest = error.get("what", "").partition(" ")
+    names = tuple(rest.rsplit(" ", 2))
     if kind == "anatomy" and len(names) == 3:
-        return any((r["backend"], r["path"], r["mode"]) == tuple(names) for r in merged["rows"])
+        return any((r["backend"], r["path"], r["mode"]) == names for r in merged["rows"])
     if kind == "loop" and len(names) == 3:
-        return any(
-            (r["backend"], r["path"], str(r["context"])) == tuple(names) for r in merged["loop"]
-        )
+        return any((r["backend"], r["path"], str(r["context"])) == names for r in merged["loop"])
     return kind == "gemms" and merged.get("gemms") is not None
+
+
+def _named_by_gemm(doc: dict) -> dict:
+    """A document of one GEMM path (``--gemm`` took one path once) with its rows named as
+    bench/engine.py names them now: "custom + pdl GEMMs" where the path was not cuBLAS."""
+    gemm = doc["args"].get("gemm")
+    if not isinstance(gemm, str) or gemm == DEFAULT_GEMM:
+        return doc
+    named = {
+        key: [{**r, "backend": gemm_label(r["backend"], gemm), "gemm": gemm} for r in doc[key]]
+        for key in ("rows", "loop")
+        if key in doc
+    }
+    return {**doc, **named}
 
 
 def _parts(doc: dict) -> list[dict]:
@@ -104,6 +119,7 @@ def merge(docs: list[dict]) -> dict:
     if not docs:
         raise ValueError("nothing to merge")
     _check_alike(docs)
+    docs = [_named_by_gemm(d) for d in docs]
     out = {**docs[0], **_others(docs)}
     for name, fields in LISTS.items():
         out[name] = [x for d in docs for x in d.get(name, [])]

@@ -71,7 +71,7 @@ def time_impls(m: int, k: int, n: int, args: argparse.Namespace, ceil: dict) -> 
     device = torch.device("cuda")
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     floor = 2 * k * n / (ceil["copy_gbs"] * 1e6)
-    chained = args.gemm[0] == "pdl"  # bench-engine's first --gemm
+    chained = args.gemm == ["pdl"]  # bench-engine takes one --gemm path with this part
     configs = [replace(c, pdl=True) for c in CONFIGS] if chained else CONFIGS
     rows, skinny = [], SkinnyGemm(args.gemm_prefetch_mb << 20)
     for layout in ("kn", "nk"):
