@@ -169,8 +169,7 @@ for lim in (0, 102400):
       cu=src/decodecliff/kernels/csrc/mla_verify.cu
       cp "$cu" /tmp/mla_verify.cu.orig
       trap 'cp /tmp/mla_verify.cu.orig "$cu"' EXIT  # the source as sent, however the call ends
-      sets="full-tile-branch 16-warps 16-warps+full-tile-branch copy-in-phase1"
-      for set in base ${V5_PATCHES:-$sets copy-in-phase1+full-tile-branch}; do
+      for set in base ${V5_PATCHES:-}; do  # no candidate pending: base alone
         if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
           echo "skipped $set: past BUDGET_S"; continue
         fi

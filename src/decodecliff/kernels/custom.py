@@ -12,7 +12,7 @@ ring; "v2" streams 16-token tiles through a 4-stage ring with the page-table ent
 iteration ahead; "v3" is v1's tiling with v2's prefetch, held to 128 registers on sm_90 so two
 CTAs share an SM; "v4" is v3 rescaling O only when a row's running max moves past a slack; "v5"
 runs 64 query rows per CTA (each KV tile read once for them). "auto" (the default) takes what
-was measured fastest (notes/kernel.md; ``AUTO_VARIANTS``, ``lone_cta_variant``).
+was measured fastest (notes/kernel.md; ``takes_v5``, then ``AUTO_VARIANTS``).
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a sourc
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
-# "auto" (notes/kernel.md, "v5 merged"). Where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where
-# its plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4
-# is cut to 128 registers for two CTAs; a lone one is slower than v1). Where one CTA fits (sm_120's
-# 100 KB, and its model on the H200): v5 for requests of 64+ query rows whose splits are long
-# (>= MIN_TOKENS_PER_V5_SPLIT; v5 was behind v4 at 256 tokens per split and ahead from 1,024),
-# else v4, which beat v1 at every point of the sm_120 model.
+# "auto" (notes/kernel.md, "v5 merged" and "v5 with the refill among the MMAs"): v5 for requests of
+# 64+ query rows whose splits are long (>= MIN_TOKENS_PER_V5_SPLIT; v5 was behind v4 at 256
+# tokens per split and ahead from 1,024), on either GPU: since its ring refill moved between the
+# MMAs it beats two v4 CTAs per SM too (H100, 185k: chain16 8 and 64 heads, tree64, decode at 64
+# heads). Below that, where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where its plan puts more
+# than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4 is cut to 128
+# registers for two CTAs; a lone one is slower than v1); where one CTA fits (sm_120's 100 KB, and
+# its model on the H200) v4, which beat v1 at every point of the sm_120 model.
 AUTO_VARIANTS = ("v4", "v1")
 MIN_TOKENS_PER_V5_SPLIT = 1024
 V5_ROWS = 64  # query rows of one v5 CTA
@@ -146,10 +148,9 @@ def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
     return AUTO_VARIANTS[0] if plan.row_tiles * splits > sms else AUTO_VARIANTS[1]
 
 
-def lone_cta_variant(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> str:
-    """The "auto" choice where one CTA fits an SM: v5 for 64+ rows over long splits, else v4."""
-    tokens_per_split = max_kv_len / v5_plan.num_splits
-    return "v5" if rows >= 64 and tokens_per_split >= MIN_TOKENS_PER_V5_SPLIT else "v4"
+def takes_v5(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> bool:
+    """The "auto" choice on either GPU: v5 for 64+ rows over long splits."""
+    return rows >= V5_ROWS and max_kv_len / v5_plan.num_splits >= MIN_TOKENS_PER_V5_SPLIT
 
 
 def _check(cond: bool, message: str) -> None:
@@ -313,15 +314,13 @@ class CustomAttention(AttentionBackend):
         args = (heads, max_q, max_kv, meta.batch_size, meta.total_kv_len)
         if self.variant != "auto":
             return self._plan_for(self.variant, meta.device, args)
+        v5 = self._plan_for("v5", meta.device, args)
+        if takes_v5(heads * max_q, max_kv, v5):
+            return v5
         plan = self._plan_for(AUTO_VARIANTS[0], meta.device, args)
         sms = torch.cuda.get_device_properties(meta.device).multi_processor_count
-        if self.ctas_per_wave(meta.device, plan.mtiles, AUTO_VARIANTS[0]) > sms:
-            choice = auto_variant(plan, meta.batch_size, sms)
-        else:
-            v5 = self._plan_for("v5", meta.device, args)
-            choice = lone_cta_variant(heads * max_q, max_kv, v5)
-            if choice == "v5":
-                return v5
+        two_a_sm = self.ctas_per_wave(meta.device, plan.mtiles, AUTO_VARIANTS[0]) > sms
+        choice = auto_variant(plan, meta.batch_size, sms) if two_a_sm else AUTO_VARIANTS[0]
         return plan if choice == AUTO_VARIANTS[0] else self._plan_for(choice, meta.device, args)
 
     def unsupported(self, meta: AttnMeta) -> str | None:

@@ -578,6 +578,7 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
   constexpr int TPTOK = kThreads / BN;                // loader: 16 threads per token
   constexpr int CPT = (kChunks + TPTOK - 1) / TPTOK;  // loader: 5 chunks per thread (last: half)
   static_assert(TPTOK % 8 == 0, "loader chunks per thread must keep the swizzle's low bits");
+  static_assert(CPT <= kKSteps, "phase 1 issues one loader chunk per k-step");
   using L = SmemV5;
 
   CtaWork w;
@@ -627,19 +628,25 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
     const int t = tile_begin + ld_tok;
     return t < kv_end ? pt[ps_pow2 ? (t >> ps_shift) : (t / ps)] : 0;
   };
-  auto issue = [&](int slot, int tile_begin, int page) {
+  // A tile's copy into a ring slot: this thread's token and its CPT 16-byte chunks, issued one by
+  // one (in the loop, from phase 1's k-steps, between its MMAs).
+  struct Copy {
+    const __nv_bfloat16* src;
+    uint32_t dst;
+    int bytes;  // 0 past the split: the chunk is zero-filled
+    bool on;    // false past the last tile: nothing issued
+  };
+  auto copy_of = [&](int slot, int tile_begin, int page, bool on) -> Copy {
     const int t = tile_begin + ld_tok;
     const bool ok = t < kv_end;
-    const __nv_bfloat16* src = p.kv;
     const int off = ps_pow2 ? (t & (ps - 1)) : (t % ps);
-    if (ok) src = p.kv + (static_cast<int64_t>(page) * ps + off) * kDqk;
-    const uint32_t dst0 = kv_smem + slot * L::kTileBytes + kv_offset(ld_tok, ld_c);
-#pragma unroll
-    for (int k = 0; k < CPT; ++k) {
-      const int c = ld_c + TPTOK * k;
-      if (kChunks % TPTOK == 0 || c < kChunks)
-        cp_async16(dst0 + TPTOK * 16 * k, src + c * 8, ok ? 16 : 0);
-    }
+    const __nv_bfloat16* src = ok ? p.kv + (static_cast<int64_t>(page) * ps + off) * kDqk : p.kv;
+    return {src, kv_smem + slot * L::kTileBytes + kv_offset(ld_tok, ld_c), ok ? 16 : 0, on};
+  };
+  auto copy_chunk = [&](const Copy& cp, int k) {
+    const int c = ld_c + TPTOK * k;
+    if (cp.on && (kChunks % TPTOK == 0 || c < kChunks))
+      cp_async16(cp.dst + TPTOK * 16 * k, cp.src + c * 8, cp.bytes);
   };
 
   // Reduce ownership: row rr of the tile, tokens 8 n + 2 tig + {0, 1}.
@@ -659,13 +666,18 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
       for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
 
   const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+  // Two tiles ahead: tile it + 2 is copied during phase 1 of iteration it, into the slot tile
+  // it - 2 left (its phase 2 ran before barrier B of it - 1), its chunks issued between the MMAs
+  // instead of in the scalar stretch after barrier B.
 #pragma unroll
-  for (int s = 0; s < ST - 1; ++s) {
+  for (int s = 0; s < ST - 2; ++s) {
     const int tb = kv_begin + s * BN;
-    if (s < n_tiles) issue(s, tb, page_of(tb));
+    const Copy cp = copy_of(s, tb, page_of(tb), s < n_tiles);
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) copy_chunk(cp, k);
     cp_async_commit();
   }
-  int pf_page = page_of(kv_begin + (ST - 1) * BN);
+  int pf_page = page_of(kv_begin + (ST - 2) * BN);
 
   // O = O * alpha + P V for this warp's 64 columns of all four m-tiles.
   auto phase2 = [&](uint32_t kv_s, bool rescale) {
@@ -707,7 +719,7 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
   // Partial S over this warp's dim quarter for its two m-tiles, stored in fragment order:
   // float2 index (((dq * 4 + m) * 2 + n) * 2 + h) * 32 + lane holds rows gid + 8 h, tokens
   // 8 n + 2 tig + {0, 1} (a warp's 32 lanes write 256 contiguous bytes).
-  auto phase1 = [&](uint32_t kv_s) {
+  auto phase1 = [&](uint32_t kv_s, const Copy& next) {
     float s[2][2][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -722,6 +734,7 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t kb[4];
       ldmatrix_x4(k_base + kk * 128, kb);  // chunk 8 kk + 2 dq + b_half, tokens 0..15
+      if (kk < CPT) copy_chunk(next, kk);    // the loader's work between the MMAs
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         mma_bf16(s[mi][0], qf[mi][kk], kb[0], kb[1]);
@@ -752,19 +765,31 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
         v[n][1] += x.y;
       }
     }
-    // every token of the tile in the prefix and the split: no per-element mask
+    // Every token of the tile in the prefix and the split: no per-element mask. The test is the
+    // same for the whole CTA, so the common case runs as straight-line code (the masked one
+    // branches per element around the tree-mask load).
     const bool full = tile_begin + BN <= kv_end && tile_begin + BN <= prefix;
     float mx = -INFINITY;
+    if (full) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = tile_begin + n * 8 + 2 * tig + e;
-        const bool vis = full || (row_valid && t < kv_end &&
-                                  (t < prefix || draft_visible(p, b, qi, t - prefix)));
-        v[n][e] = vis ? v[n][e] * p.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, v[n][e]);
-      }
+        for (int e = 0; e < 2; ++e) {
+          v[n][e] *= p.scale_log2;
+          mx = fmaxf(mx, v[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = tile_begin + n * 8 + 2 * tig + e;
+          const bool vis = row_valid && t < kv_end &&
+                           (t < prefix || draft_visible(p, b, qi, t - prefix));
+          v[n][e] = vis ? v[n][e] * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, v[n][e]);
+        }
+    }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = mx > row_m + kMaxSlack ? mx : row_m;
@@ -789,21 +814,20 @@ __device__ __forceinline__ void attn_body_v5(const Params& p, uint8_t* smem) {
 
   bool moved = false;
   for (int it = 0;; ++it) {
-    cp_async_wait<ST - 2>();  // tile `it` landed (this thread's part)
-    // A: tile `it` visible, P and alpha of tile it-1 ready, partial-S buffer free
+    cp_async_wait<ST - 3>();  // tile `it` landed (this thread's part)
+    // A: tile `it` visible, P and alpha of tile it-1 ready, partial-S buffer free, slot of
+    // tile it-2 free
     const bool rescale = __syncthreads_or(moved) != 0;
+    const int nxt = it + ST - 2;  // copied during phase 1, into slot (it - 2) % ST
+    const int nb = kv_begin + nxt * BN;
+    const Copy next = copy_of(nxt % ST, nb, pf_page, nxt < n_tiles);
+    pf_page = page_of(nb + BN);
     if (it > 0) phase2(kv_smem + ((it - 1) % ST) * L::kTileBytes, rescale);
     if (it == n_tiles) break;
     const int tile_begin = kv_begin + it * BN;
-    phase1(kv_smem + (it % ST) * L::kTileBytes);
-    __syncthreads();  // B: partial S of tile `it` ready; slot of tile it-1 and P free
-    {
-      const int nxt = it + ST - 1;  // into slot (it - 1) % ST
-      const int nb = kv_begin + nxt * BN;
-      if (nxt < n_tiles) issue(nxt % ST, nb, pf_page);
-      pf_page = page_of(nb + BN);
-      cp_async_commit();
-    }
+    phase1(kv_smem + (it % ST) * L::kTileBytes, next);
+    cp_async_commit();
+    __syncthreads();  // B: partial S of tile `it` ready; P free
     moved = reduce(tile_begin);
   }
   cp_async_wait_all();
