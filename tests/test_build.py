@@ -274,7 +274,7 @@ def test_v5_is_planned_in_its_own_64_row_ctas():
 @pytest.mark.parametrize(
     ("heads", "q_len", "ctx", "expected"),
     [
-        (8, 16, 185_000, "v4"),  # 66 splits x 4 row tiles: two CTAs per SM
+        (8, 4, 185_000, "v4"),  # 32 rows: one row tile x 264 splits, two CTAs per SM
         (8, 1, 185_000, "v4"),
         (64, 64, 1024, "v4"),  # 128 row tiles x 2 splits
         (8, 16, 1024, "v1"),  # 4 splits x 4 row tiles: 16 CTAs, a lone v4 CTA is no faster
@@ -285,6 +285,8 @@ def test_below_v5_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ct
     # the H200: 132 SMs, v4 two CTAs per SM (the occupancy query's answer there); the shapes
     # v5 takes (takes_v5) never reach this choice
     plan = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
+    v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=132, max_splits=1024, cta_rows=64)
+    assert not takes_v5(heads * q_len, ctx, v5)
     assert auto_variant(plan, 1, sms=132) == expected
 
 

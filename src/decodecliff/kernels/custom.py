@@ -236,7 +236,8 @@ class CustomAttention(AttentionBackend):
 
     ``num_splits``: fix the KV split count (for CUDA graphs); None plans it per call from the
     batch's ``max_kv_len`` hint. ``lib_path``: the library to load (see ``library_path``).
-    ``variant``: the kernel variant, "v1" .. "v5" or "auto" (see ``AUTO_VARIANTS``).
+    ``variant``: the kernel variant, "v1" .. "v5" or "auto" (see ``takes_v5``, then
+    ``AUTO_VARIANTS``).
     ``model``: "sm120" loads the library built to run with sm_120's per-SM resources
     (kernels/sm120_model.py) from beside ``lib_path`` or the default library.
     """

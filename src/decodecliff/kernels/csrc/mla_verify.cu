@@ -28,7 +28,7 @@
 //   v5: 64 query rows per CTA (attn_body_v5), so each KV tile is read from memory once for up to
 //       64 rows (chain16 at 8 heads: two CTAs per KV split instead of four) and each K fragment
 //       loaded from shared memory feeds two m-tiles, each V fragment four. 16-token tiles in a
-//       4-slot ring (three in flight); partial S is exchanged in accumulator order (conflict-free),
+//       4-slot ring (two in flight; tile t+2's copy issued between phase 1's MMAs); partial S is exchanged in accumulator order (conflict-free),
 //       P in the A operand's register order (one 16-byte load per fragment, no ldmatrix, no
 //       register moves); phase 2 of tile t-1 and phase 1 of tile t run between the same two
 //       barriers (2 barriers per tile instead of 3).
@@ -558,7 +558,8 @@ __device__ __forceinline__ void attn_body(const Params& p, uint8_t* smem) {
 // in the accumulator layout (row gid, tokens 8 n + 2 tig + {0, 1}). Phase 2: warp w owns V columns
 // [64 w, +64) of all four m-tiles (128 accumulators), each V fragment feeds 4 mma. The loop runs
 // phase 2 of tile t-1 and phase 1 of tile t between barrier A (tile t landed, P(t-1) ready, vote
-// on rescaling) and barrier B (partial S(t) ready, slot of t-1 free); the reduce of t follows B.
+// on rescaling, slot of t-2 free: phase 1 refills it with tile t+2) and barrier B (partial S(t)
+// ready); the reduce of t follows B.
 constexpr int kV5Rows = 64;
 constexpr int kV5BlockN = 16;
 constexpr int kV5Stages = 4;
