@@ -376,19 +376,25 @@ def _stages(config: dict) -> str:
     return f"{stages} stage{'s' if stages > 1 else ''} of {config['cta_tile_kv']}-token KV tiles"
 
 
+def _recorded(sweep: pd.DataFrame, server: str, key: str) -> str | None:
+    """What a server's first good point recorded under ``key`` (a string), else None."""
+    good = ok(sweep)
+    if key not in good:
+        return None
+    values = good.loc[good["server"] == server, key].dropna()
+    return values.iloc[0] if len(values) and isinstance(values.iloc[0], str) else None
+
+
 def server_gemm(sweep: pd.DataFrame, server: str) -> str:
     """The weight GEMMs' path a server recorded (``/get_server_info``'s gemm); the default where
     its points predate the record."""
-    first = ok(sweep).groupby("server").first()
-    gemm = first["gemm"].get(server) if "gemm" in first else None
-    return gemm if isinstance(gemm, str) else DEFAULT_GEMM
+    return _recorded(sweep, server, "gemm") or DEFAULT_GEMM
 
 
 def engine_label(sweep: pd.DataFrame, server: str) -> str:
     """The engine bench's label of a custom server's configuration: "custom", its sm_120
     build's "custom (sm120)", and its weight GEMMs' path where the server recorded another than
     the default ("custom + fused GEMMs")."""
-    first = ok(sweep).groupby("server").first()
-    model = first["model"].get(server) if "model" in first else None
-    label = f"custom ({model})" if isinstance(model, str) else "custom"
+    model = _recorded(sweep, server, "model")
+    label = f"custom ({model})" if model else "custom"
     return gemm_label(label, server_gemm(sweep, server))

@@ -539,8 +539,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "residual adds and silu folded into the kernel (fused), or that kernel "
                    "chained with the elementwise kernels by programmatic dependent launch (pdl; "
                    "engine/skinny_gemm.py), or cuBLAS with the other kernels chained "
-                   "(cublas-pdl); --parts gemms times the Triton configurations chained with "
-                   "pdl when the first path is pdl")  # fmt: skip
+                   "(cublas-pdl); --parts gemms takes one path and times the Triton "
+                   "configurations chained with pdl when it is pdl")  # fmt: skip
     p.add_argument("--gemm-prefetch-mb", type=int, default=GEMM_PREFETCH_MB,
                    help="with --gemm pdl: MB of each projection's weights asked of the L2 "
                    "before it waits (0: none)")  # fmt: skip

@@ -54,7 +54,6 @@ def _joined_args(docs: list[dict]) -> dict:
     args = dict(docs[0]["args"])
     for key in SELECTION[:-1]:  # each selection joined in order; out: the first part's
         lists = [d["args"].get(key) for d in docs if d["args"].get(key) is not None]
-        lists = [[x] if isinstance(x, str) else x for x in lists]  # --gemm was one path once
         args[key] = list(dict.fromkeys(x for each in lists for x in each)) if lists else None
     return args
 
@@ -86,17 +85,17 @@ def _superseded(error: dict, merged: dict) -> bool:
 
 
 def _named_by_gemm(doc: dict) -> dict:
-    """A document of one GEMM path (``--gemm`` took one path once) with its rows named as
-    bench/engine.py names them now: "custom + pdl GEMMs" where the path was not cuBLAS."""
+    """A document of one GEMM path (``--gemm`` took one path once) as bench/engine.py writes one
+    now: its path in a list, its rows named "custom + pdl GEMMs" where the path was not cuBLAS."""
     gemm = doc["args"].get("gemm")
-    if not isinstance(gemm, str) or gemm == DEFAULT_GEMM:
+    if not isinstance(gemm, str):
         return doc
     named = {
         key: [{**r, "backend": gemm_label(r["backend"], gemm), "gemm": gemm} for r in doc[key]]
         for key in ("rows", "loop")
-        if key in doc
+        if key in doc and gemm != DEFAULT_GEMM
     }
-    return {**doc, **named}
+    return {**doc, "args": {**doc["args"], "gemm": [gemm]}, **named}
 
 
 def _parts(doc: dict) -> list[dict]:

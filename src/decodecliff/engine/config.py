@@ -85,10 +85,10 @@ GEMMS = ("auto", "cublas", "fused", "pdl", "cublas-pdl")
 DEFAULT_GEMM = "cublas"
 
 
-def gemm_label(label: str, gemm: object) -> str:
+def gemm_label(label: str, gemm: str) -> str:
     """How results name an engine configuration: its backend's label ("custom (sm120)"), and its
     weight GEMMs' path where that is not the default ("custom (sm120) + fused GEMMs")."""
-    return label if gemm in (None, DEFAULT_GEMM) else f"{label} + {gemm} GEMMs"
+    return label if gemm == DEFAULT_GEMM else f"{label} + {gemm} GEMMs"
 
 
 # What a chained weight GEMM asks of the L2 before its wait, over all its programs: a third of an

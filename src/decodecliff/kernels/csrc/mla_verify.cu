@@ -28,10 +28,10 @@
 //   v5: 64 query rows per CTA (attn_body_v5), so each KV tile is read from memory once for up to
 //       64 rows (chain16 at 8 heads: two CTAs per KV split instead of four) and each K fragment
 //       loaded from shared memory feeds two m-tiles, each V fragment four. 16-token tiles in a
-//       4-slot ring (two in flight; tile t+2's copy issued between phase 1's MMAs); partial S is exchanged in accumulator order (conflict-free),
-//       P in the A operand's register order (one 16-byte load per fragment, no ldmatrix, no
-//       register moves); phase 2 of tile t-1 and phase 1 of tile t run between the same two
-//       barriers (2 barriers per tile instead of 3).
+//       4-slot ring (two in flight; tile t+2's copy issued between phase 1's MMAs); partial S is
+//       exchanged in accumulator order (conflict-free), P in the A operand's register order (one
+//       16-byte load per fragment, no ldmatrix, no register moves); phase 2 of tile t-1 and
+//       phase 1 of tile t run between the same two barriers (2 barriers per tile instead of 3).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
