@@ -11,8 +11,9 @@
 # same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
-# (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim);
-# sm120-more: the same at 16 heads, and for a ragged batch of four (185k down to 46k);
+# (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim), at 185k:
+# decode, chain16 and tree64 at 8, 16 and 64 heads, and chain16 at page 64;
+# sm120-more: the same for a ragged batch of four (185k down to 46k);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -99,7 +100,7 @@ for lim in (0, 102400):
     p.dc_set_smem_per_sm(lim); p.cudaDeviceGetAttribute(ctypes.byref(v), 81, 0)
     print('shim limit', lim, '-> smem per SM', v.value)"
       LD_PRELOAD=$SHIM timeout 300 $SM --custom-variants v1 v4 v5 auto \
-        --contexts 16384 185000 --modes decode chain16 tree64 --page-sizes 1 --heads 8 64 \
+        --contexts 185000 --modes decode chain16 tree64 --page-sizes 1 --heads 8 16 64 \
         --out "$OUT/sm120.json" > "$OUT/bench_sm120.log" 2>&1; echo "rc $?"
       LD_PRELOAD=$SHIM timeout 120 $SM --custom-variants v1 v4 v5 auto \
         --contexts 185000 --modes chain16 --page-sizes 64 --heads 8 \
@@ -107,8 +108,6 @@ for lim in (0, 102400):
     sm120-more)
       have_model || continue
       MORE="$SM --custom-variants v4 v5 auto --contexts 185000 --page-sizes 1"
-      LD_PRELOAD=$SHIM timeout 150 $MORE --modes chain16 --heads 16 --out "$OUT/sm120_h16.json" > "$OUT/bench_sm120_h16.log" 2>&1
-      echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_h16.log"
       LD_PRELOAD=$SHIM timeout 200 $MORE --modes chain16 decode --heads 8 --batch 4 --ragged \
         --out "$OUT/sm120_ragged.json" > "$OUT/bench_sm120_ragged.log" 2>&1
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
