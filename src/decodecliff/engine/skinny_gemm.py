@@ -9,8 +9,10 @@ depend on which program finished last, writes the output and re-arms the ticket 
 launch (a CUDA graph replays the same buffers).
 
 ``WeightGemm`` picks, per (M, K, N, weight strides), the fastest of cuBLAS (``x @ w``) and the
-configurations in ``CANDIDATES``, timed once on first use outside graph capture; a step captured
-before a shape was timed takes cuBLAS for it.
+configurations in ``CANDIDATES``, timed once on first use outside graph capture, each as a CUDA
+graph replays it (timed eagerly, a choice of several small kernels paid their host launches: a
+fallback of three kernels looked twice as slow as in the step); a step captured before a shape
+was timed takes cuBLAS for it.
 
 A launch can also do the small kernels around a projection (``Fold``, engine/projections.py):
 make its input as silu(gate) * up or as RMSNorm(x) * g while loading it, store silu(gate) * up of
@@ -444,7 +446,7 @@ class PerShape:
     def __init__(self) -> None:
         self.choices: dict[tuple, Any] = {}  # None: the fallback
         self.untuned_in_capture: set[tuple] = set()
-        self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms, alone
+        self.timed: dict[tuple, dict[str, float]] = {}  # the tuning's ms, alone, replayed
 
     def choice(self, key: tuple, tune: Callable[[], tuple[Any, dict[str, float]]]) -> Any:
         if key not in self.choices:
@@ -470,8 +472,9 @@ class WeightGemm(PerShape):
     A shape is (M rounded up to the kernel's row tile, K, N, the weight's strides, dtype, the
     ``Fold``). A folded shape's fallback is cuBLAS with the kernels the fold replaces (silu_mul,
     RMSNorm, the residual add), whose time the tuning records as ``cublas_ms``. Its choice is
-    timed on its first call, with the L2 flushed before each repeat (a step streams weights the
-    L2 cannot hold); a call during CUDA-graph capture before that takes the fallback. On a CPU,
+    timed on its first call, each candidate captured in a CUDA graph and replayed as the step
+    runs it, with the L2 flushed before each repeat (a step streams weights the L2 cannot hold);
+    a call during CUDA-graph capture before that takes the fallback. On a CPU,
     and above MAX_M rows (prefill chunks), it is the fallback (torch's ``x @ w``), unless
     ``fixed`` names the configuration to run without tuning or checking (then the Triton kernel
     runs on any device, interpreted on a CPU: the tests' way to run the folds there).
@@ -560,14 +563,14 @@ class WeightGemm(PerShape):
         candidates: tuple[Config, ...],
     ) -> tuple[Config | None, dict[str, float]]:
         """The fastest choice for this shape, and the ms of the fallback and of that choice
-        (alone). Each candidate is checked first (``_probe``); an adding shape is timed on a
-        copy of the stream; a configuration that does not fit the GPU (shared memory) is
-        passed over."""
-        from decodecliff.bench.timing import median_ms
+        (alone, graph-replayed). Each candidate is checked first (``_probe``); an adding shape
+        is timed on a copy of the stream; a configuration that does not fit the GPU (shared
+        memory) is passed over."""
+        from decodecliff.bench.timing import graph_median_ms
 
         launch = functools.partial(self.skinny, w=w, fold=fold, norm_weight=norm_weight)
         stream = None if out is None else out.clone()
-        best, best_ms = None, median_ms(lambda: fallback(stream), x.device, TUNE_REPEATS)
+        best, best_ms = None, graph_median_ms(lambda: fallback(stream), TUNE_REPEATS)
         cublas_ms = best_ms
         if self.pdl:
             best_ms = float("inf")  # cuBLAS only where no candidate agrees with it
@@ -581,7 +584,7 @@ class WeightGemm(PerShape):
             except triton.runtime.errors.OutOfResources:
                 continue
             run = functools.partial(launch, x, cfg=cfg, out=stream, prefetch_bytes=0)
-            ms = median_ms(run, x.device, TUNE_REPEATS)
+            ms = graph_median_ms(run, TUNE_REPEATS)
             if ms < best_ms:
                 best, best_ms = cfg, ms
         return best, {"cublas_ms": cublas_ms, "ms": best_ms if best else cublas_ms}
@@ -613,7 +616,8 @@ class WeightGemm(PerShape):
 class TunedHeadGemm(PerShape):
     """The absorbed heads' per-head GEMMs for ``gemm: auto``: per shape the faster of
     ``fallback`` (torch's bmm, then the rope kernel) and ``head_gemm`` with the rope folded into
-    its launch (one kernel where the fallback takes two), each timed alone with the L2 flushed;
+    its launch (one kernel where the fallback takes two), each timed alone as a CUDA graph
+    replays it, with the L2 flushed;
     a shape whose results disagree, or whose rope ``head_gemm`` does not take, keeps the
     fallback, as does a CPU and a shape above MAX_M rows."""
 
@@ -637,12 +641,12 @@ class TunedHeadGemm(PerShape):
     def _tune(
         self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rope: Rope | None
     ) -> tuple[bool | None, dict[str, float]]:
-        from decodecliff.bench.timing import median_ms
+        from decodecliff.bench.timing import graph_median_ms
 
         written = [out] if rope is None else [out, rope[2]]
         self.fallback(x, w, out, rope)
         refs = [t.clone() for t in written]
-        bmm_ms = median_ms(lambda: self.fallback(x, w, out, rope), x.device, TUNE_REPEATS)
+        bmm_ms = graph_median_ms(lambda: self.fallback(x, w, out, rope), TUNE_REPEATS)
         timed = {"bmm_ms": bmm_ms, "ms": bmm_ms}
         for t in written:
             t.fill_(float("nan"))  # an element the kernel leaves unwritten cannot agree
@@ -652,7 +656,7 @@ class TunedHeadGemm(PerShape):
             return None, timed
         if not all(agrees(t, ref) for t, ref in zip(written, refs, strict=True)):
             return None, timed
-        ms = median_ms(lambda: head_gemm(x, w, out, False, rope), x.device, TUNE_REPEATS)
+        ms = graph_median_ms(lambda: head_gemm(x, w, out, False, rope), TUNE_REPEATS)
         return (True, {**timed, "ms": ms}) if ms < bmm_ms else (None, timed)
 
     def describe(self) -> list[dict]:
