@@ -113,8 +113,8 @@ def expected_smem(variant: str, mtiles: int) -> int:
 
 SPILL_BUDGET = 256  # bytes of spill stores + loads allowed where a kernel is cut to 128 registers
 TWO_CTA = {("v3", 90), ("v4", 90)}  # (variant, arch) cut to 128 registers for two CTAs per SM
-# v5 holds Q (72) and O (128 registers) of 64 rows: at 255 registers sm_120's code keeps a few
-# loop invariants on the stack (24 B stores, 28 B loads with nvcc 13.0)
+# v5 holds Q (72) and O (128 registers) of 64 rows: at 252-255 registers an edit can push a few
+# loop invariants to sm_120's stack (24 B stores, 28 B loads with nvcc 13.0 once; none now)
 V5_SPILLS = {("v5", 120)}
 
 # variant -> m-tiles -> (KV tokens per tile, ring stages, partial-S dim groups)
