@@ -13,7 +13,8 @@
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim), at 185k:
 # decode, chain16 and tree64 at 8, 16 and 64 heads, and chain16 at page 64;
-# sm120-more: the same for a ragged batch of four (185k down to 46k);
+# sm120-more: v4, v5 and auto beside FlashInfer, both builds, for a ragged batch of four (185k
+# down to 46k), chain16 and decode at 8 heads;
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -31,7 +32,8 @@
 # interleaved (an order effect once showed as a gain);
 # engine-fused: the folded GEMMs' GPU tests (each fold against the kernels it replaces, the
 # folded forward against the unfused one, the fused engine's graphs against its eager tokens),
-# then the custom server's step anatomy with cuBLAS, fused and auto, interleaved;
+# then the custom server's step anatomy with cuBLAS, fused and auto, interleaved (FUSED_TESTS=0
+# skips the tests; FUSED_RUNS names the GEMM paths to run, in order);
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
@@ -150,8 +152,7 @@ for lim in (0, 102400):
         echo "$i: $mb MB rc $?"; grep -E "step .* ms|failed" "$OUT/bench_$name.log"
       done ;;
     engine-fused)  # the folds checked, then cuBLAS and fused twice, interleaved, auto once
-      # (FUSED_TESTS=0 skips the tests; FUSED_RUNS names the runs, in order)
-      if [ "${FUSED_TESTS:-1}" != 0 ]; then  # a cold Triton cache compiles for ~2 minutes
+      if [ "${FUSED_TESTS:-1}" != 0 ]; then  # a cold Triton cache compiled for over 150 s
         timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_engine_gpu.py \
           -k gemm_fold > "$OUT/pytest_fused.log" 2>&1
         echo "tests rc $?"; tail -n 1 "$OUT/pytest_fused.log"
