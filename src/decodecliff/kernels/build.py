@@ -187,14 +187,11 @@ def build(
     nvcc = find_nvcc()
     out_dir.mkdir(parents=True, exist_ok=True)
     record = "build" if lib_name == LIB_NAME else Path(lib_name).stem
-    names = [
-        lib_name,
-        f"{record}.json",
-        "ptxas.log" if record == "build" else f"{record}.ptxas.log",
-    ]
+    record_file = f"{record}.json"
+    log_file = "ptxas.log" if record == "build" else f"{record}.ptxas.log"
     stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
     try:
-        info = _build_in(nvcc, archs, stage, required, lib_name, defines, names)
+        info = _build_in(nvcc, archs, stage, required, lib_name, defines, record_file, log_file)
     except BuildError as exc:
         failed = out_dir / f"failed-{record}"
         shutil.rmtree(failed, ignore_errors=True)
@@ -205,12 +202,12 @@ def build(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    for name in (names[0], names[2]):  # the record is written once, with the final paths
+    for name in (lib_name, log_file):  # the record is written once, with the final paths
         os.replace(stage / name, out_dir / name)
     shutil.rmtree(stage, ignore_errors=True)
     info["library"] = str((out_dir / lib_name).resolve())
     info["command"] = [a.replace(str(stage), str(out_dir)) for a in info["command"]]
-    (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
+    (out_dir / record_file).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
@@ -221,13 +218,14 @@ def _build_in(
     required: list[int],
     lib_name: str,
     defines: tuple[str, ...],
-    names: list[str],
+    record_file: str,
+    log_file: str,
 ) -> dict:
     lib = out_dir / lib_name
     cmd = nvcc_command(nvcc, archs, lib, defines)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
-    (out_dir / names[2]).write_text(log)
+    (out_dir / log_file).write_text(log)
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
     kernels = parse_ptxas(log)
@@ -276,7 +274,7 @@ def _build_in(
     if not kernels:
         problems.append("no kernel found in the ptxas -v output")
     if problems:  # the failed build's record, kept with its files for reading
-        (out_dir / names[1]).write_text(json.dumps(info, indent=2) + "\n")
+        (out_dir / record_file).write_text(json.dumps(info, indent=2) + "\n")
         raise BuildError("; ".join(problems))
     return info
 
