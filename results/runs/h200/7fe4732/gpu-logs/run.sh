@@ -1,0 +1,26 @@
+#!/bin/bash
+# The five device calls of run 7fe4732, in order, on one NVIDIA H200 (carry .whl .sgl), from the
+# repository root of 7fe4732:
+#   v5-patches/  call 1: the one-barrier patch against v5 as landed
+#   sm120/       call 2: the issue-24 table (sm120) and the ragged batch (sm120-more)
+#   calls 3-5:   the study's first keys, merged into ../ (python -m decodecliff.study.runs merge;
+#                call 5 wrote its study.tar into $OUT itself, without the wrapping tar)
+#   bash run.sh 1|2|3|4|5
+call=${1:?call 1..5}
+study=scripts/study-h200.txt
+keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
+REAL=$OUT; export OUT=/tmp/o$call; mkdir -p $OUT; trap 'tar -C /tmp -cf $REAL/x.tar o$call' EXIT
+case $call in
+1) V5_PATCHES=one-barrier BUDGET_S=420 bash scripts/gpu_backends_run.sh 7fe4732 v5-patches ;;
+2) BUDGET_S=420 bash scripts/gpu_backends_run.sh 7fe4732 sm120 sm120-more ;;
+3) BUDGET_S=400 bash scripts/gpu_study_run.sh 7fe4732 $study build_kernel bench_kernels \
+     custom-graph-p1:1024 flashinfer-graph-p1:1024 sglang-graph-p1:1024 ;;
+4) BUDGET_S=440 bash scripts/gpu_study_run.sh 7fe4732 $study $(keys 1024 custom-p1 \
+     custom-defrag-p1 custom-sm120-graph-p1 flashinfer-fa3-graph-p1 flashinfer-sm120-graph-p1 \
+     triton-graph-p1 triton-p1) $(keys 11000 custom-graph-p1 flashinfer-graph-p1 \
+     flashinfer-fa3-graph-p1 custom-sm120-graph-p1 flashinfer-sm120-graph-p1 sglang-graph-p1 \
+     custom-p1 custom-defrag-p1 triton-graph-p1 triton-p1) ;;
+5) BUDGET_S=230 bash scripts/gpu_study_run.sh 7fe4732 $study $(keys 32000 custom-graph-p1 \
+     flashinfer-graph-p1 flashinfer-fa3-graph-p1 custom-sm120-graph-p1 flashinfer-sm120-graph-p1 \
+     custom-p1 custom-defrag-p1) ;;
+esac
