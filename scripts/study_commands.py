@@ -3,6 +3,8 @@
 
     scripts/study_commands.py config/h200.yaml > scripts/study-h200.txt
     scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/05f0426
+    scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/7fe4732 \
+        --like results/runs/h200/05f0426 --call-s 400
 
 Each line is ``KEY<TAB>COMMAND``: ``build_kernel``, ``bench_kernels``, ``bench_engine`` or
 ``SERVER:CTX`` (one sweep point), the rule's own shell command from ``snakemake -n -p`` on a copy
@@ -10,7 +12,11 @@ of the workflow. `gpu_study_run.sh` runs them on a GPU machine that has no Snake
 too long for one machine lease is measured in parts at one commit. Run it where the peers are
 visible (FlashInfer importable, DECODECLIFF_SGLANG_PATH or SGLang installed): a point the plan
 would skip here (`--skip-reason`) stops it, since it would be skipped there too. `--missing`
-prints the keys of such a file whose result a run folder (laid out as results/) lacks yet.
+prints the keys of such a file whose result a run folder (laid out as results/) lacks yet;
+with `--like` an earlier run of the same study, one line per device call instead: the keys,
+longest first, packed into calls of at most `--call-s` seconds of that run's point times (give
+the call's 10 minutes less the start of the slowest point: each call's last key may start late),
+then the keys it has no time for (the benches).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from decodecliff.study import paths
+from decodecliff.study.runs import plan_calls, point_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = [
@@ -71,6 +78,19 @@ def missing(commands: Path, run: Path) -> list[str]:
     return [k for k in keys if not (run / result_of(k)).is_file()]
 
 
+def calls(keys: list[str], like: Path, call_s: float) -> str:
+    """One line per device call: its keys, then its estimate as a comment."""
+    if not like.is_dir():
+        sys.exit(f"no run folder {like}")
+    seconds = point_seconds(like)
+    packed, unknown = plan_calls(keys, seconds, call_s)
+    lines = [
+        f"{' '.join(c)}\t# call {i}: ~{sum(seconds[k] for k in c):.0f} s in {like}"
+        for i, c in enumerate(packed, 1)
+    ]
+    return "\n".join(lines + [f"{k}\t# no time in {like}" for k in unknown])
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         description="Print a GPU study's measuring commands, as its rules would run them.",
@@ -82,11 +102,17 @@ def main(argv: list[str]) -> int:
         "--missing", nargs=2, type=Path, metavar=("COMMANDS", "RUN"),
         help="the keys of COMMANDS whose result the run folder RUN lacks yet",
     )  # fmt: skip
+    p.add_argument(
+        "--like", type=Path, metavar="EARLIER_RUN",
+        help="with --missing: pack the keys into device calls by this run's point times",
+    )  # fmt: skip
+    p.add_argument("--call-s", type=float, default=400.0, help="seconds of points a call")
     args = p.parse_args(argv)
     if (args.config is None) == (args.missing is None):
         p.error("give a config, or --missing COMMANDS RUN")
     if args.missing:
-        print(" ".join(missing(*args.missing)))
+        keys = missing(*args.missing)
+        print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))
         return 0
     if not args.config.is_file():
         p.error(f"no config file {args.config}")

@@ -322,3 +322,36 @@ def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
         "| `sweep/triton-p1/` | `abc1234` | 2026-12-04 17:44 - 19:05 | 2 points "
         "(1k ok, 185k failed), 0 or 3 requests each |"
     )
+
+
+def test_what_a_run_lacks_is_packed_into_calls_by_an_earlier_run_s_times(tmp_path, capsys):
+    import json
+
+    from decodecliff.study import runs
+
+    earlier = tmp_path / "earlier"
+    for key, seconds in {"a:1": 300, "b:1": 200, "c:1": 150, "d:1": 100, "e:1": 50}.items():
+        server, ctx = key.split(":")
+        (earlier / "sweep" / server).mkdir(parents=True)
+        finish = f"2026-12-04T17:{seconds // 60:02d}:{seconds % 60:02d}.500+00:00"
+        doc = {"env": {"git": "abc1234"}, "started_at": "2026-12-04T17:00:00.000+00:00",
+               "finished_at": finish}  # fmt: skip
+        (earlier / "sweep" / server / f"ctx{ctx}.json").write_text(json.dumps(doc))
+    seconds = runs.point_seconds(earlier)
+    assert seconds == {"a:1": 300.5, "b:1": 200.5, "c:1": 150.5, "d:1": 100.5, "e:1": 50.5}
+    keys = ["bench_engine", "e:1", "d:1", "c:1", "b:1", "a:1"]
+    calls, unknown = runs.plan_calls(keys, seconds, 402)
+    assert calls == [["a:1", "d:1"], ["b:1", "c:1", "e:1"]]  # each <= 402 s, longest first
+    assert unknown == ["bench_engine"]
+    assert runs.plan_calls(["a:1", "e:1"], seconds, 100)[0] == [["a:1"], ["e:1"]]  # too long
+
+    commands = tmp_path / "cmds.txt"
+    commands.write_text("".join(f"{k}\tx\n" for k in keys))
+    (tmp_path / "run/sweep/e").mkdir(parents=True)
+    (tmp_path / "run/sweep/e/ctx1.json").write_text("{}")
+    main = study_commands().main
+    assert main(["--missing", str(commands), str(tmp_path / "run"), "--like", str(earlier),
+                 "--call-s", "402"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["a:1 d:1", "b:1 c:1", "bench_engine"]
+    assert lines[0].endswith(f"# call 1: ~401 s in {earlier}")

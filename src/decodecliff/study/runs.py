@@ -4,7 +4,8 @@
     python -m decodecliff.study.runs describe results/runs/h200/05f0426
 
 `describe` prints what the folder holds, read from its files (commit, when, points and their
-status): the table a published study's README gives for each run.
+status): the table a published study's README gives for each run. `point_seconds` and
+`plan_calls` size what is left of a study into device calls by an earlier run's times.
 
 `scripts/gpu_study_run.sh` packs what the rules wrote into ``study.tar`` after every key (a
 call's own tar may hold it one level down, as ``*/study.tar``). The calls of one machine lease
@@ -35,6 +36,7 @@ import re
 import sys
 import tarfile
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 BUILD_RECORD = "build/build.json"
@@ -269,6 +271,39 @@ def describe(run_dir: Path) -> str:
             f"({', '.join(status)}), {' or '.join(map(str, requests))} requests each |"
         )
     return "\n".join(rows)
+
+
+def point_seconds(run_dir: Path) -> dict[str, float]:
+    """Each sweep point's wall time in ``run_dir`` by key (``SERVER:CTX``): its server's launch,
+    warm-up and requests, from the point file's own start and finish."""
+    seconds = {}
+    for f in (run_dir / "sweep").glob("*/ctx*.json"):
+        doc = _read(f)
+        start, finish = doc.get("started_at"), doc.get("finished_at")
+        if f.stem[3:].isdigit() and start and finish:
+            span = datetime.fromisoformat(finish) - datetime.fromisoformat(start)
+            seconds[f"{f.parent.name}:{f.stem[3:]}"] = span.total_seconds()
+    return seconds
+
+
+def plan_calls(
+    keys: list[str], seconds: dict[str, float], call_s: float
+) -> tuple[list[list[str]], list[str]]:
+    """``keys`` packed into device calls of at most ``call_s`` estimated seconds each, longest
+    first (first fit, so the slow points lead their calls and no call starts one it cannot end;
+    a key longer than ``call_s`` gets a call of its own), and the keys with no estimate."""
+    timed = sorted((k for k in keys if k in seconds), key=lambda k: -seconds[k])
+    calls: list[list[str]] = []
+    loads: list[float] = []
+    for k in timed:
+        fit = next((i for i, load in enumerate(loads) if load + seconds[k] <= call_s), None)
+        if fit is None:
+            calls.append([k])
+            loads.append(seconds[k])
+        else:
+            calls[fit].append(k)
+            loads[fit] += seconds[k]
+    return calls, [k for k in keys if k not in seconds]
 
 
 def main(argv: list[str] | None = None) -> int:
