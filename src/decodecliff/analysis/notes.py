@@ -23,6 +23,7 @@ import yaml
 
 from ..engine.config import DEFAULT_GEMM
 from . import floors, summarize, tables, targets
+from .style import backend_of
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "workflow" / "report" / "notes.md.j2"
 FLOOR_TERMS = {"FLOPs": "its FLOPs at the matmul rate", "bytes": "its latent KV at the copy rate"}
@@ -250,7 +251,7 @@ def _anatomy(
     path = "graphs" if graphs else "eager"
     mine = [
         r for r in rows
-        if str(r.get("backend", "")).split(" ")[0] == backend and r.get("path") == path
+        if backend_of(str(r.get("backend", ""))) == backend and r.get("path") == path
         and r.get("gemm", DEFAULT_GEMM) == gemm
     ]  # fmt: skip
     mine = [r for r in mine if r["backend"] == label] or mine
