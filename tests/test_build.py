@@ -276,7 +276,7 @@ def test_v5_is_planned_in_its_own_64_row_ctas():
     [
         (8, 4, 185_000, "v4"),  # 32 rows: one row tile x 264 splits, two CTAs per SM
         (8, 1, 185_000, "v4"),
-        (64, 64, 1024, "v4"),  # 128 row tiles x 2 splits
+        (64, 64, 512, "v4"),  # 128 row tiles x 2 splits
         (8, 16, 1024, "v1"),  # 4 splits x 4 row tiles: 16 CTAs, a lone v4 CTA is no faster
         (64, 1, 16_384, "v1"),  # 2 row tiles x 64 splits = 128 CTAs on 132 SMs
     ],
@@ -295,6 +295,8 @@ def test_below_v5_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ct
     [
         (8, 16, 185_000, "v5"),  # 128 rows, 66 splits of 2,803 tokens
         (8, 64, 16_384, "v5"),  # tree64: 16 splits of 1,024 tokens
+        (8, 16, 32_768, "v5"),  # 66 splits of 496 tokens
+        (64, 64, 1024, "v5"),  # tree64 at 64 heads: 2 splits of 512 tokens
         (64, 1, 185_000, "v5"),  # 64-head decode: 64 rows, 132 splits of 1,401 tokens
         (8, 16, 16_384, "v4"),  # 64 splits of 256 tokens: v5's prologue does not pay
         (64, 1, 16_384, "v4"),

@@ -37,16 +37,18 @@ CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a sourc
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
-# "auto" (notes/kernel.md, "v5 merged" and "v5 with the refill among the MMAs"): v5 for requests of
-# 64+ query rows whose splits are long (>= MIN_TOKENS_PER_V5_SPLIT; v5 was behind v4 at 256
-# tokens per split and ahead from 1,024), on either GPU: since its ring refill moved between the
-# MMAs it beats two v4 CTAs per SM too (H100, 185k: chain16 8 and 64 heads, tree64, decode at 64
-# heads). Below that, where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where its plan puts more
-# than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4 is cut to 128
-# registers for two CTAs; a lone one is slower than v1); where one CTA fits (sm_120's 100 KB, and
-# its model on the H200) v4, which beat v1 at every point of the sm_120 model.
+# "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
+# threshold"): v5 for requests of 64+ query rows whose splits are long (>= MIN_TOKENS_PER_V5_SPLIT;
+# in the H200 study's bench at 7fe4732 v5 was behind by 20-47% at 256 tokens per split, where its
+# grid is a few CTAs, and ahead by up to 15% from 496), on either GPU: since its ring refill moved
+# between the MMAs it beats two v4 CTAs per SM too (H100, 185k: chain16 8 and 64 heads, tree64,
+# decode at 64 heads). Below that, where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where its
+# plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4 is
+# cut to 128 registers for two CTAs; a lone one was slower than v1 at every such shape of that
+# bench but decode at 8 heads on page 1, where it was 8-13% faster); where one CTA fits (sm_120's
+# 100 KB, and its model on the H200) v4, which beat v1 at every point of the sm_120 model.
 AUTO_VARIANTS = ("v4", "v1")
-MIN_TOKENS_PER_V5_SPLIT = 1024
+MIN_TOKENS_PER_V5_SPLIT = 384  # between the 256 where v5 lost and the 496 where it won
 V5_ROWS = 64  # query rows of one v5 CTA
 DEFAULT_VARIANT = "auto"
 
