@@ -38,7 +38,7 @@
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
 # of patch names joined by +, "base" for the tree as it is) applied in turn, built, checked
-# against float64 and the planted masks in both builds and timed in the sm_120 model at 185k
+# against float64 and the planted masks in both builds and timed in both builds at 185k
 # (chain16, tree64; 8 and 64 heads); the source is restored after each, and no set starts
 # past BUDGET_S (give the sets over two calls with V5_PATCHES where one call cannot hold all).
 # .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
