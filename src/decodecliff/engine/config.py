@@ -173,8 +173,9 @@ class EngineConfig:
         DEFAULT_GEMM,
         "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
         "a weight-streaming Triton kernel timed by graph replay at the first step (auto, CUDA; "
-        "1-3% faster than cuBLAS in a graph-captured H100 step: notes/engine.md), the same with the residual adds, the "
-        "RMSNorms and silu * up folded into the kernel where it wins (fused, CUDA; "
+        "1-3% faster than cuBLAS in a graph-captured H100 step: notes/engine.md), the same "
+        "with the residual adds, the RMSNorms and silu * up folded into the kernel where it "
+        "wins (fused, CUDA; "
         "engine/projections.py), or that kernel alone, chained with the "
         "elementwise kernels by programmatic dependent launch, weights prefetched to L2 before "
         "each waits (pdl, sm_90+), or cuBLAS with the other kernels chained (cublas-pdl, sm_90+)",

@@ -1,9 +1,9 @@
 """sm_120's per-SM resources on a bigger GPU: the kernels as an RTX PRO 6000 would configure them.
 
 The study's GPU is an H200 (sm_90): 228 KB of shared memory per SM where sm_120 has 100 KB. Both
-the custom kernel and FlashInfer's MLA kernel use the difference (two custom v4 CTAs per SM; FlashInfer
-two stages of 64-token tiles instead of one stage of 16), so their H200 times are not what an
-sm_120 GPU runs. This module runs each as it would configure itself on sm_120, same code:
+the custom kernel and FlashInfer's MLA kernel use the difference (two custom v4 CTAs per SM;
+FlashInfer two stages of 64-token tiles instead of one stage of 16), so their H200 times are not
+what an sm_120 GPU runs. This module runs each as it would configure itself on sm_120, same code:
 
 * the custom kernel from a library built with ``DCMLA_SM120_MODEL`` (``build``): sm_120's register
   budget, occupancy and split count planned for 100 KB per SM, and the SM's carveout set to it;
