@@ -125,6 +125,67 @@ def test_the_random_check_on_the_torch_backend() -> None:
     assert not lines  # nothing failed, nothing diagnosed
 
 
+class FaultyAttention(TorchAttention):
+    """The torch backend with a fault planted in its output after each call: a broken kernel, on
+    a machine that has only the CPU (``fault(out, call)``, calls counted from 1)."""
+
+    def __init__(self, fault) -> None:
+        super().__init__()
+        self.fault, self.calls = fault, 0
+
+    def prepare(self, batch, out):
+        launch = super().prepare(batch, out)
+
+        def faulty() -> None:
+            launch()
+            self.calls += 1
+            self.fault(out, self.calls)
+
+        return faulty
+
+
+def _scaled(out: torch.Tensor, call: int) -> None:
+    out.mul_(1.05)  # 5% off everywhere: over REL_TOL
+
+
+def _one_nan(out: torch.Tensor, call: int) -> None:
+    out.view(-1)[7] = float("nan")
+
+
+def _zeros(out: torch.Tensor, call: int) -> None:
+    out.zero_()
+
+
+def _flaky(out: torch.Tensor, call: int) -> None:
+    if call % 2 == 0:  # the second run differs in one element: within REL_TOL by the norm
+        out.view(-1)[0] = out.view(-1)[0] * 1.05 + 0.01
+
+
+@pytest.mark.parametrize(
+    ("fault", "finite", "deterministic", "why"),
+    [
+        (_scaled, True, True, "rel err"),
+        (_one_nan, False, False, "NaN/inf"),  # NaN equals nothing, itself included
+        (_zeros, True, True, "all zeros"),
+        (_flaky, True, False, None),
+    ],
+)
+def test_the_random_check_fails_a_kernel_that_is_wrong(fault, finite, deterministic, why):
+    case = {"kv_lens": [300, 41], "q_len": 4, "heads": 2, "page_size": 16, "tree": False}
+    lines: list[str] = []
+    backend = FaultyAttention(fault)
+    [res] = ck.run_case({**case, "seed": 5}, ["v1"], lines.append, lambda **_: backend)
+    assert not res["ok"]
+    assert (res["finite"], res["deterministic"]) == (finite, deterministic)
+    assert lines[0].startswith("FAIL ") and any("err by head" in line for line in lines)
+    batch = ck.case_batch({**case, "seed": 5}, "cpu")
+    err, reason = core.output_error(
+        core.run_once(FaultyAttention(fault), batch), core.reference(batch)
+    )
+    assert (reason is None) == (why is None) and (why is None or why in reason)
+    assert why != "rel err" or err > core.REL_TOL
+
+
 def test_a_case_without_hints_plans_from_the_tensors() -> None:
     case = {"kv_lens": [40, 3], "q_len": 3, "heads": 2, "page_size": 16, "tree": False}
     batch = ck.case_batch({**case, "seed": 1, "drop_hints": True}, "cpu")

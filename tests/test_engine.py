@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -218,6 +219,9 @@ def test_bad_config_is_rejected_clearly():
         EngineConfig(spec="tree", tree_nodes=8).validate()
     with pytest.raises(ValueError, match="CUDA"):
         EngineConfig(cuda_graph=True, device="cpu").validate()
+    for nan in ({"new_token_ratio": math.nan}, {"defrag": True, "defrag_threshold": math.nan}):
+        with pytest.raises(ValueError, match="must be a number, not nan"):
+            EngineConfig(**nan).validate()  # no bound catches it: every comparison is false
     with pytest.raises(ValueError, match="l2 overlap mb must be in 0..64"):
         EngineConfig(l2_overlap_mb=65, device="cuda").validate()
     with pytest.raises(ValueError, match="--l2-overlap-mb needs a CUDA device"):

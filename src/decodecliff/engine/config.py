@@ -10,6 +10,7 @@ that it runs on a laptop CPU.
 from __future__ import annotations
 
 import argparse
+import math
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -173,7 +174,7 @@ class EngineConfig:
         DEFAULT_GEMM,
         "weight GEMMs of decode and verify steps: cuBLAS, or per shape the fastest of cuBLAS and "
         "a weight-streaming Triton kernel timed by graph replay at the first step (auto, CUDA; "
-        "1-3% faster than cuBLAS in a graph-captured H100 step: notes/engine.md), the same "
+        "1-3%% faster than cuBLAS in a graph-captured H100 step: notes/engine.md), the same "
         "with the residual adds, the RMSNorms and silu * up folded into the kernel where it "
         "wins (fused, CUDA; "
         "engine/projections.py), or that kernel alone, chained with the "
@@ -243,6 +244,8 @@ class EngineConfig:
             if "choices" in meta and value not in meta["choices"]:
                 raise ValueError(f"{name} must be one of {list(meta['choices'])}, not {value!r}")
             low, high = meta.get("min"), meta.get("max")
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"{name} must be a number, not nan")
             if (low is not None and value < low) or (high is not None and value > high):
                 bounds = f">= {low}" if high is None else f"in {low}..{high}"
                 raise ValueError(f"{name} must be {bounds}, not {value!r}")
