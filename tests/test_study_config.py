@@ -162,6 +162,31 @@ BAD = {
     "engine-draft-len": (_set("engine.draft_len", 100), "config.engine.draft_len"),
     "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
     "sm120-model-unbuilt": (_set("kernels.sm120_model", True), "config.kernels.sm120_model"),
+    # what `decodecliff serve` refuses fails here, not at every point as a server that exits
+    "serve-args-choice": (
+        _set("sweep.servers[1].args", "--prefill-attention mah"),
+        "config.sweep.servers[1].args",
+    ),
+    "serve-args-unknown": (
+        _set("sweep.servers[1].args", "--bogus"),
+        "config.sweep.servers[1].args",
+    ),
+    "serve-args-type": (
+        _set("sweep.servers[1].args", "--max-total-tokens=abc"),
+        "config.sweep.servers[1].args",
+    ),
+    "serve-args-nan": (
+        _set("sweep.servers[1].args", "--new-token-ratio nan"),
+        "config.sweep.servers[1].args",
+    ),
+    "serve-args-quote": (
+        _set("sweep.servers[1].args", "--prefill-attention 'mha"),
+        "config.sweep.servers[1].args",
+    ),
+    "serve-template": (
+        lambda c: c["sweep"].update(command=c["sweep"]["command"] + " --page-size 0"),
+        "config.sweep.command",
+    ),
 }
 
 

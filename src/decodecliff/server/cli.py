@@ -135,6 +135,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
+def check(argv: list[str]) -> None:
+    """ValueError with serve's own message where ``argv`` would stop it before it serves (an
+    unknown or malformed option, a value out of range), without torch or a device: the study's
+    config check runs it on every server it launches. The backend's own option values are
+    checked when the backend is built."""
+
+    def fail(message: str) -> None:
+        raise ValueError(message)
+
+    p = parser()
+    p.error = fail  # type: ignore[method-assign]  # every parse error raises, none exits
+    args = p.parse_args(argv)
+    device = "cpu" if args.device == "auto" else args.device
+    options = dict(args.backend_option)
+    EngineConfig.from_args(args, device=device, backend_options=options).validate()
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's settings from the parsed options, with --device resolved to cpu or cuda."""
     import torch

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import shlex
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -227,6 +228,8 @@ def check(cfg: dict) -> None:
             raise ConfigError(f"{key}.backend_options", str(exc)) from None
         if not server.get("url"):
             _check_template(sweep, server, key)
+            if not (gpu_only and sweep["device"] != "cuda"):  # else recorded as skipped
+                _check_serve_options(sweep, server, key)
             _check_pool(sweep, server, key)
     for i, spec in enumerate(cfg.get("engine", {}).get("backends", [])):
         try:
@@ -267,6 +270,28 @@ def _check_template(sweep: dict, server: dict, key: str) -> None:
         raise ConfigError(where, f"unknown placeholder {{{unknown[0]}}} (known: {known})")
     if "port" not in names:
         raise ConfigError(where, "the template has no {port}: every launch gets a free port there")
+
+
+def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
+    """A `decodecliff serve` command parses as serve parses it, its values in range: a typo in
+    the server's args fails here, not as a server that exits at every point."""
+    try:
+        launch = srv.command(sweep, server).replace("{host}", "127.0.0.1").replace("{port}", "0")
+        words = shlex.split(launch)
+    except ValueError as exc:  # an unbalanced quote
+        raise ConfigError(f"{key}.args", f"the launch command does not parse: {exc}") from None
+    at = next((i for i, w in enumerate(words[:-1]) if w.endswith("decodecliff") and
+               words[i + 1] == "serve"), None)  # fmt: skip
+    if at is None:
+        return  # another server's command (SGLang's own, a script): its options are its own
+    from decodecliff.server import cli as serve
+
+    try:
+        serve.check(words[at + 2 :])
+    except ValueError as exc:
+        template = f"{key}.command" if server.get("command") else "config.sweep.command"
+        where = f"{key}.args" if server.get("args") else template
+        raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
 
 
 def _check_pool(sweep: dict, server: dict, key: str) -> None:
