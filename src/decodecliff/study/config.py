@@ -273,25 +273,26 @@ def _check_template(sweep: dict, server: dict, key: str) -> None:
 
 
 def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
-    """A `decodecliff serve` command parses as serve parses it, its values in range: a typo in
-    the server's args fails here, not as a server that exits at every point."""
-    try:
-        launch = srv.command(sweep, server).replace("{host}", "127.0.0.1").replace("{port}", "0")
-        words = shlex.split(launch)
-    except ValueError as exc:  # an unbalanced quote
-        raise ConfigError(f"{key}.args", f"the launch command does not parse: {exc}") from None
-    at = next((i for i, w in enumerate(words[:-1]) if w.endswith("decodecliff") and
-               words[i + 1] == "serve"), None)  # fmt: skip
-    if at is None:
-        return  # another server's command (SGLang's own, a script): its options are its own
-    from decodecliff.server import cli as serve
+    """A `decodecliff serve` command parses as serve parses it, its values in range: a typo fails
+    here, not as a server that exits at every point. The command without the server's args is
+    checked first, so a mistake is laid at the template's door or the args', where it is."""
+    template = f"{key}.command" if server.get("command") else "config.sweep.command"
+    for where, entry in ((template, {**server, "args": ""}), (f"{key}.args", server)):
+        launch = srv.command(sweep, entry).replace("{host}", "127.0.0.1").replace("{port}", "0")
+        try:
+            words = shlex.split(launch)
+        except ValueError as exc:  # an unbalanced quote
+            raise ConfigError(where, f"the launch command does not parse: {exc}") from None
+        at = next((i for i, w in enumerate(words[:-1]) if w.endswith("decodecliff") and
+                   words[i + 1] == "serve"), None)  # fmt: skip
+        if at is None:
+            return  # another server's command (SGLang's own, a script): its options are its own
+        from decodecliff.server import cli as serve
 
-    try:
-        serve.check(words[at + 2 :])
-    except ValueError as exc:
-        template = f"{key}.command" if server.get("command") else "config.sweep.command"
-        where = f"{key}.args" if server.get("args") else template
-        raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
+        try:
+            serve.check(words[at + 2 :])
+        except ValueError as exc:
+            raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
 
 
 def _check_pool(sweep: dict, server: dict, key: str) -> None:
