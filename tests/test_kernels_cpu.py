@@ -172,6 +172,18 @@ def test_backend_options_are_the_constructors_keywords() -> None:
         assert set(OPTIONS[name]) == takes, name
 
 
+def test_the_registry_s_choices_are_what_the_backends_take() -> None:
+    from decodecliff.kernels import custom, peers, registry
+
+    assert set(registry.CHOICES["custom"]["variant"]) == {*custom.VARIANTS, "auto"}
+    for name in ("triton", "sglang"):
+        assert set(registry.CHOICES[name]["index_dtype"]) == set(peers.INDEX_DTYPES)
+    with pytest.raises(ValueError, match=r"the triton backend's decode must be one of"):
+        get_backend("triton", decode="bogus")  # before anything is built
+    with pytest.raises(ValueError, match=r"the flashinfer backend's backend must be one of"):
+        registry.parse_spec("flashinfer:backend=fa9")
+
+
 def test_backend_errors() -> None:
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("cudnn")

@@ -183,6 +183,18 @@ BAD = {
         _set("sweep.servers[1].args", "--prefill-attention 'mha"),
         "config.sweep.servers[1].args",
     ),
+    "backend-option-value": (
+        _set("sweep.servers[1].backend_options", {"decode": "bogus"}),
+        "config.sweep.servers[1].backend_options",
+    ),
+    "engine-backend-option-value": (
+        _set("engine.backends", ["triton:decode=bogus"]),
+        "config.engine.backends[0]",
+    ),
+    "serve-args-backend-option": (
+        _set("sweep.servers[1].args", "--backend-option decode=bogus"),
+        "config.sweep.servers[1].args",
+    ),
     "serve-template": (
         lambda c: c["sweep"].update(command=c["sweep"]["command"] + " --page-size 0"),
         "config.sweep.command",

@@ -44,6 +44,7 @@ import torch
 from . import sm120_model
 from .api import D_QK, D_V, AttentionBackend, AttnMeta
 from .reference import TorchAttention, token_rows
+from .registry import CHOICES
 from .workspace import Workspaces
 
 SGLANG_PATH_ENV = "DECODECLIFF_SGLANG_PATH"
@@ -240,7 +241,7 @@ class SGLangAttention(AttentionBackend):
         index_dtype: str = SGLANG_KV_INDEX_DTYPE,
         interpreted: bool = False,
     ):
-        if kernel not in ("extend", "verify", "decode"):
+        if kernel not in CHOICES["sglang"]["kernel"]:
             raise ValueError(f"kernel must be extend, verify or decode, got {kernel!r}")
         if num_kv_splits != "sglang" and not (isinstance(num_kv_splits, int) and num_kv_splits > 0):
             raise ValueError(f"num_kv_splits must be 'sglang' or >= 1, got {num_kv_splits!r}")
@@ -402,7 +403,7 @@ class FlashInferAttention(AttentionBackend):
     plan_outside_graph = True
 
     def __init__(self, backend: str = "fa2", model: str | None = None):
-        if backend not in ("fa2", "fa3"):
+        if backend not in CHOICES["flashinfer"]["backend"]:
             raise ValueError(f"backend must be fa2 or fa3, got {backend!r}")
         if model not in (None, "sm120"):
             raise ValueError(f"model must be sm120 (or none), got {model!r}")

@@ -34,6 +34,14 @@ OPTIONS = {
     "flashinfer": ("backend", "model"),
     "cublas": (),
 }
+# The values of the options that take one of a few (the constructors check against these, and a
+# study's config check reads them here, without torch).
+CHOICES = {
+    "triton": {"decode": ("grouped", "extend"), "index_dtype": ("int32", "int64")},
+    "custom": {"variant": ("v1", "v2", "v3", "v4", "v5", "auto"), "model": ("sm120",)},
+    "sglang": {"kernel": ("extend", "verify", "decode"), "index_dtype": ("int32", "int64")},
+    "flashinfer": {"backend": ("fa2", "fa3"), "model": ("sm120",)},
+}
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 # The package a peer loads, and how to install it (the `peers` extra pins the versions).
 PACKAGES = {
@@ -83,11 +91,18 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
 
 
 def check_options(name: str, options: dict[str, object]) -> None:
-    """ValueError naming an option that backend ``name`` does not take, and those it does."""
+    """ValueError naming an option that backend ``name`` does not take, and those it does, or a
+    value outside an option's CHOICES."""
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
         raise ValueError(f"the {name} backend has no option {unknown[0]!r} (its options: {takes})")
+    for key, value in options.items():
+        allowed = CHOICES.get(name, {}).get(key)
+        if allowed and value not in allowed:
+            raise ValueError(
+                f"the {name} backend's {key} must be one of {list(allowed)}, not {value!r}"
+            )
 
 
 def spec_label(spec: str) -> str:

@@ -48,6 +48,7 @@ import triton.language as tl
 from ..triton_interpret import triton_interpreted
 from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
 from .peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
+from .registry import CHOICES
 from .workspace import Workspaces
 
 INTERPRETED = triton_interpreted()  # decided when the package was imported, before triton
@@ -409,7 +410,7 @@ class TritonAttention(AttentionBackend):
         num_kv_splits: int | str = 8,
         index_dtype: str = SGLANG_KV_INDEX_DTYPE,
     ):
-        if decode not in ("grouped", "extend"):
+        if decode not in CHOICES["triton"]["decode"]:
             raise ValueError(f"decode must be 'grouped' or 'extend', got {decode!r}")
         if num_kv_splits != "sglang" and not (
             isinstance(num_kv_splits, int) and num_kv_splits >= 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from decodecliff.engine.config import EngineConfig, add_options
 from decodecliff.helpformat import DefaultsHelpFormatter
+from decodecliff.kernels import registry
 
 DESCRIPTION = (
     "Serve the synthetic MLA model over SGLang's native HTTP API and OpenAI's, so the same "
@@ -139,7 +140,7 @@ def check(argv: list[str]) -> None:
     """ValueError with serve's own message where ``argv`` would stop it before it serves (an
     unknown or malformed option, a value out of range), without torch or a device: the study's
     config check runs it on every server it launches. The backend's own option values are
-    checked when the backend is built."""
+    checked against the registry's CHOICES; the rest when the backend is built."""
 
     def fail(message: str) -> None:
         raise ValueError(message)
@@ -149,6 +150,7 @@ def check(argv: list[str]) -> None:
     args = p.parse_args(argv)
     device = "cpu" if args.device == "auto" else args.device
     options = dict(args.backend_option)
+    registry.check_options(args.backend, options)
     EngineConfig.from_args(args, device=device, backend_options=options).validate()
 
 
