@@ -465,6 +465,12 @@ def test_a_config_mistake_names_the_file_and_line_that_set_it(tmp_path: Path) ->
         in (REPO / "config.yaml").read_text().splitlines()[int(where.rsplit(" ", 1)[1]) - 1]
     )
     assert config.locate("config.nothing", [preset]) is None
+    # a list is the last file's whole (the merge replaces it): a key its item lacks is that
+    # file's, however deep the earlier file's item holds it
+    servers = tmp_path / "servers.yaml"
+    servers.write_text("sweep:\n  servers:\n    - backend: torch\n")
+    where = config.locate("config.sweep.servers[0].name", [REPO / "config.yaml", servers])
+    assert where == f"{servers}, line 3"
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:

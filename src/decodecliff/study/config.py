@@ -55,9 +55,10 @@ def _parts(where: str) -> list[str | int]:
     ]
 
 
-def _depth(node: yaml.Node | None, parts: list[str | int]) -> tuple[int, int]:
-    """(how many of ``parts`` the YAML node tree holds, the line of the deepest one)."""
-    depth, line = 0, 0
+def _depth(node: yaml.Node | None, parts: list[str | int]) -> tuple[int, int, bool]:
+    """(how many of ``parts`` the YAML node tree holds, the line of the deepest one, whether it
+    sets a list on the way: the merge takes such a list whole from the last file that sets it)."""
+    depth, line, sets_list = 0, 0, False
     for part in parts:
         if isinstance(node, yaml.MappingNode):
             found = [(k, v) for k, v in node.value if k.value == part]
@@ -66,6 +67,7 @@ def _depth(node: yaml.Node | None, parts: list[str | int]) -> tuple[int, int]:
             key, node = found[-1]
             line = key.start_mark.line + 1
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            sets_list = True
             if part >= len(node.value):
                 break
             node = node.value[part]
@@ -73,20 +75,21 @@ def _depth(node: yaml.Node | None, parts: list[str | int]) -> tuple[int, int]:
         else:
             break
         depth += 1
-    return depth, line
+    return depth, line, sets_list
 
 
 def locate(where: str, files: Sequence[str | Path]) -> str | None:
     """'config/h200.yaml, line 57': where the key at ``where`` (or its nearest parent) is set,
-    the later of ``files`` winning as in the merge; None where no file sets any of it."""
+    the later of ``files`` winning as in the merge (a list on the way is the last file's, whole);
+    None where no file sets any of it."""
     parts, best = _parts(where), (0, None, 0)
     for path in files:
         try:
             node = yaml.compose(Path(path).read_text())
         except (OSError, yaml.YAMLError):
             continue
-        depth, line = _depth(node, parts)
-        if depth and depth >= best[0]:
+        depth, line, sets_list = _depth(node, parts)
+        if depth and (sets_list or depth >= best[0]):
             best = (depth, path, line)
     depth, path, line = best
     return f"{path}, line {line}" if path else None
