@@ -1,7 +1,9 @@
-"""A server that speaks the sweep's protocol but answers with a NaN where asked: the fault that a
-buggy or real server can produce (Python's json writes NaN unless told not to).
+"""A server that speaks the sweep's protocol but answers with a NaN where asked (the fault that a
+buggy or real server can produce: Python's json writes NaN unless told not to), or ends a stream
+with an error event mid-generation, as SGLang's server does when a request fails inside it.
 
     python tests/faulty_server.py --port P --nan-in info|meta|after
+    python tests/faulty_server.py --port P --error-mid-stream
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from aiohttp import web
 NAN = float("nan")
 
 
-def build(nan_in: str) -> web.Application:
+def build(nan_in: str | None, error_mid_stream: bool = False) -> web.Application:
     calls = {"info": 0}
 
     async def health(_request: web.Request) -> web.Response:
@@ -38,6 +40,10 @@ def build(nan_in: str) -> web.Application:
             meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": i}
             if nan_in == "meta" and i == n:
                 meta["spec_accept_length"] = NAN
+            if error_mid_stream and i == 2:
+                error = {"error": {"message": "CUDA out of memory", "code": 500}}
+                await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+                return resp
             await resp.write(f"data: {json.dumps({'meta_info': meta})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -53,6 +59,8 @@ def build(nan_in: str) -> web.Application:
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--nan-in", choices=["info", "meta", "after"], required=True)
+    p.add_argument("--nan-in", choices=["info", "meta", "after"])
+    p.add_argument("--error-mid-stream", action="store_true")
     args = p.parse_args()
-    web.run_app(build(args.nan_in), host="127.0.0.1", port=args.port, print=None)
+    app = build(args.nan_in, args.error_mid_stream)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None)

@@ -248,6 +248,18 @@ def test_a_nan_from_the_server_fails_its_point_and_the_file_is_written(tmp_path,
         assert reason in point["reason"]
 
 
+def test_an_error_event_mid_stream_fails_its_point_with_the_server_s_words(tmp_path):
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --error-mid-stream"
+    done = _sweep(tmp_path, [16, 24], "--server-cmd", cmd, "--warmup-tokens", "0")
+    assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
+    points = _points(tmp_path)
+    assert sorted(points) == [16, 24]
+    for point in points.values():
+        assert point["status"] == "failed"
+        assert "server error" in point["reason"] and "CUDA out of memory" in point["reason"]
+
+
 def test_concurrent_streams_are_each_recorded(tmp_path):
     done = _sweep(tmp_path, [40], "--requests-per-point", "2", "--concurrency", "3")
     assert done.returncode == 0, done.stderr
