@@ -362,3 +362,24 @@ def test_the_fit_check_counts_the_draft_tokens_of_a_verify_step(tmp_path):
     assert small["status"] == "ok"
     assert big["status"] == "skipped" and "7 draft tokens" in big["reason"]
     assert launcher.info_field(small["server_info"], "speculative_num_draft_tokens") == 8
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_an_unexpected_error_fails_its_point_only(tmp_path):
+    """A fault in the sweep's own code (injected: no input causes one) fails that point, with
+    its traceback; the server is stopped and started again for the next point."""
+    runner = Runner(_config(tmp_path, [16, 24, 32]))
+    describe = runner._describe_server
+
+    def broken(res: dict) -> None:
+        if res["requested_ctx"] == 24:
+            raise RuntimeError("a bug in the sweep")
+        describe(res)
+
+    runner._describe_server = broken
+    first, hit, last = runner.run()
+    assert first["status"] == last["status"] == "ok"
+    assert hit["status"] == "failed" and hit["reason"].startswith("sweep error: ")
+    assert "RuntimeError: a bug in the sweep" in hit["reason"]
+    assert (first["server_launch"], last["server_launch"]) == (1, 2)
+    assert sorted(_points(tmp_path)) == [16, 24, 32]  # every point written
