@@ -12,7 +12,7 @@
 # short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). GPUS=N (a host
 # of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
 # each key on one GPU alone, so list the longest first; each worker's output is prefixed with
-# its GPU. A study too long for one lease is measured so in several calls and sessions at one
+# its GPU. A study too long for one lease is measured so in several calls and leases at one
 # commit: each call's tar merged into one run folder (python -m decodecliff.study.runs merge), which
 # publish_study.sh publishes.
 set -uo pipefail

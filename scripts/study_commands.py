@@ -110,6 +110,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if (args.config is None) == (args.missing is None):
         p.error("give a config, or --missing COMMANDS RUN")
+    if args.like is not None and args.missing is None:
+        p.error("--like plans what --missing finds: give --missing COMMANDS RUN")
+    if not args.call_s > 0:
+        p.error(f"--call-s must be > 0, not {args.call_s:g}")
     if args.missing:
         keys = missing(*args.missing)
         print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))

@@ -28,7 +28,7 @@ def capturable_backends() -> list[str]:
         try:
             importlib.import_module(f"decodecliff.kernels.{module}")
             names.append(name)
-        except ImportError:  # not installed here; any other error fails the tests that use it
+        except ImportError:  # not installed here; any other error fails the module's collection
             pass
     return names
 

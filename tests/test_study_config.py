@@ -3,6 +3,7 @@ configs, defaults from the schema, server commands, skipped servers, point looku
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import shlex
 from pathlib import Path
@@ -195,6 +196,7 @@ BAD = {
         _set("sweep.servers[1].args", "--backend-option decode=bogus"),
         "config.sweep.servers[1].args",
     ),
+    "serve-args-help": (_set("sweep.servers[1].args", "--help"), "config.sweep.servers[1].args"),
     "serve-template": (
         lambda c: c["sweep"].update(command=c["sweep"]["command"] + " --page-size 0"),
         "config.sweep.command",
@@ -212,6 +214,22 @@ def test_a_config_mistake_names_its_key(name: str) -> None:
     with pytest.raises(config.ConfigError, match=r"^invalid study config at ") as err:
         Study(cfg)
     assert str(err.value).startswith(f"invalid study config at {key}:"), str(err.value)
+
+
+def test_what_serve_would_take_passes_the_check() -> None:
+    """The serve check refuses only what serve refuses, and checks only serve's commands."""
+    cfg = raw("h200")  # a CUDA study: --device auto (or none) is the GPU there
+    for device in ("--device auto", ""):
+        cfg["sweep"]["command"] = raw("h200")["sweep"]["command"].replace(
+            "--device {device}", device
+        )
+        Study(copy.deepcopy(cfg))
+    cfg = raw()
+    cfg["sweep"]["command"] = "env OMP_NUM_THREADS=1 " + cfg["sweep"]["command"]
+    cfg["sweep"]["servers"][1]["args"] = "--prefill-attention backend --new-token-ratio 0.5"
+    cfg["sweep"]["servers"][2]["command"] = "python -m sglang.launch_server --port {port} --tp 8"
+    cfg["sweep"]["servers"][3]["args"] = "--not-a-serve-option"  # a GPU-only server: skipped here
+    Study(cfg)
 
 
 def test_a_gpu_only_servers_graphs_are_no_mistake_on_a_cpu() -> None:

@@ -28,6 +28,7 @@ import torch
 from . import abi
 from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta
 from .build import DEFAULT_OUT, LIB_NAME
+from .registry import CHOICES
 
 LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 # Where a build leaves the library, under a project root: the pipeline's build_kernel rule
@@ -39,14 +40,15 @@ MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine tha
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
 # threshold"): v5 for requests of 64+ query rows whose splits are long (>= MIN_TOKENS_PER_V5_SPLIT;
-# in the H200 study's bench at 7fe4732 v5 was behind by 20-47% at 256 tokens per split, where its
-# grid is a few CTAs, and ahead by up to 15% from 496), on either GPU: since its ring refill moved
-# between the MMAs it beats two v4 CTAs per SM too (H100, 185k: chain16 8 and 64 heads, tree64,
-# decode at 64 heads). Below that, where two v4 CTAs fit an SM (sm_90's 228 KB): v4 where its
-# plan puts more than one CTA on an SM (it wins by overlapping two CTAs), else v1 (sm_90's v4 is
-# cut to 128 registers for two CTAs; a lone one was slower than v1 at every such shape of that
-# bench but decode at 8 heads on page 1, where it was 8-13% faster); where one CTA fits (sm_120's
-# 100 KB, and its model on the H200) v4, which beat v1 at every point of the sm_120 model.
+# in the H200 study's bench at 7fe4732 v5 was behind by 20-47% at 256 tokens per split at 1k-16k,
+# ahead once, 64-head decode at 32k, and ahead by up to 15% from 496), on either GPU: since its
+# ring refill moved between the MMAs it beats two v4 CTAs per SM too (H100, 185k: chain16 8 and
+# 64 heads, tree64, decode at 64 heads). Below that, where two v4 CTAs fit an SM (sm_90's
+# 228 KB): v4 where its plan puts more than one CTA on an SM (it wins by overlapping two CTAs),
+# else v1 (sm_90's v4 is cut to 128 registers for two CTAs; a lone one was slower than v1 at
+# every such shape of that bench but decode at 8 heads on page 1, where it was 8-13% faster);
+# where one CTA fits (sm_120's 100 KB, and its model on the H200) v4, which beat v1 at every
+# point of the sm_120 model.
 AUTO_VARIANTS = ("v4", "v1")
 MIN_TOKENS_PER_V5_SPLIT = 384  # between the 256 where v5 lost and the 496 where it won
 V5_ROWS = 64  # query rows of one v5 CTA
@@ -254,10 +256,10 @@ class CustomAttention(AttentionBackend):
         variant: str = DEFAULT_VARIANT,
         model: str | None = None,
     ):
-        if variant not in (*VARIANTS, "auto"):
-            choices = [*sorted(VARIANTS), "auto"]
+        if variant not in CHOICES["custom"]["variant"]:
+            choices = list(CHOICES["custom"]["variant"])
             raise ValueError(f"variant must be one of {choices}, got {variant!r}")
-        if model not in (None, "sm120"):
+        if model not in (None, *CHOICES["custom"]["model"]):
             raise ValueError(f"model must be sm120 (or none), got {model!r}")
         self.variant, self.model = variant, model
         if model == "sm120":

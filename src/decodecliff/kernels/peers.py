@@ -245,7 +245,7 @@ class SGLangAttention(AttentionBackend):
             raise ValueError(f"kernel must be extend, verify or decode, got {kernel!r}")
         if num_kv_splits != "sglang" and not (isinstance(num_kv_splits, int) and num_kv_splits > 0):
             raise ValueError(f"num_kv_splits must be 'sglang' or >= 1, got {num_kv_splits!r}")
-        if index_dtype not in INDEX_DTYPES:
+        if index_dtype not in CHOICES["sglang"]["index_dtype"]:
             raise ValueError(f"index_dtype must be in {list(INDEX_DTYPES)}, got {index_dtype!r}")
         self.kernel, self.num_kv_splits = kernel, num_kv_splits
         self.max_context_len, self.index_dtype = max_context_len, index_dtype
@@ -405,7 +405,7 @@ class FlashInferAttention(AttentionBackend):
     def __init__(self, backend: str = "fa2", model: str | None = None):
         if backend not in CHOICES["flashinfer"]["backend"]:
             raise ValueError(f"backend must be fa2 or fa3, got {backend!r}")
-        if model not in (None, "sm120"):
+        if model not in (None, *CHOICES["flashinfer"]["model"]):
             raise ValueError(f"model must be sm120 (or none), got {model!r}")
         if model == "sm120":
             if backend != "fa2":

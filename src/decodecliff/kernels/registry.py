@@ -34,8 +34,9 @@ OPTIONS = {
     "flashinfer": ("backend", "model"),
     "cublas": (),
 }
-# The values of the options that take one of a few (the constructors check against these, and a
-# study's config check reads them here, without torch).
+# The values of the options that take one of a few (None aside, where an option may be left
+# unset): the constructors check against these, and a study's config check reads them here,
+# without torch.
 CHOICES = {
     "triton": {"decode": ("grouped", "extend"), "index_dtype": ("int32", "int64")},
     "custom": {"variant": ("v1", "v2", "v3", "v4", "v5", "auto"), "model": ("sm120",)},
@@ -99,7 +100,7 @@ def check_options(name: str, options: dict[str, object]) -> None:
         raise ValueError(f"the {name} backend has no option {unknown[0]!r} (its options: {takes})")
     for key, value in options.items():
         allowed = CHOICES.get(name, {}).get(key)
-        if allowed and value not in allowed:
+        if allowed and value is not None and value not in allowed:  # None: the default
             raise ValueError(
                 f"the {name} backend's {key} must be one of {list(allowed)}, not {value!r}"
             )

@@ -416,7 +416,7 @@ class TritonAttention(AttentionBackend):
             isinstance(num_kv_splits, int) and num_kv_splits >= 1
         ):
             raise ValueError(f"num_kv_splits must be >= 1 or 'sglang', got {num_kv_splits!r}")
-        if index_dtype not in INDEX_DTYPES:
+        if index_dtype not in CHOICES["triton"]["index_dtype"]:
             raise ValueError(f"index_dtype must be in {list(INDEX_DTYPES)}, got {index_dtype!r}")
         self.index_dtype = index_dtype
         self.resolved_splits: int | None = None

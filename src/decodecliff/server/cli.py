@@ -136,19 +136,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
-def check(argv: list[str]) -> None:
+def check(argv: list[str], auto_device: str = "cpu") -> None:
     """ValueError with serve's own message where ``argv`` would stop it before it serves (an
     unknown or malformed option, a value out of range), without torch or a device: the study's
-    config check runs it on every server it launches. The backend's own option values are
-    checked against the registry's CHOICES; the rest when the backend is built."""
+    config check runs it on every server it launches, ``--device auto`` (or none) taken as the
+    study's device. Backend option values are checked against the registry's CHOICES; the rest
+    when the backend is built."""
 
     def fail(message: str) -> None:
         raise ValueError(message)
 
     p = parser()
     p.error = fail  # type: ignore[method-assign]  # every parse error raises, none exits
+    if {"-h", "--help"} & set(argv):
+        raise ValueError("--help in a server's command: it would print its help and exit")
     args = p.parse_args(argv)
-    device = "cpu" if args.device == "auto" else args.device
+    device = auto_device if args.device == "auto" else args.device
     options = dict(args.backend_option)
     registry.check_options(args.backend, options)
     EngineConfig.from_args(args, device=device, backend_options=options).validate()

@@ -293,7 +293,7 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
         from decodecliff.server import cli as serve
 
         try:
-            serve.check(words[at + 2 :])
+            serve.check(words[at + 2 :], auto_device=sweep["device"])
         except ValueError as exc:
             raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
 

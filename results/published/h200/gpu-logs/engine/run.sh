@@ -1,5 +1,5 @@
 #!/bin/bash
-# One GPU session: checks, then the step anatomy (new code), the old code's baseline, the loop.
+# One GPU machine lease: checks, then the step anatomy (new code), the old code's baseline, the loop.
 export DECODECLIFF_GIT_REV=79b4eec80ba417a375bf4aabc0306b9f34aa1799 PYTHONUNBUFFERED=1 DECODECLIFF_KERNEL_LIB=$PWD/.engine-kernel/libdecodecliff_mla.so
 T0=$(date +%s); el() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
