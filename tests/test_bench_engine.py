@@ -43,6 +43,38 @@ def test_every_point_is_split_into_attention_gemms_and_the_rest(doc):
     assert doc["env"]["torch"] and doc["ceilings"]["copy_gbs"] > 0 and not doc["errors"]
 
 
+def test_the_rest_of_a_step_is_timed_without_its_attention(tmp_path, monkeypatch):
+    """attention = step - rest holds only if the rest's step runs no attention: the timed
+    callables are watched (the backend's run counted), the bench itself runs as it does."""
+    from decodecliff.kernels.reference import TorchAttention
+
+    runs = {"n": 0}
+    run = TorchAttention.run
+
+    def counted(self, *args, **kwargs):
+        runs["n"] += 1
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(TorchAttention, "run", counted)
+    per_step: list[int] = []
+    time_step = bench.time_step
+
+    def watched(device, forward, warmup, repeats):
+        before = runs["n"]
+        forward()
+        per_step.append(runs["n"] - before)
+        return time_step(device, forward, warmup, repeats)
+
+    monkeypatch.setattr(bench, "time_step", watched)
+    argv = ["--device", "cpu", "--threads", "1", "--contexts", "64", "200", "--repeats", "1"]
+    argv += ["--parts", "anatomy", "--out", str(tmp_path / "engine.json")]
+    assert bench.cli(argv) == 0
+    from decodecliff.engine.config import PRESETS
+
+    layers = PRESETS["tiny"].num_layers  # one backend run a layer
+    assert per_step == [layers, 0, layers, 0]  # (step, rest) at each context
+
+
 def test_loop_drafter_and_host_parts_and_the_targets(doc):
     (loop,) = doc["loop"]
     assert loop["steps"] == 3 and loop["verify_steps_per_s"] > 0 and loop["context"] == 200
