@@ -53,6 +53,10 @@ def test_importing_the_package_decides_before_triton_loads() -> None:
     assert done.stdout.split() == ["1", "False"], done.stderr
 
 
-def test_the_triton_backend_follows_the_decision() -> None:
-    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
-    assert tb.INTERPRETED is triton_interpreted()
+def test_the_triton_backend_refuses_a_triton_loaded_before_the_decision() -> None:
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the package decides for the interpreter
+    code = "import triton; import decodecliff.kernels.triton_baseline"  # triton first: compiled
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "triton was imported before TRITON_INTERPRET=1" in done.stderr
