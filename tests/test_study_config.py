@@ -94,6 +94,8 @@ def _set(path: str, value: object):
     return change
 
 
+SERVE_ARGS = "sweep.servers[1].args"  # a Triton server, launched by decodecliff serve
+
 BAD = {
     "minimum": (_set("sweep.gen_tokens", 0), "config.sweep.gen_tokens"),
     "unknown-key": (_set("kernels.devise", "cpu"), "config.kernels.devise"),
@@ -164,26 +166,18 @@ BAD = {
     "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
     "sm120-model-unbuilt": (_set("kernels.sm120_model", True), "config.kernels.sm120_model"),
     # what `decodecliff serve` refuses fails here, not at every point as a server that exits
-    "serve-args-choice": (
-        _set("sweep.servers[1].args", "--prefill-attention mah"),
-        "config.sweep.servers[1].args",
-    ),
-    "serve-args-unknown": (
-        _set("sweep.servers[1].args", "--bogus"),
-        "config.sweep.servers[1].args",
-    ),
-    "serve-args-type": (
-        _set("sweep.servers[1].args", "--max-total-tokens=abc"),
-        "config.sweep.servers[1].args",
-    ),
-    "serve-args-nan": (
-        _set("sweep.servers[1].args", "--new-token-ratio nan"),
-        "config.sweep.servers[1].args",
-    ),
-    "serve-args-quote": (
-        _set("sweep.servers[1].args", "--prefill-attention 'mha"),
-        "config.sweep.servers[1].args",
-    ),
+    **{
+        f"serve-args-{name}": (_set(SERVE_ARGS, args), f"config.{SERVE_ARGS}")
+        for name, args in {
+            "choice": "--prefill-attention mah",
+            "unknown": "--bogus",
+            "type": "--max-total-tokens=abc",
+            "nan": "--new-token-ratio nan",
+            "quote": "--prefill-attention 'mha",
+            "backend-option": "--backend-option decode=bogus",
+            "help": "--help",
+        }.items()
+    },
     "backend-option-value": (
         _set("sweep.servers[1].backend_options", {"decode": "bogus"}),
         "config.sweep.servers[1].backend_options",
@@ -192,11 +186,6 @@ BAD = {
         _set("engine.backends", ["triton:decode=bogus"]),
         "config.engine.backends[0]",
     ),
-    "serve-args-backend-option": (
-        _set("sweep.servers[1].args", "--backend-option decode=bogus"),
-        "config.sweep.servers[1].args",
-    ),
-    "serve-args-help": (_set("sweep.servers[1].args", "--help"), "config.sweep.servers[1].args"),
     "serve-template": (
         lambda c: c["sweep"].update(command=c["sweep"]["command"] + " --page-size 0"),
         "config.sweep.command",
