@@ -238,6 +238,12 @@ def _read(path: Path) -> dict:
     return doc
 
 
+def _point_files(server_dir: Path) -> list[tuple[int, Path]]:
+    """A server folder's point files (sweep/SERVER/ctxN.json) with their contexts, in order."""
+    files = server_dir.glob("ctx*.json")
+    return sorted((int(f.stem[3:]), f) for f in files if f.stem[3:].isdigit())
+
+
 def describe(run_dir: Path) -> str:
     """A markdown table of what ``run_dir`` holds: one row per bench and per swept server."""
     if not run_dir.is_dir():
@@ -253,18 +259,13 @@ def describe(run_dir: Path) -> str:
                 f"{failed} failed |"
             )
     for server_dir in sorted((run_dir / "sweep").glob("*/")):
-        points = sorted(
-            (f for f in server_dir.glob("ctx*.json") if f.stem[3:].isdigit()),
-            key=lambda f: int(f.stem[3:]),
-        )
-        docs = [_read(f) for f in points]
+        points = _point_files(server_dir)
+        docs = [_read(f) for _, f in points]
         if not docs:
             continue
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
         stamps = [t for d in docs for t in (d.get("started_at"), d.get("finished_at")) if t]
-        status = [
-            f"{_ctx(int(f.stem[3:]))} {d['status']}" for f, d in zip(points, docs, strict=True)
-        ]
+        status = [f"{_ctx(ctx)} {d['status']}" for (ctx, _), d in zip(points, docs, strict=True)]
         requests = sorted({len(d.get("requests") or []) for d in docs})
         rows.append(
             f"| `sweep/{server_dir.name}/` | {commits} | {_when(stamps)} | {len(docs)} points "
@@ -277,12 +278,13 @@ def point_seconds(run_dir: Path) -> dict[str, float]:
     """Each sweep point's wall time in ``run_dir`` by key (``SERVER:CTX``): its server's launch,
     warm-up and requests, from the point file's own start and finish."""
     seconds = {}
-    for f in (run_dir / "sweep").glob("*/ctx*.json"):
-        doc = _read(f)
-        start, finish = doc.get("started_at"), doc.get("finished_at")
-        if f.stem[3:].isdigit() and start and finish:
-            span = datetime.fromisoformat(finish) - datetime.fromisoformat(start)
-            seconds[f"{f.parent.name}:{f.stem[3:]}"] = span.total_seconds()
+    for server_dir in (run_dir / "sweep").glob("*/"):
+        for ctx, f in _point_files(server_dir):
+            doc = _read(f)
+            start, finish = doc.get("started_at"), doc.get("finished_at")
+            if start and finish:
+                span = datetime.fromisoformat(finish) - datetime.fromisoformat(start)
+                seconds[f"{server_dir.name}:{ctx}"] = span.total_seconds()
     return seconds
 
 
