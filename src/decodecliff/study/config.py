@@ -279,6 +279,8 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
     """A `decodecliff serve` command parses as serve parses it, its values in range: a typo fails
     here, not as a server that exits at every point. The command without the server's args is
     checked first, so a mistake is laid at the template's door or the args', where it is."""
+    from decodecliff.server import cli as serve  # its parser, not the server
+
     template = f"{key}.command" if server.get("command") else "config.sweep.command"
     for where, entry in ((template, {**server, "args": ""}), (f"{key}.args", server)):
         launch = srv.command(sweep, entry).replace("{host}", "127.0.0.1").replace("{port}", "0")
@@ -290,8 +292,6 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
                    words[i + 1] == "serve"), None)  # fmt: skip
         if at is None:
             return  # another server's command (SGLang's own, a script): its options are its own
-        from decodecliff.server import cli as serve
-
         try:
             serve.check(words[at + 2 :], auto_device=sweep["device"])
         except ValueError as exc:
