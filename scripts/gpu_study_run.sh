@@ -9,7 +9,9 @@
 # kernel library is built first by the study's rule unless this call's machine built it so for
 # this commit. After every key, what the rules wrote (less the libraries) is packed into
 # $OUT/study.tar, so what a call measured comes back even if it is cut
-# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). GPUS=N (a host
+# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). REQUIRE_GPU=H200:
+# stop before any work unless the GPU's name holds it (a lease may lend another GPU, and a run's
+# points are of one: the merge refuses another's, after the call has spent its time). GPUS=N (a host
 # of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
 # each key on one GPU alone, so list the longest first; each worker's output is prefixed with
 # its GPU. A study too long for one lease is measured so in several calls and leases at one
@@ -39,6 +41,11 @@ run_key() {
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "commit $DECODECLIFF_GIT_REV"; } | tee "$OUT/env.txt"
+gpu=$(head -n 1 "$OUT/env.txt")
+if [ -n "${REQUIRE_GPU:-}" ] && [[ "$gpu" != *"$REQUIRE_GPU"* ]]; then
+  echo "the lent GPU is not an $REQUIRE_GPU (REQUIRE_GPU): nothing measured"
+  exit 3
+fi
 # The study's rule builds the library once per commit on this machine (a warm machine keeps an
 # earlier call's files: another commit's are cleared, a library built otherwise is not used).
 built="results/build/.built-by-rule-$DECODECLIFF_GIT_REV"

@@ -113,6 +113,22 @@ def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path
     assert "no command for nope:9" in done.stdout
 
 
+def test_a_call_on_another_gpu_than_required_measures_nothing(tmp_path: Path) -> None:
+    tree = fake_runner(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB'\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    done = run(tree, "a:1", REQUIRE_GPU="H200", PATH=path)
+    assert done.returncode == 3
+    assert "not an H200 (REQUIRE_GPU): nothing measured" in done.stdout
+    assert not (tree / "results/build").exists() and not (tree / "out/study.tar").exists()
+    done = run(tree, "a:1", REQUIRE_GPU="H100", PATH=path)
+    assert done.returncode == 0 and (tree / "results/sweep/a.json").exists()
+
+
 def _tar(path: Path, files: dict[str, str], inner: bool = False) -> Path:
     """A study.tar of ``files`` (results/ paths), or a call's tar holding one at s/study.tar."""
     import io
@@ -261,6 +277,26 @@ def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
     assert set(runs.merge_calls([same], run).added) == {"sweep/s/ctx2.json"}
     other = _tar(tmp_path / "c.tar", {"sweep/t/ctx1.json": point("fff0000")})
     with pytest.raises(ValueError, match="one commit's measurements; these are of abc1234"):
+        runs.merge_calls([other], run)
+    assert not (run / "sweep/t").exists()
+
+
+def test_a_run_folder_holds_one_gpu(tmp_path: Path) -> None:
+    # A lease may lend another GPU than the run's: its points must not join the run.
+    import json
+
+    from decodecliff.study import runs
+
+    def point(gpu: str | None) -> str:
+        return json.dumps({"env": {"git": "abc1234", "gpu": gpu}, "status": "ok"})
+
+    run = tmp_path / "run"
+    first = {"sweep/s/ctx1.json": point("NVIDIA H200"), "kernels/bench.json": point(None)}
+    runs.merge_calls([_tar(tmp_path / "a.tar", first)], run)
+    same = _tar(tmp_path / "b.tar", {"sweep/s/ctx2.json": point("NVIDIA H200")})
+    assert set(runs.merge_calls([same], run).added) == {"sweep/s/ctx2.json"}
+    other = _tar(tmp_path / "c.tar", {"sweep/t/ctx1.json": point("NVIDIA H100 80GB HBM3")})
+    with pytest.raises(ValueError, match="one GPU's measurements; these are of NVIDIA H200 .*H100"):
         runs.merge_calls([other], run)
     assert not (run / "sweep/t").exists()
 

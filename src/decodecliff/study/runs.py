@@ -17,9 +17,9 @@ server on the machine, so a folder is filled by merging, not by copying over:
   with a ``==== launch`` line, which names its time), and a launch a later call brings back
   longer (the same launch, logged further) is taken whole;
 * a file it holds with other bytes (a point measured twice, another build record, a launch
-  logged otherwise), a measurement of another commit, or a path that is not a file in the
-  folder stops the merge before anything is written: which measurement stands is the
-  publisher's decision;
+  logged otherwise), a measurement of another commit or on another GPU, or a path that is not
+  a file in the folder stops the merge before anything is written: which measurement stands is
+  the publisher's decision;
 * a tar with no study files, or a name that would land outside the folder, is refused;
 * the build's logs come from the call that recorded the build (``build/build.json``): a later
   call's rebuild of the same commit, whose record must match, writes logs that differ only in
@@ -35,6 +35,7 @@ import json
 import re
 import sys
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -163,27 +164,38 @@ STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; no
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike
 
 
-def commit_of(data: bytes) -> str | None:
-    """The commit a result file was measured at (its ``env``), '-dirty' dropped, to its first
-    seven characters; None for files without one (logs, a build record older than its env)."""
+def _env(data: bytes) -> dict:
+    """A result file's ``env`` (the machine and commit it was measured on); {} for other files."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        return None
+        return {}
     env = doc.get("env") if isinstance(doc, dict) else None
-    git = env.get("git") if isinstance(env, dict) else None
+    return env if isinstance(env, dict) else {}
+
+
+def commit_of(data: bytes) -> str | None:
+    """The commit a result file was measured at (its ``env``), '-dirty' dropped, to its first
+    seven characters; None for files without one (logs, a build record older than its env)."""
+    git = _env(data).get("git")
     return git.removesuffix("-dirty")[:SHORT] if isinstance(git, str) else None
 
 
-def _commits(run_dir: Path, merge: Merge) -> dict[str, str]:
-    """Each commit the folder and the merge hold, with one file measured at it."""
+def gpu_of(data: bytes) -> str | None:
+    """The GPU a result file was measured on ('NVIDIA H200'); None for files without one."""
+    gpu = _env(data).get("gpu")
+    return gpu if isinstance(gpu, str) and gpu else None
+
+
+def _held(run_dir: Path, merge: Merge, read: Callable[[bytes], str | None]) -> dict[str, str]:
+    """Each value ``read`` finds in the folder's and the merge's results, with one file of it."""
     files = [f for d in STUDY_DIRS for f in (run_dir / d).rglob("*.json") if f.is_file()]
     held = {str(f.relative_to(run_dir)): f.read_bytes() for f in files}
     found: dict[str, str] = {}
     added = {n: d for n, d in merge.added.items() if n.split("/")[0] in STUDY_DIRS}
     for name, data in {**held, **added}.items():
-        if (commit := commit_of(data)) is not None:
-            found.setdefault(commit, name)
+        if (value := read(data)) is not None:
+            found.setdefault(value, name)
     return found
 
 
@@ -196,13 +208,13 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
         except tarfile.TarError as exc:
             raise ValueError(f"{tar}: not a readable tar ({str(exc).splitlines()[0]})") from None
         plan_merge(files, run_dir, merge)
-    commits = _commits(run_dir, merge)
-    if len(commits) > 1:
-        raise ValueError(
-            "a run folder holds one commit's measurements; these are of "
-            + ", ".join(f"{c} ({name})" for c, name in commits.items())
-            + " (nothing written)"
-        )
+    for what, read in (("commit", commit_of), ("GPU", gpu_of)):
+        if len(found := _held(run_dir, merge, read)) > 1:
+            raise ValueError(
+                f"a run folder holds one {what}'s measurements; these are of "
+                + ", ".join(f"{value} ({name})" for value, name in found.items())
+                + " (nothing written)"
+            )
     if merge.conflicts:
         names = sorted(set(merge.conflicts))
         raise ValueError(
