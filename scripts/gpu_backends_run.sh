@@ -2,11 +2,12 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120 | engine-pdl
-#         | engine-gemms | engine-l2 | engine-fused | profile-sm120 | v5-patches
+#   PART: gpu-tests | contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120
+#         | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
-# contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
+# gpu-tests: every test marked gpu with this commit's library (GPU_TESTS: the files, else all
+# that hold one; GPU_TESTS_S: its limit, 540 s); contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
 # FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
 # same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
@@ -77,6 +78,11 @@ for part in "$@"; do
   fi
   el "$part"
   case $part in
+    gpu-tests)  # only the files with gpu tests: the machine lacks the study stack others import
+      files=${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}
+      timeout "${GPU_TESTS_S:-540}" python3 -m pytest -q -n 0 -p no:cacheprovider -m gpu -rfs \
+        --durations=10 $files > "$OUT/gpu-tests.log" 2>&1; echo "rc $?"
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -n 20; tail -n 1 "$OUT/gpu-tests.log" ;;
     contract) timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_backend_contract.py \
         tests/test_peers_fidelity.py > "$OUT/pytest.log" 2>&1; echo "rc $?"; tail -n 2 "$OUT/pytest.log" ;;
     kernels|fidelity)
