@@ -7,9 +7,10 @@
 #   (a study's points and benches at one commit: gpu_study_run.sh)
 #
 # gpu-tests: every test marked gpu with this commit's library (GPU_TESTS: the files, else all
-# that hold one; GPU_TESTS_S: its limit, 540 s); contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
-# FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
-# same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
+# that hold one; GPU_TESTS_S: its limit, 540 s); contract: the backend contract's tests on the
+# GPU; kernels: the baseline, SGLang's kernels, FlashInfer (fa2, fa3) and the custom kernel
+# side by side (both index dtypes); fidelity: the same for the baseline and SGLang only; engine:
+# the step anatomy of the servers a user would pick;
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim), at 185k:
