@@ -270,6 +270,7 @@ def test_snakemake_report_has_the_captions(study: Path) -> None:
             "config.sweep.servers[0].chunks[0].point_timeout_s",
         ),
         (lambda c: c["sweep"].update(requests_per_point=0), "config.sweep.requests_per_point"),
+        (lambda c: c.update(reference="data/reference/nope.csv"), "config.reference"),
     ],
     ids=[
         "minimum",
@@ -284,6 +285,7 @@ def test_snakemake_report_has_the_captions(study: Path) -> None:
         "streams-beyond-pool",
         "point-timeout-over-chunk",
         "no-requests",
+        "no-reference-file",
     ],  # fmt: skip
 )
 def test_bad_config_stops_before_any_work(tmp_path: Path, change, key: str) -> None:

@@ -205,6 +205,23 @@ def test_a_config_mistake_names_its_key(name: str) -> None:
     assert str(err.value).startswith(f"invalid study config at {key}:"), str(err.value)
 
 
+def test_a_reference_table_that_is_not_there_names_its_key_and_line(tmp_path: Path) -> None:
+    preset = tmp_path / "study.yaml"
+    preset.write_text("reference: data/reference/missing.csv\n")
+    files = [REPO / "config.yaml", preset]
+    cfg = config.load(files)
+    with pytest.raises(config.ConfigError) as err:
+        config.check_inputs(cfg, REPO, files)
+    assert str(err.value).startswith(
+        f"invalid study config at config.reference ({preset}, line 1): "
+        "data/reference/missing.csv: no such file under "
+    ), str(err.value)
+    (tmp_path / "data/reference/missing.csv").mkdir(parents=True)
+    with pytest.raises(config.ConfigError, match="missing.csv: a folder under"):
+        config.check_inputs(cfg, tmp_path)
+    config.check_inputs(raw(), REPO)  # the default's table is there
+
+
 def test_what_serve_would_take_passes_the_check() -> None:
     """The serve check refuses only what serve refuses, and checks only serve's commands."""
     cfg = raw("h200")  # a CUDA study: --device auto (or none) is the GPU there

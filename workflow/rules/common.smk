@@ -14,7 +14,7 @@ from snakemake.exceptions import WorkflowError
 
 from decodecliff.analysis import layout
 from decodecliff.study import notebooks as nb
-from decodecliff.study.config import ConfigError
+from decodecliff.study.config import ConfigError, check_inputs
 from decodecliff.study.paths import (
     BUILD_INFO,
     ENGINE_BENCH,
@@ -41,6 +41,7 @@ CONFIG_FILES += list(workflow.overwrite_configfiles)
 # file and line that set it.
 try:
     STUDY = Study(config, SCHEMA, CONFIG_FILES)  # fills in the schema's defaults, as validate() does
+    check_inputs(STUDY.config, os.getcwd(), CONFIG_FILES)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

@@ -241,6 +241,17 @@ def check(cfg: dict) -> None:
             raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
 
 
+def check_inputs(cfg: dict, workdir: str | Path, files: Sequence[str | Path] = ()) -> None:
+    """The files the config names as inputs exist under ``workdir`` (Snakemake's): a missing
+    reference table would otherwise stop the run with Snakemake's MissingInputException, which
+    names the rule needing it, not the key that set it."""
+    path = Path(workdir) / cfg["reference"]
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no such file"
+        err = ConfigError("config.reference", f"{cfg['reference']}: {what} under {workdir}")
+        raise err.located(files) if files else err
+
+
 def _check_points(server: dict, key: str) -> None:
     """Each context once per server; no request allowed longer than the job around it."""
     seen: set[int] = set()
