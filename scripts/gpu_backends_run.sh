@@ -2,21 +2,22 @@
 # GPU calls of the backend work, each part the pipeline's own command, logs and JSON to $OUT:
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
-#   PART: gpu-tests | contract | kernels | fidelity | engine | sm120 | sm120-more | engine-sm120
-#         | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120 | v5-patches
-#   (a study's points and benches at one commit: gpu_study_run.sh)
+#   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
+#         | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120
+#         | v5-patches
+#   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
-# gpu-tests: every test marked gpu with this commit's library (GPU_TESTS: the files, else all
-# that hold one; GPU_TESTS_S: its limit, 540 s); contract: the backend contract's tests on the
-# GPU; kernels: the baseline, SGLang's kernels, FlashInfer (fa2, fa3) and the custom kernel
-# side by side (both index dtypes); fidelity: the same for the baseline and SGLang only; engine:
-# the step anatomy of the servers a user would pick;
+# contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
+# FlashInfer (fa2, fa3) and the custom kernel side by side (both index dtypes); fidelity: the
+# same for the baseline and SGLang only; engine: the step anatomy of the servers a user would pick;
 # sm120: the custom variants checked (float64, planted masks) in both builds, then timed beside
 # FlashInfer on the H200's resources and as both configure themselves on sm_120
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim), at 185k:
 # decode, chain16 and tree64 at 8, 16 and 64 heads, and chain16 at page 64;
 # sm120-more: v4, v5 and auto beside FlashInfer, both builds, for a ragged batch of four (185k
-# down to 46k), chain16 and decode at 8 heads;
+# down to 46k), chain16 and decode at 8 heads; short-splits: auto, v1, v4 and v5 at their own
+# plan and at 8 to 132 KV splits, both builds, beside fa2 and fa3, decode and chain16 at 1k-16k
+# (8 and 64 heads): whether splits shorter than MIN_TOKENS_PER_SPLIT win where contexts are short;
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -79,11 +80,6 @@ for part in "$@"; do
   fi
   el "$part"
   case $part in
-    gpu-tests)  # only the files with gpu tests: the machine lacks the study stack others import
-      files=${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}
-      timeout "${GPU_TESTS_S:-540}" python3 -m pytest -q -n 0 -p no:cacheprovider -m gpu -rfs \
-        --durations=10 $files > "$OUT/gpu-tests.log" 2>&1; echo "rc $?"
-      grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -n 20; tail -n 1 "$OUT/gpu-tests.log" ;;
     contract) timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_backend_contract.py \
         tests/test_peers_fidelity.py > "$OUT/pytest.log" 2>&1; echo "rc $?"; tail -n 2 "$OUT/pytest.log" ;;
     kernels|fidelity)
@@ -120,6 +116,13 @@ for lim in (0, 102400):
       LD_PRELOAD=$SHIM timeout 200 $MORE --modes chain16 decode --heads 8 --batch 4 --ragged \
         --out "$OUT/sm120_ragged.json" > "$OUT/bench_sm120_ragged.log" 2>&1
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
+    short-splits)  # the custom kernel at set split counts beside its own plan and FlashInfer
+      have_model || continue
+      LD_PRELOAD=$SHIM timeout 420 $SM --custom-variants auto v1 v4 v5 \
+        --custom-splits 8 16 32 66 132 --contexts 1024 4096 16384 --modes decode chain16 \
+        --page-sizes 1 --heads 8 64 --max-seconds-per-point 30 \
+        --out "$OUT/short-splits.json" > "$OUT/bench_short-splits.log" 2>&1; echo "rc $?"
+      python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

@@ -262,6 +262,25 @@ def test_custom_variants_are_timed_side_by_side_and_skipped_without_a_gpu(
     assert code == 2 and "invalid choice: 'v9'" in capsys.readouterr().err
 
 
+def test_custom_split_counts_are_timed_beside_each_variants_own_plan(tmp_path, capsys) -> None:
+    code, out = bench_here(
+        tmp_path, "--contexts", "33", "--modes", "chain4", "--heads", "2", "--page-sizes", "16",
+        "--backends", "custom", "--custom-variants", "v4", "auto", "--custom-splits", "8", "16",
+        "--repeats", "1", "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    points = json.loads(out.read_text())["points"]
+    labels = [p["triton_config"] for p in points]
+    assert labels == ["v4", None, "v4-s8", "auto-s8", "v4-s16", "auto-s16"]
+    args = kernels.parse_args(["--custom-variants", "v5", "--custom-splits", "16", "--sm120-model"])
+    forced = {v.label: dict(v.options) for v in kernels.custom_variants(args)}
+    assert forced["v5-sm120-s16"] == {"variant": "v5", "model": "sm120", "num_splits": 16}
+    assert "num_splits" not in forced["v5"] and "num_splits" not in forced["v5-sm120"]
+    capsys.readouterr()
+    code, _ = bench_here(tmp_path, "--backends", "custom", "--custom-splits", "0")
+    assert code == 2 and "--custom-splits must be positive" in capsys.readouterr().err
+
+
 def test_a_ragged_batch_reads_its_mixed_lengths_and_floors_their_sum(tmp_path: Path) -> None:
     assert kernels.kv_lengths(900, 16, 3, ragged=False) == [900, 900, 900]
     assert kernels.kv_lengths(900, 16, 3, ragged=True) == [900, 600, 300]

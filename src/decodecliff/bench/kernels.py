@@ -103,21 +103,28 @@ def peer_variants(backend: str, q_len: int, args: argparse.Namespace) -> list[Va
     return by_index_dtype(decode, args)
 
 
+def custom_variants(args: argparse.Namespace) -> list[Variant]:
+    """Each --custom-variants entry split as its plan says ("auto" keeps no label: the backend
+    as the engine runs it), then at each --custom-splits count (label suffix s16, ...)."""
+    base = [(None if v == "auto" else v, () if v == "auto" else (("variant", v),))
+            for v in args.custom_variants]  # fmt: skip
+    if args.sm120_model:
+        base += [(f"{v}-sm120", (("variant", v), SM120)) for v in args.custom_variants]
+    out = [Variant("custom", label, opts) for label, opts in base]
+    for n in args.custom_splits:
+        out += [
+            Variant("custom", f"{label or 'auto'}-{split_label(n)}", (*opts, ("num_splits", n)))
+            for label, opts in base
+        ]
+    return out
+
+
 def variants(backend: str, q_len: int, args: argparse.Namespace, device: torch.device) -> list:
     """Which configurations of ``backend`` to time at this q_len."""
     if backend in ("sglang", "flashinfer"):
         return peer_variants(backend, q_len, args)
-    if backend == "custom":  # "auto" keeps no label: the backend as the engine runs it
-        out = [
-            Variant("custom", None) if v == "auto" else Variant("custom", v, (("variant", v),))
-            for v in args.custom_variants
-        ]
-        if args.sm120_model:
-            out += [
-                Variant("custom", f"{v}-sm120", (("variant", v), SM120))
-                for v in args.custom_variants
-            ]
-        return out
+    if backend == "custom":
+        return custom_variants(args)
     if backend != "triton":
         return [Variant(backend, None)]
     from ..kernels.triton_baseline import resolve_arch_config
@@ -431,6 +438,14 @@ def parser() -> argparse.ArgumentParser:
         "(default: auto)",
     )
     p.add_argument(
+        "--custom-splits",
+        nargs="+",
+        type=int,
+        default=[],
+        help="also time each custom variant at these KV split counts (labels end in -s<N>) "
+        "(default: none, each variant's own plan only)",
+    )
+    p.add_argument(
         "--sm120-model",
         action="store_true",
         help="also time the custom variants and FlashInfer's fa2 as they configure themselves "
@@ -505,6 +520,8 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--heads and --batch must be positive")
     if "triton" in args.backends:
         validate_triton_configs(p, args.triton_config)
+    if any(n < 1 for n in args.custom_splits):
+        p.error("--custom-splits must be positive")
     if any(s != "sglang" and s < 0 for s in args.decode_splits):
         p.error("--decode-splits must be >= 0 or 'sglang'")
     if args.device not in ("auto", "cpu", "cuda") and not args.device.startswith("cuda:"):

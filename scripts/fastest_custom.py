@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Per shape of a kernel bench: the custom kernel as planned, its fastest configuration, FlashInfer.
+
+    scripts/fastest_custom.py BENCH_JSON
+
+Reads `decodecliff bench-kernels` output holding custom variants at set split counts
+(--custom-splits) and prints, per build (the GPU's own, or the sm_120 model) and shape, the
+plan's time (auto), the fastest custom label and FlashInfer's fa2 (fa3 beside it on the GPU's own
+build), in microseconds, with the floor. Standard library only: it runs on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+MODEL = "-sm120"
+
+
+def label(point: dict) -> str:
+    """The point's configuration as the bench labels it ("auto" where the label is empty)."""
+    return point["triton_config"] or "auto"
+
+
+def build_of(name: str) -> str:
+    return "sm120 model" if MODEL in name else "own"
+
+
+def shapes(points: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(build, mode, heads, ctx, page) -> {backend/label: point}, for the points that ran."""
+    out: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for p in points:
+        if p["status"] != "ok" or p["backend"] not in ("custom", "flashinfer"):
+            continue
+        name = label(p)
+        key = (build_of(name), p["mode"], p["heads"], p["ctx"], p["page_size"])
+        out[key][f"{p['backend']}/{name.replace(MODEL, '')}"] = p
+    return out
+
+
+def row(key: tuple, found: dict[str, dict]) -> str | None:
+    """One line: plan, fastest custom configuration, FlashInfer, floor (us); None without a plan."""
+    plan = found.get("custom/auto")
+    if plan is None:
+        return None
+    customs = {k.split("/", 1)[1]: p for k, p in found.items() if k.startswith("custom/")}
+    best = min(customs, key=lambda k: customs[k]["ms"])
+
+    def us(p: dict | None) -> str:
+        return "-" if p is None else f"{p['ms'] * 1e3:.1f}"
+
+    def how(p: dict) -> str:
+        return f"{p['detail'].get('variant')}/{p['detail'].get('num_splits')}"
+
+    build, mode, heads, ctx, page = key
+    return (
+        f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d} plan {us(plan):>7s} "
+        f"({how(plan)})  best {best:>10s} {us(customs[best]):>7s} ({how(customs[best])})  "
+        f"fa2 {us(found.get('flashinfer/fa2')):>7s}  fa3 {us(found.get('flashinfer/fa3')):>7s}  "
+        f"floor {us({'ms': plan['floor_ms']})}"
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        points = json.load(f)["points"]
+    for key, found in sorted(shapes(points).items()):
+        if (line := row(key, found)) is not None:
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,43 @@
+"""scripts/fastest_custom.py: per shape, the plan beside the fastest custom configuration."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts/fastest_custom.py"
+BENCH = REPO / "results/runs/h200/7fe4732/kernels/bench.json"  # auto and the variants, both builds
+
+
+def fastest_custom():
+    spec = importlib.util.spec_from_file_location("fastest_custom", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_shape_names_the_fastest_custom_configuration_of_its_build() -> None:
+    mod = fastest_custom()
+    points = json.loads(BENCH.read_text())["points"]
+    shapes = mod.shapes(points)
+    key = ("own", "chain16", 8, 32768, 1)
+    found = shapes[key]
+    customs = {k: p["ms"] for k, p in found.items() if k.startswith("custom/")}
+    assert set(customs) >= {"custom/auto", "custom/v4", "custom/v5"}
+    assert not any("sm120" in k for k in found)  # the model build is its own shape
+    assert {k for k in shapes[("sm120 model", *key[1:])]} >= {"custom/auto", "flashinfer/fa2"}
+    best = min(customs, key=customs.get).split("/")[1]
+    line = mod.row(key, found)
+    assert f"best {best:>10s} {customs['custom/' + best] * 1e3:7.1f}" in line, line
+    assert f"plan {found['custom/auto']['ms'] * 1e3:7.1f}" in line, line
+
+
+def test_it_runs_on_a_bench_file_and_says_how_otherwise(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, SCRIPT, BENCH], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.count("\n") > 100, done.stderr
+    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
+    assert done.returncode == 2 and "fastest_custom.py BENCH_JSON" in done.stderr
