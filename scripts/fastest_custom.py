@@ -68,9 +68,11 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[0]) as f:
         points = json.load(f)["points"]
-    for key, found in sorted(shapes(points).items()):
-        if (line := row(key, found)) is not None:
-            print(line)
+    lines = [line for key, found in sorted(shapes(points).items()) if (line := row(key, found))]
+    if not lines:
+        print(f"{argv[0]}: no shape with a custom plan (auto) that ran", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     return 0
 
 

@@ -15,7 +15,7 @@
 # (kernels/sm120_model.py: the model library, FlashInfer under LD_PRELOAD of the shim), at 185k:
 # decode, chain16 and tree64 at 8, 16 and 64 heads, and chain16 at page 64;
 # sm120-more: v4, v5 and auto beside FlashInfer, both builds, for a ragged batch of four (185k
-# down to 46k), chain16 and decode at 8 heads; short-splits: auto, v1, v4 and v5 at their own
+# down to 46k), chain16 and decode at 8 heads; short-splits: auto, v4 and v5 at their own
 # plan and at 8 to 132 KV splits, both builds, beside fa2 and fa3, decode and chain16 at 1k-16k
 # (8 and 64 heads): whether splits shorter than MIN_TOKENS_PER_SPLIT win where contexts are short;
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
@@ -118,11 +118,11 @@ for lim in (0, 102400):
       echo "rc $?"; grep -E " ok | failed" "$OUT/bench_sm120_ragged.log" ;;
     short-splits)  # the custom kernel at set split counts beside its own plan and FlashInfer
       have_model || continue
-      LD_PRELOAD=$SHIM timeout 420 $SM --custom-variants auto v1 v4 v5 \
+      LD_PRELOAD=$SHIM timeout 420 $SM --custom-variants auto v4 v5 \
         --custom-splits 8 16 32 66 132 --contexts 1024 4096 16384 --modes decode chain16 \
         --page-sizes 1 --heads 8 64 --max-seconds-per-point 30 \
         --out "$OUT/short-splits.json" > "$OUT/bench_short-splits.log" 2>&1; echo "rc $?"
-      python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
+      [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

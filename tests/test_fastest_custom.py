@@ -36,8 +36,38 @@ def test_each_shape_names_the_fastest_custom_configuration_of_its_build() -> Non
     assert f"plan {found['custom/auto']['ms'] * 1e3:7.1f}" in line, line
 
 
+def test_set_split_counts_are_read_per_build() -> None:
+    mod = fastest_custom()
+
+    def point(backend: str, label: str | None, ms: float, splits: int | None = None) -> dict:
+        return {
+            "backend": backend, "triton_config": label, "status": "ok", "mode": "decode",
+            "heads": 8, "ctx": 1024, "page_size": 1, "ms": ms, "floor_ms": 0.001,
+            "detail": {"variant": (label or "v1").split("-")[0], "num_splits": splits},
+        }  # fmt: skip
+
+    points = [
+        point("custom", None, 0.021, 4), point("custom", "auto-s16", 0.017, 16),
+        point("custom", "v5-s16", 0.030, 16), point("flashinfer", "fa2", 0.019),
+        point("custom", "auto-sm120", 0.020, 4), point("custom", "v4-sm120-s16", 0.016, 16),
+        point("flashinfer", "fa2-sm120", 0.022),
+        point("custom", "v4", 0.5, 4) | {"status": "failed"},
+    ]  # fmt: skip
+    shape = ("decode", 8, 1024, 1)
+    own, model = mod.shapes(points)[("own", *shape)], mod.shapes(points)[("sm120 model", *shape)]
+    assert set(own) == {"custom/auto", "custom/auto-s16", "custom/v5-s16", "flashinfer/fa2"}
+    assert set(model) == {"custom/auto", "custom/v4-s16", "flashinfer/fa2"}
+    assert "best   auto-s16    17.0 (auto/16)" in mod.row(("own", *shape), own)
+    assert "best     v4-s16    16.0 (v4/16)" in mod.row(("sm120 model", *shape), model)
+    assert mod.row(("own",), {"flashinfer/fa2": points[3]}) is None  # no plan: no row
+
+
 def test_it_runs_on_a_bench_file_and_says_how_otherwise(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, SCRIPT, BENCH], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.count("\n") > 100, done.stderr
     done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
     assert done.returncode == 2 and "fastest_custom.py BENCH_JSON" in done.stderr
+    empty = tmp_path / "bench.json"
+    empty.write_text(json.dumps({"points": []}))
+    done = subprocess.run([sys.executable, SCRIPT, empty], capture_output=True, text=True)
+    assert done.returncode == 1 and "no shape with a custom plan" in done.stderr

@@ -113,6 +113,7 @@ def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path
     assert "no command for nope:9" in done.stdout
 
 
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
 def test_a_call_on_another_gpu_than_required_measures_nothing(tmp_path: Path) -> None:
     tree = fake_runner(tmp_path)
     bin_dir = tmp_path / "bin"
@@ -291,6 +292,9 @@ def test_a_run_folder_holds_one_gpu(tmp_path: Path) -> None:
         return json.dumps({"env": {"git": "abc1234", "gpu": gpu}, "status": "ok"})
 
     run = tmp_path / "run"
+    # a build compiled on another GPU is the commit's build all the same
+    built = {"build/build.json": point("NVIDIA H100 80GB HBM3")}
+    runs.merge_calls([_tar(tmp_path / "build.tar", built)], run)
     first = {"sweep/s/ctx1.json": point("NVIDIA H200"), "kernels/bench.json": point(None)}
     runs.merge_calls([_tar(tmp_path / "a.tar", first)], run)
     same = _tar(tmp_path / "b.tar", {"sweep/s/ctx2.json": point("NVIDIA H200")})

@@ -163,6 +163,10 @@ def test_the_custom_kernel_counts_as_its_auto_rule_runs_it_not_its_pinned_varian
              "ms": 0.5},  # a variant auto does not pick here
             {"backend": "custom", "triton_config": "v4-sm120", "mode": "decode", "ctx": 185000,
              "ms": 0.3},
+            {"backend": "custom", "triton_config": "auto-s16", "mode": "decode", "ctx": 185000,
+             "ms": 0.6},  # a set split count (bench-kernels --custom-splits)
+            {"backend": "custom", "triton_config": "v4-sm120-s16", "mode": "decode",
+             "ctx": 185000, "ms": 0.7},
             {"backend": "triton", "triton_config": "grouped-sglang", "mode": "decode",
              "ctx": 185000, "ms": 0.2},
         ]

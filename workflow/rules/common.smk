@@ -41,7 +41,8 @@ CONFIG_FILES += list(workflow.overwrite_configfiles)
 # file and line that set it.
 try:
     STUDY = Study(config, SCHEMA, CONFIG_FILES)  # fills in the schema's defaults, as validate() does
-    check_inputs(STUDY.config, os.getcwd(), CONFIG_FILES)
+    if workflow.is_main_process:  # a job's own parse may run where the reference is not staged
+        check_inputs(STUDY.config, os.getcwd(), CONFIG_FILES)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

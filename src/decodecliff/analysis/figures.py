@@ -221,7 +221,8 @@ def figure_legend(fig: Figure, axes: Iterable[Axes], extra: list[Line2D] = ()) -
 
 
 OWN = ("torch", "triton", "custom")  # the study's own backends; the peers have their figure
-_FIXED_SPLITS = re.compile(r"\((?:grouped|decode)-s\d+\)$")
+# a set split count: a decode's (s8, s64) or a custom variant's (bench-kernels --custom-splits)
+_FIXED_SPLITS = re.compile(r"(?:\((?:grouped|decode)|^custom \(.*)-s\d+\)$")
 _TRITON_ARCH = re.compile(r"^triton \((sm\d+)\)$")
 _PINNED_VARIANT = re.compile(r"^custom \(v\d+(-sm120)?\)$")  # a variant the auto rule picks from
 

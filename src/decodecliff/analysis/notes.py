@@ -62,7 +62,7 @@ def _attention_ms(
     rows = tables.ok(kernels)
     rows = rows[(rows["backend"] == backend) & (rows["mode"] == VERIFY_MODE)]
     rows = rows[(rows["heads"] == 8) & (rows["page_size"] == page)]
-    modelled = rows["series"].str.endswith("-sm120)")
+    modelled = rows["series"].str.contains("-sm120", regex=False)
     if model:
         rows = rows[rows["series"] == f"{backend} ({variant or 'auto'}-{model})"]
     else:

@@ -111,7 +111,7 @@ def custom_variants(args: argparse.Namespace) -> list[Variant]:
     if args.sm120_model:
         base += [(f"{v}-sm120", (("variant", v), SM120)) for v in args.custom_variants]
     out = [Variant("custom", label, opts) for label, opts in base]
-    for n in args.custom_splits:
+    for n in dict.fromkeys(args.custom_splits):
         out += [
             Variant("custom", f"{label or 'auto'}-{split_label(n)}", (*opts, ("num_splits", n)))
             for label, opts in base

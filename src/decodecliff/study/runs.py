@@ -161,6 +161,7 @@ def _free(run_dir: Path, name: str) -> bool:
 
 
 STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
+MEASURED_DIRS = STUDY_DIRS[1:]  # what was measured on the GPU
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike
 
 
@@ -187,12 +188,15 @@ def gpu_of(data: bytes) -> str | None:
     return gpu if isinstance(gpu, str) and gpu else None
 
 
-def _held(run_dir: Path, merge: Merge, read: Callable[[bytes], str | None]) -> dict[str, str]:
-    """Each value ``read`` finds in the folder's and the merge's results, with one file of it."""
-    files = [f for d in STUDY_DIRS for f in (run_dir / d).rglob("*.json") if f.is_file()]
+def _held(
+    run_dir: Path, merge: Merge, read: Callable[[bytes], str | None], dirs: tuple[str, ...]
+) -> dict[str, str]:
+    """Each value ``read`` finds in the folder's and the merge's results under ``dirs``, with one
+    file of it."""
+    files = [f for d in dirs for f in (run_dir / d).rglob("*.json") if f.is_file()]
     held = {str(f.relative_to(run_dir)): f.read_bytes() for f in files}
     found: dict[str, str] = {}
-    added = {n: d for n, d in merge.added.items() if n.split("/")[0] in STUDY_DIRS}
+    added = {n: d for n, d in merge.added.items() if n.split("/")[0] in dirs}
     for name, data in {**held, **added}.items():
         if (value := read(data)) is not None:
             found.setdefault(value, name)
@@ -208,8 +212,11 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
         except tarfile.TarError as exc:
             raise ValueError(f"{tar}: not a readable tar ({str(exc).splitlines()[0]})") from None
         plan_merge(files, run_dir, merge)
-    for what, read in (("commit", commit_of), ("GPU", gpu_of)):
-        if len(found := _held(run_dir, merge, read)) > 1:
+    # the build is the commit's whatever GPU compiled it (_same_build): its records have no say
+    # in the GPU the measurements were taken on
+    checks = (("commit", commit_of, STUDY_DIRS), ("GPU", gpu_of, MEASURED_DIRS))
+    for what, read, dirs in checks:
+        if len(found := _held(run_dir, merge, read, dirs)) > 1:
             raise ValueError(
                 f"a run folder holds one {what}'s measurements; these are of "
                 + ", ".join(f"{value} ({name})" for value, name in found.items())
