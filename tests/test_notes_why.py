@@ -94,3 +94,35 @@ def test_a_server_is_cited_with_its_own_configurations_step() -> None:
     study = dataclasses.replace(study, sweep=fused)
     cited = notes._server_anatomy(study, rows, "custom-graph-p1", 185000)
     assert "custom + fused GEMMs CUDA graphs at 185k: step 18" in cited
+
+
+def test_where_a_peer_is_faster_is_every_such_point_of_each_view() -> None:
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    def point(series: str, mode: str, ctx: int, ms: float) -> dict:
+        backend = series.split(" ")[0]
+        shape = {"heads": 8, "page_size": 1, "batch": 1, "status": "ok", "floor_ms": 0.01}
+        return {"series": series, "backend": backend, "mode": mode, "ctx": ctx, "ms": ms, **shape}
+
+    kernels = pd.DataFrame([
+        point("custom", "chain16", 1024, 0.025), point("flashinfer (fa2)", "chain16", 1024, 0.019),
+        point("flashinfer (fa3)", "chain16", 1024, 0.017),
+        point("custom", "decode", 1024, 0.020), point("flashinfer (fa2)", "decode", 1024, 0.021),
+        point("flashinfer (fa3)", "decode", 1024, 0.019),
+        point("custom", "tree64", 1024, 0.09),  # no peer: not a point of any view
+        point("custom (auto-sm120)", "chain16", 1024, 0.024),
+        point("flashinfer (fa2-sm120)", "chain16", 1024, 0.027),
+        point("torch", "decode", 1024, 0.001),  # not a peer
+        point("flashinfer (fa2)", "chain16", 4096, 0.001) | {"heads": 64},  # another shape
+    ])  # fmt: skip
+    rows, line = notes.peer_rows(SimpleNamespace(kernels=kernels))
+    assert line == (
+        "A peer is faster at 2 of 2 points on this GPU; 1 of 2 points on this GPU without wgmma; "
+        "0 of 1 points in the sm_120 model."
+    )
+    assert [(r["view"], r["mode"], r["peer"], r["ratio"]) for r in rows] == [
+        ("this GPU without wgmma", "chain16", "flashinfer (fa2)", "1.32x")
+    ]
+    assert notes.peer_rows(SimpleNamespace(kernels=kernels.iloc[:0]))[1] == "No kernel point ran."

@@ -175,6 +175,54 @@ def kernel_rows(study: summarize.Study) -> list[dict]:
     ]
 
 
+# (view, the custom kernel's series, which peer series count, whether its rows are listed): every
+# peer of the GPU's own build; those an sm_120 has the instructions for (no wgmma: fa3 left out);
+# FlashInfer's fa2 as it configures itself for sm_120, beside the custom kernel so configured
+WGMMA = ("flashinfer (fa3)",)
+PEER_VIEWS = (
+    ("on this GPU", "custom", lambda s: ~s.str.contains("-sm120", regex=False), False),
+    ("on this GPU without wgmma", "custom",
+     lambda s: ~s.str.contains("-sm120", regex=False) & ~s.isin(WGMMA), True),
+    ("in the sm_120 model", "custom (auto-sm120)", lambda s: s == "flashinfer (fa2-sm120)", True),
+)  # fmt: skip
+
+
+def peer_rows(study: summarize.Study) -> tuple[list[dict], str]:
+    """Each mode and context (8 heads, page size 1, one request) where a peer's kernel is faster
+    than the custom kernel as the engine runs it, in the listed views of PEER_VIEWS, and a line
+    counting such points in every view."""
+    good = tables.ok(study.kernels)
+    if good.empty:
+        return [], "No kernel point ran."
+    good = good[(good["heads"] == 8) & (good["page_size"] == 1)]
+    good = good[good["batch"].fillna(1) == 1] if "batch" in good else good
+    rows, counts = [], []
+    for view, custom, counted, listed in PEER_VIEWS:
+        pool = good[counted(good["series"]) & good["backend"].isin(tables.PEERS)]
+        mine = good[good["series"] == custom]
+        both = wins = 0
+        for (mode, ctx), at in mine.groupby(["mode", "ctx"]):
+            rivals = pool[(pool["mode"] == mode) & (pool["ctx"] == ctx)]
+            if rivals.empty:
+                continue
+            both += 1
+            best, me = rivals.loc[rivals["ms"].idxmin()], at.iloc[0]
+            wins += bool(best["ms"] < me["ms"])
+            if best["ms"] < me["ms"] and listed:
+                rows.append({
+                    "view": view.split(" ", 1)[1], "mode": mode,
+                    "ctx_label": tables.ctx_label(int(ctx)),
+                    "custom_ms": _num(me["ms"]), "peer": best["series"],
+                    "peer_ms": _num(best["ms"]), "ratio": f"{me['ms'] / best['ms']:.2f}x",
+                    "floor_ms": _num(me.get("floor_ms")),
+                })  # fmt: skip
+        if both:
+            counts.append(f"{wins} of {both} points {view}")
+    if not counts:
+        return rows, "No custom point ran beside a peer."
+    return rows, "A peer is faster at " + "; ".join(counts) + "."
+
+
 def _floor_term(row: pd.Series) -> str:
     """Which term sets a kernel point's floor: its bytes at the copy rate, or its FLOPs at the
     matmul rate (each recovered from the point's attained rate: bytes = GB/s x ms)."""
@@ -334,6 +382,7 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
         "missed": checked[checked["status"] != targets.MET].to_dict("records"),
         "why": why_rows(study, checked, specs),
         "kernels": kernel_rows(study),
+        "peer_wins": peer_rows(study),
         "servers": servers,
         "over_100": any(s.get("attention_over", False) for s in servers),
         "accept": _num(tables.ok(sweep)["spec_accept_length"].median())
