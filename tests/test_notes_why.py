@@ -104,7 +104,9 @@ def test_where_a_peer_is_faster_is_every_such_point_of_each_view() -> None:
     def point(series: str, mode: str, ctx: int, ms: float) -> dict:
         backend = series.split(" ")[0]
         shape = {"heads": 8, "page_size": 1, "batch": 1, "status": "ok", "floor_ms": 0.01}
-        return {"series": series, "backend": backend, "mode": mode, "ctx": ctx, "ms": ms, **shape}
+        q_len = {"decode": 1, "chain16": 16, "tree64": 64}[mode]
+        return {"series": series, "backend": backend, "mode": mode, "q_len": q_len, "ctx": ctx,
+                "ms": ms, **shape}  # fmt: skip
 
     kernels = pd.DataFrame([
         point("custom", "chain16", 1024, 0.025), point("flashinfer (fa2)", "chain16", 1024, 0.019),

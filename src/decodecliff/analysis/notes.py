@@ -31,6 +31,11 @@ BENCH_PRESET = "kimi-k2-tp8-rank"  # the model whose shapes the kernel benchmark
 VERIFY_MODE = "chain16"
 
 
+def modelled(series: pd.Series) -> pd.Series:
+    """Whether each kernel series ran as configured for sm_120 ("custom (v5-sm120-s16)")."""
+    return series.str.contains("-sm120", regex=False)
+
+
 def _num(value, fmt: str = ".3g") -> str:
     return "–" if value is None or pd.isna(value) else format(float(value), fmt)
 
@@ -62,11 +67,10 @@ def _attention_ms(
     rows = tables.ok(kernels)
     rows = rows[(rows["backend"] == backend) & (rows["mode"] == VERIFY_MODE)]
     rows = rows[(rows["heads"] == 8) & (rows["page_size"] == page)]
-    modelled = rows["series"].str.contains("-sm120", regex=False)
     if model:
         rows = rows[rows["series"] == f"{backend} ({variant or 'auto'}-{model})"]
     else:
-        rows = rows[~modelled]
+        rows = rows[~modelled(rows["series"])]
     if variant and not model and (rows["series"] == f"{backend} ({variant})").any():
         rows = rows[rows["series"] == f"{backend} ({variant})"]
     if rows.empty:
@@ -180,47 +184,43 @@ def kernel_rows(study: summarize.Study) -> list[dict]:
 # FlashInfer's fa2 as it configures itself for sm_120, beside the custom kernel so configured
 WGMMA = ("flashinfer (fa3)",)
 PEER_VIEWS = (
-    ("on this GPU", "custom", lambda s: ~s.str.contains("-sm120", regex=False), False),
-    ("on this GPU without wgmma", "custom",
-     lambda s: ~s.str.contains("-sm120", regex=False) & ~s.isin(WGMMA), True),
+    ("on this GPU", "custom", lambda s: ~modelled(s), False),
+    ("on this GPU without wgmma", "custom", lambda s: ~modelled(s) & ~s.isin(WGMMA), True),
     ("in the sm_120 model", "custom (auto-sm120)", lambda s: s == "flashinfer (fa2-sm120)", True),
-)  # fmt: skip
+)
 
 
 def peer_rows(study: summarize.Study) -> tuple[list[dict], str]:
     """Each mode and context (8 heads, page size 1, one request) where a peer's kernel is faster
-    than the custom kernel as the engine runs it, in the listed views of PEER_VIEWS, and a line
-    counting such points in every view."""
+    than the custom kernel as the engine runs it (tables.kernel_vs_peers over each view's series),
+    in the listed views of PEER_VIEWS, and a line counting such points in every view."""
     good = tables.ok(study.kernels)
     if good.empty:
         return [], "No kernel point ran."
-    good = good[(good["heads"] == 8) & (good["page_size"] == 1)]
-    good = good[good["batch"].fillna(1) == 1] if "batch" in good else good
+    good = good[(good["heads"] == 8) & (good["page_size"] == 1) & (good["batch"] == 1)]
     rows, counts = [], []
     for view, custom, counted, listed in PEER_VIEWS:
-        pool = good[counted(good["series"]) & good["backend"].isin(tables.PEERS)]
-        mine = good[good["series"] == custom]
-        both = wins = 0
-        for (mode, ctx), at in mine.groupby(["mode", "ctx"]):
-            rivals = pool[(pool["mode"] == mode) & (pool["ctx"] == ctx)]
-            if rivals.empty:
-                continue
-            both += 1
-            best, me = rivals.loc[rivals["ms"].idxmin()], at.iloc[0]
-            wins += bool(best["ms"] < me["ms"])
-            if best["ms"] < me["ms"] and listed:
-                rows.append({
-                    "view": view.split(" ", 1)[1], "mode": mode,
-                    "ctx_label": tables.ctx_label(int(ctx)),
-                    "custom_ms": _num(me["ms"]), "peer": best["series"],
-                    "peer_ms": _num(best["ms"]), "ratio": f"{me['ms'] / best['ms']:.2f}x",
-                    "floor_ms": _num(me.get("floor_ms")),
-                })  # fmt: skip
-        if both:
-            counts.append(f"{wins} of {both} points {view}")
+        # the view's custom series alone, so kernel_vs_peers takes it as the kernel as run
+        compared = tables.kernel_vs_peers(
+            good[(good["series"] == custom) | counted(good["series"])]
+        )
+        if compared.empty:
+            continue
+        wins = compared[compared["peer_over_custom"] < 1]
+        counts.append(f"{len(wins)} of {len(compared)} points {view}")
+        rows += [_peer_row(view.split(" ", 1)[1], r) for _, r in wins.iterrows() if listed]
     if not counts:
         return rows, "No custom point ran beside a peer."
     return rows, "A peer is faster at " + "; ".join(counts) + "."
+
+
+def _peer_row(view: str, r: pd.Series) -> dict:
+    """A kernel_vs_peers row where the peer is faster, as the notes' table shows it."""
+    return {
+        "view": view, "mode": r["mode"], "ctx_label": tables.ctx_label(r["ctx"]),
+        "custom_ms": _num(r["custom_ms"]), "peer": r["best_peer"], "peer_ms": _num(r["peer_ms"]),
+        "ratio": f"{r['custom_ms'] / r['peer_ms']:.2f}x", "floor_ms": _num(r["floor_ms"]),
+    }  # fmt: skip
 
 
 def _floor_term(row: pd.Series) -> str:
