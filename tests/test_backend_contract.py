@@ -126,6 +126,10 @@ def test_backend_specs_name_options() -> None:
     assert spec_label("flashinfer:backend=fa3") == "flashinfer (fa3)"
     assert spec_label("flashinfer:backend=fa2,model=sm120") == "flashinfer (fa2-sm120)"
     assert spec_label("custom") == "custom"
+    assert spec_label("custom:num_splits=8") == "custom (num_splits=8)"
+    for bad in ("custom:num_splits=-1", "custom:num_splits=many"):
+        with pytest.raises(ValueError, match="num_splits must be an integer >= 0"):
+            parse_spec(bad)
     with pytest.raises(ValueError, match="unknown attention backend"):
         parse_spec("flashinfr")
     with pytest.raises(ValueError, match="KEY=VALUE"):

@@ -186,6 +186,10 @@ BAD = {
         _set("engine.backends", ["triton:decode=bogus"]),
         "config.engine.backends[0]",
     ),
+    "engine-backend-option-count": (
+        _set("engine.backends", ["custom:num_splits=many"]),
+        "config.engine.backends[0]",
+    ),
     "serve-template": (
         lambda c: c["sweep"].update(command=c["sweep"]["command"] + " --page-size 0"),
         "config.sweep.command",

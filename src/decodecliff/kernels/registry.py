@@ -43,6 +43,8 @@ CHOICES = {
     "sglang": {"kernel": ("extend", "verify", "decode"), "index_dtype": ("int32", "int64")},
     "flashinfer": {"backend": ("fa2", "fa3"), "model": ("sm120",)},
 }
+# Options that take a count (an integer >= 0; a constructor may bound it further).
+COUNTS = {"custom": ("num_splits",)}
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 # The package a peer loads, and how to install it (the `peers` extra pins the versions).
 PACKAGES = {
@@ -93,7 +95,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
 
 def check_options(name: str, options: dict[str, object]) -> None:
     """ValueError naming an option that backend ``name`` does not take, and those it does, or a
-    value outside an option's CHOICES."""
+    value outside an option's CHOICES, or a count that is not one."""
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
@@ -104,14 +106,19 @@ def check_options(name: str, options: dict[str, object]) -> None:
             raise ValueError(
                 f"the {name} backend's {key} must be one of {list(allowed)}, not {value!r}"
             )
+        is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if key in COUNTS.get(name, ()) and value is not None and not is_count:
+            raise ValueError(f"the {name} backend's {key} must be an integer >= 0, not {value!r}")
 
 
 def spec_label(spec: str) -> str:
     """How results name a backend spec, as the kernel bench names its series:
     "flashinfer:backend=fa3" -> "flashinfer (fa3)", "flashinfer:backend=fa2,model=sm120" ->
-    "flashinfer (fa2-sm120)"; a plain name stays as it is."""
+    "flashinfer (fa2-sm120)"; a number keeps its key ("custom:num_splits=8" -> "custom
+    (num_splits=8)"); a plain name stays as it is."""
     name, options = parse_spec(spec)
-    return f"{name} ({'-'.join(map(str, options.values()))})" if options else name
+    parts = [f"{k}={v}" if isinstance(v, int) else str(v) for k, v in options.items()]
+    return f"{name} ({'-'.join(parts)})" if options else name
 
 
 def get_backend(name: str, **options: object) -> AttentionBackend:
