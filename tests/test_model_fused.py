@@ -231,3 +231,45 @@ def test_the_folded_forward_equals_the_unfused_forward(dtype, tol, prefixes, q, 
     assert gemm.skinny.folds == (kernels if step.input_ids.shape[0] <= skinny.MAX_M else [])
     assert (logits - ref).abs().max() <= tol * ref.abs().max()
     assert (cache.double() - ref_cache.double()).abs().max() <= tol * ref_cache.abs().max()
+
+
+def test_the_fused_triton_kernels_equal_their_torch_code_in_the_interpreter():
+    # engine/fused_triton.py on a CPU (Triton's interpreter; float32, ragged widths so the masks
+    # count); on a GPU test_engine_gpu.py runs them compiled, in bfloat16 and chained too (the
+    # interpreter has no programmatic dependent launch)
+    kernels = pytest.importorskip("decodecliff.engine.fused_triton")
+    from decodecliff.engine import fused
+
+    g = torch.Generator().manual_seed(3)
+    rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)  # noqa: E731
+    T, R, C, H = 5, 200, 72, 3
+    table = fused.RopeTable(64, 10000.0, torch.device("cpu"))
+    table.reserve(128)
+    cs = table.rows(torch.randint(0, 128, (T,), generator=g))
+
+    x, d, w = rnd(T, 300), rnd(T, 300), rnd(300)
+    x_ref = x + d
+    assert close(kernels.add_rms_norm(x, d, w, 1e-6, False), fused.rms_norm(x_ref, w, 1e-6))
+    assert torch.equal(x, x_ref)  # the residual stream updated in place
+    assert close(kernels.add_rms_norm(x, None, w, 1e-6, False), fused.rms_norm(x_ref, w, 1e-6))
+
+    qkv, qn, kvn = rnd(T, R + C + 64), rnd(R), rnd(C)
+    slots = torch.randperm(16, generator=g)[:T]
+    cache = torch.full((16, C + 64), float("nan"))
+    cq = kernels.qkv_a_post(qkv, qn, kvn, cs, cache, slots, 1e-6, False)
+    kv_row = torch.cat(
+        [fused.rms_norm(qkv[:, R : R + C], kvn, 1e-6), fused._rope_torch(qkv[:, R + C :], cs)], -1
+    )
+    assert close(cq, fused.rms_norm(qkv[:, :R], qn, 1e-6)) and close(cache[slots], kv_row)
+    others = torch.ones(16, dtype=torch.bool)
+    others[slots] = False
+    assert cache[others].isnan().all()  # no other cache row written
+
+    q, out = rnd(T, H, 64), torch.full((T, H, 80), float("nan"))
+    kernels.rope(q, cs, out[..., 16:], False)
+    assert close(out[..., 16:], fused._rope_torch(q, cs)) and out[..., :16].isnan().all()
+
+    gu = rnd(T, 2 * 1100)  # past one 1,024-column block
+    ref = torch.nn.functional.silu(gu[:, :1100]) * gu[:, 1100:]
+    assert close(kernels.silu_mul(gu, False), ref)

@@ -25,11 +25,16 @@ def chain_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _norm_row(x, w_ptr, cols, n, eps):
-    """RMSNorm of one float32 row x (masked to n columns) times the weight, in float32."""
-    mask = cols < n
-    var = tl.sum(tl.where(mask, x * x, 0.0), axis=0) / n
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+def _load_row(ptr, cols, n):
+    return tl.load(ptr + cols, mask=cols < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _norm_row(x, w, cols, n, eps):
+    """RMSNorm of one float32 row x (masked to n columns) times the weight w, in float32. The
+    callers load w with their row: loaded here, after the sum's barrier, it was a second trip
+    to memory in series with the first."""
+    var = tl.sum(tl.where(cols < n, x * x, 0.0), axis=0) / n
     return x * (1.0 / tl.sqrt(var + eps)) * w
 
 
@@ -42,13 +47,14 @@ def _add_rms_norm_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    x = _load_row(x_ptr + row * x_stride, cols, n)
+    w = _load_row(w_ptr, cols, n)
     if HAS_DELTA:
         d = tl.load(d_ptr + row * d_stride + cols, mask=mask, other=0.0).to(tl.float32)
         s = (x + d).to(x_ptr.dtype.element_ty)  # the residual stream keeps its dtype
         tl.store(x_ptr + row * x_stride + cols, s, mask=mask)
         x = s.to(tl.float32)
-    y = _norm_row(x, w_ptr, cols, n, eps)
+    y = _norm_row(x, w, cols, n, eps)
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -75,15 +81,15 @@ def _qkv_a_post_kernel(
     base = qkv_ptr + row * qkv_stride
     if tl.program_id(1) == 0:  # the q part: RMSNorm -> cq
         q_cols = tl.arange(0, BLOCK_R)
-        q_x = tl.load(base + q_cols, mask=q_cols < R, other=0.0).to(tl.float32)
-        q_y = _norm_row(q_x, qn_ptr, q_cols, R, eps)
+        q_x = _load_row(base, q_cols, R)
+        q_y = _norm_row(q_x, _load_row(qn_ptr, q_cols, R), q_cols, R, eps)
         q_dst = cq_ptr + row * cq_stride + q_cols
         tl.store(q_dst, q_y.to(cq_ptr.dtype.element_ty), mask=q_cols < R)
     else:  # the kv part: RMSNorm(latent) | rope(k_rope) -> the token's cache row
         dst = cache_ptr + tl.load(slots_ptr + row) * cache_stride
         c_cols = tl.arange(0, BLOCK_C)
-        c_x = tl.load(base + R + c_cols, mask=c_cols < C, other=0.0).to(tl.float32)
-        c_y = _norm_row(c_x, kvn_ptr, c_cols, C, eps)
+        c_x = _load_row(base + R, c_cols, C)
+        c_y = _norm_row(c_x, _load_row(kvn_ptr, c_cols, C), c_cols, C, eps)
         tl.store(dst + c_cols, c_y.to(cache_ptr.dtype.element_ty), mask=c_cols < C)
         o1, o2 = _rope_pair(base + R + C, cs_ptr + row * 2 * HALF, HALF)
         i = tl.arange(0, HALF)
