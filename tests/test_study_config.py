@@ -186,6 +186,13 @@ BAD = {
         _set("engine.backends", ["triton:decode=bogus"]),
         "config.engine.backends[0]",
     ),
+    # values a bench refuses when its job runs (after the previous output is gone)
+    "kernel-mode-chain0": (_set("kernels.modes", ["decode", "chain0"]), "config.kernels.modes[1]"),
+    "kernel-triton-config": (
+        _set("kernels.triton_configs", ["sm1"]),
+        "config.kernels.triton_configs[0]",
+    ),
+    "engine-graphs-on-cpu": (_set("engine.paths", ["graphs"]), "config.engine.paths"),
     "engine-backend-option-count": (
         _set("engine.backends", ["custom:num_splits=many"]),
         "config.engine.backends[0]",
@@ -517,3 +524,11 @@ def test_a_gpu_config_without_a_gpu_says_what_fails_here() -> None:
     assert "bench_kernels fails" in warning and "bench_engine fails" in warning
     assert f"the sweep's {len(s.order())} points are recorded as failed" in warning
     assert study().gpu_warning(have_gpu=False) is None  # the CPU study asks for no GPU
+
+
+def test_the_schemas_triton_configs_are_the_baselines_own() -> None:
+    from decodecliff.kernels.triton_baseline import ARCH_CONFIGS
+
+    schema = config.load_schema()
+    item = schema["properties"]["kernels"]["properties"]["triton_configs"]["items"]
+    assert item["enum"] == ["auto", *ARCH_CONFIGS]

@@ -234,7 +234,10 @@ def check(cfg: dict) -> None:
             if not (gpu_only and sweep["device"] != "cuda"):  # else recorded as skipped
                 _check_serve_options(sweep, server, key)
             _check_pool(sweep, server, key)
-    for i, spec in enumerate(cfg.get("engine", {}).get("backends", [])):
+    engine = cfg.get("engine", {})
+    if "graphs" in engine.get("paths", []) and engine["device"] != "cuda":
+        raise ConfigError("config.engine.paths", "CUDA graphs (graphs) need engine.device: cuda")
+    for i, spec in enumerate(engine.get("backends", [])):
         try:
             registry.parse_spec(spec)
         except ValueError as exc:
