@@ -66,6 +66,16 @@ if "published" in studies:
 engine_json = {"this run": Path(results) / "engine" / "bench.json"}
 engine_json["published"] = Path(published or "-") / "engine" / "bench.json"
 shown: set[str] = set()  # the figures shown so far; the rest follow under "Every figure"
+# This study's analyses and servers, from its config: a figure an earlier config left on disk (a
+# server since removed, an engine section, a published study) is not this study's.
+servers = [server["name"] for server in config["sweep"]["servers"]] if config else None
+analyses = [a for a in layout.FIGURES if a != "engine" or "engine" in config] if config else None
+
+
+def in_study(analysis: str) -> bool:
+    return (
+        layout.figure_dir(results, analysis).is_dir() if analyses is None else analysis in analyses
+    )
 
 
 def engine(name: str) -> pd.DataFrame | None:
@@ -80,10 +90,12 @@ def show(df: pd.DataFrame, table_id: str) -> None:
 def show_figure(key: str, caption: str | None = None) -> None:
     """A figure of layout.py by key ("kernels/peers"), this run's and the published study's."""
     analysis, name = key.split("/", 1)
-    for pub in (False, True):
+    if not in_study(analysis):
+        return
+    for pub in (False, True) if "published" in studies else (False,):
         path = layout.figure_path(results, analysis, name, published=pub)
         if not path.is_file():
-            if not pub and layout.figure_dir(results, analysis).is_dir():
+            if not pub:
                 display(HTML(page.missing(path)))
             continue
         text = caption or layout.FIGURES[analysis][name].format(study=titles["this run"], tau=tau)
@@ -125,7 +137,7 @@ show_figure("kernels/peers")
 
 # %%
 show_figure("engine/anatomy")
-if not layout.figure_dir(results, "engine").is_dir():
+if not in_study("engine"):
     display(Markdown("*This study measured no step anatomy (no `engine` section in its config).*"))
 
 # %% [markdown]
@@ -254,7 +266,7 @@ for name, study in studies.items():
 # ## Every other figure
 
 # %%
-for key, title, png in layout.report_figures(results):
+for key, title, png in layout.report_figures(results, analyses, servers, "published" in studies):
     if key in shown:
         continue
     if not png.is_file():

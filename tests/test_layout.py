@@ -84,3 +84,16 @@ def test_report_figures_in_layout_order_with_the_published_beside_them(tmp_path:
     shown = {key: (title, path) for key, title, path in layout.report_figures(tmp_path)}
     assert shown["kernels/published_roofline"] == (layout.PUBLISHED_TITLE, published)
     assert shown["sweep/a/metrics"][1] == layout.figure_path(tmp_path, "sweep", "metrics", "a")
+
+
+def test_report_figures_are_the_studys_own_whatever_an_earlier_config_left(tmp_path: Path) -> None:
+    for analysis, server in [("kernels", None), ("sweep", "gone"), ("engine", None)]:
+        layout.figure_dir(tmp_path, analysis, server).mkdir(parents=True)
+    layout.figure_path(tmp_path, "kernels", "roofline", published=True).write_bytes(b"png")
+    keys = [
+        key for key, _, _ in layout.report_figures(tmp_path, ["kernels", "sweep"], ["a"], False)
+    ]
+    assert keys == [
+        *(f"kernels/{n}" for n in layout.FIGURES["kernels"]),
+        *(f"sweep/a/{n}" for n in layout.FIGURES["sweep"]),
+    ]  # no engine figure, no server "gone", no published figure: none is this study's

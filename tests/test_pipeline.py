@@ -299,6 +299,25 @@ def test_bad_config_stops_before_any_work(tmp_path: Path, change, key: str) -> N
     assert not (workdir / "results").exists(), "nothing may run before the config is valid"
 
 
+def test_a_yaml_slip_and_a_command_line_value_are_named_where_they_are(tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path, small_config())
+    good = (workdir / "config.yaml").read_text()
+    (workdir / "config.yaml").write_text(good.replace("gen_tokens: ", "gen_tokens: [", 1))
+    done = snakemake(workdir, "-n", timeout=120)
+    said = done.stdout + done.stderr
+    line = 1 + good.splitlines().index(next(x for x in good.splitlines() if "gen_tokens" in x))
+    assert done.returncode != 0
+    assert "invalid study config at config.yaml, line" in said, said[-2000:]
+    assert f"while parsing a flow sequence from line {line})" in said
+    (workdir / "config.yaml").write_text(good)
+    done = snakemake(workdir, "-n", "--config", "sweep={gen_tokens: 8}", timeout=120)
+    said = done.stdout + done.stderr
+    assert "at config.sweep.gen_tokens (--config; nested values" in said, said[-2000:]
+    done = snakemake(workdir, "-n", "--config", "published=results/nope", timeout=120)
+    assert "at config.published (--config): results/nope: no such" in done.stdout + done.stderr
+    assert not (workdir / "results").exists()
+
+
 def test_a_mistyped_target_is_one_line_with_the_valid_names(tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path, small_config())
     done = snakemake(workdir, "-n", "results/sweep/torch-aa/ctx64.json", timeout=120)

@@ -192,6 +192,13 @@ BAD = {
         _set("kernels.triton_configs", ["sm1"]),
         "config.kernels.triton_configs[0]",
     ),
+    "target-server": (
+        _set(
+            "targets",
+            [{"kind": "verify_steps_per_s", "ctx": 1024, "min": 1, "server": "torch-chian16-p1"}],
+        ),
+        "config.targets[0].server",
+    ),
     "engine-graphs-on-cpu": (_set("engine.paths", ["graphs"]), "config.engine.paths"),
     "engine-backend-option-count": (
         _set("engine.backends", ["custom:num_splits=many"]),
@@ -231,6 +238,18 @@ def test_a_reference_table_that_is_not_there_names_its_key_and_line(tmp_path: Pa
     with pytest.raises(config.ConfigError, match="missing.csv: a folder under"):
         config.check_inputs(cfg, tmp_path)
     config.check_inputs(raw(), REPO)  # the default's table is there
+
+
+def test_a_published_folder_that_is_not_there_names_its_key() -> None:
+    cfg = config.load([REPO / "config.yaml"])
+    cfg["published"] = "results/published/h2OO"
+    with pytest.raises(
+        config.ConfigError, match=r"at config.published: results/published/h2OO: no"
+    ):
+        config.check_inputs(cfg, REPO)
+    cfg["published"] = None
+    config.check_inputs(cfg, REPO)
+    assert config.validate({**raw(), "published": "null"})["published"] is None  # --config's null
 
 
 def test_what_serve_would_take_passes_the_check() -> None:

@@ -36,13 +36,16 @@ SCHEMA = os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.ya
 # then those given with --configfile (which Snakemake applies over it).
 CONFIG_FILES = [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]
 CONFIG_FILES += list(workflow.overwrite_configfiles)
+# The values given with --config (applied over the files): an error there names --config.
+COMMAND_LINE_CONFIG = dict(workflow.config_settings.config)
 
 # A config mistake stops `snakemake` (and `-n`) here, before any job, naming the key and the
 # file and line that set it.
 try:
-    STUDY = Study(config, SCHEMA, CONFIG_FILES)  # fills in the schema's defaults, as validate() does
+    # fills in the schema's defaults, as validate() does
+    STUDY = Study(config, SCHEMA, CONFIG_FILES, COMMAND_LINE_CONFIG)
     if workflow.is_main_process:  # a job's own parse may run where the reference is not staged
-        check_inputs(STUDY.config, os.getcwd(), CONFIG_FILES)
+        check_inputs(STUDY.config, os.getcwd(), CONFIG_FILES, COMMAND_LINE_CONFIG)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

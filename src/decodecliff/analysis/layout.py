@@ -8,6 +8,7 @@ is workflow/report/figures/<analysis>_<name>.rst (a test keeps the two lists equ
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 # analysis -> figure name -> its caption on the report page, also the figure's alt text
@@ -111,24 +112,37 @@ def table_paths(results: str | Path, analysis: str, server: str | None = None) -
     return [str(table_path(results, analysis, n, server)) for n in TABLES[analysis]]
 
 
-def report_figures(results: str | Path) -> list[tuple[str, str, Path]]:
+def report_figures(
+    results: str | Path,
+    analyses: Collection[str] | None = None,
+    servers: Sequence[str] | None = None,
+    published: bool = True,
+) -> list[tuple[str, str, Path]]:
     """(key, title, path) of every figure the report page shows, in FIGURES order: per analysis
-    that ran (its folder exists) this run's figures, expected even if missing, then those drawn
-    from the published study that exist; a per-server analysis once per server folder."""
+    of the study this run's figures, expected even if missing, then those drawn from the
+    published study that exist (``published``: whether the study shows one); a per-server
+    analysis once per server. ``analyses`` and ``servers`` are the study's, from its config, so
+    a figure an earlier config left (a server since removed) is not shown; None takes the
+    folders on disk."""
     shown = []
     for analysis, titles in FIGURES.items():
-        if not figure_dir(results, analysis).is_dir():
+        ran = figure_dir(results, analysis).is_dir() if analyses is None else analysis in analyses
+        if not ran:
             continue  # not part of this study (the engine's step anatomy is optional)
-        servers: list[str | None] = [None]
+        each: Sequence[str | None] = [None]
         if analysis in PER_SERVER:
-            servers = sorted(p.name for p in figure_dir(results, analysis).iterdir() if p.is_dir())
-        for server in servers:
+            each = servers if servers is not None else _server_folders(results, analysis)
+        for server in each:
             folder = f"{analysis}/{server}" if server else analysis
             for name, title in titles.items():
                 path = figure_path(results, analysis, name, server)
                 shown.append((f"{folder}/{name}", title, path))
-            for name in titles:
+            for name in titles if published else ():
                 path = figure_path(results, analysis, name, server, published=True)
                 if path.is_file():
                     shown.append((f"{folder}/{PUBLISHED}{name}", PUBLISHED_TITLE, path))
     return shown
+
+
+def _server_folders(results: str | Path, analysis: str) -> list[str]:
+    return sorted(p.name for p in figure_dir(results, analysis).iterdir() if p.is_dir())

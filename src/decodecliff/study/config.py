@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 from jsonschema import Draft202012Validator
 
+from decodecliff.helpformat import did_you_mean
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
 from decodecliff.values import is_finite_number, is_int
@@ -42,9 +43,33 @@ class ConfigError(ValueError):
         at = f"{where} ({source})" if source else where
         super().__init__(f"invalid study config at {at}: {why}")
 
-    def located(self, files: Sequence[str | Path]) -> ConfigError:
-        """The same error with the file and line of its key among ``files`` (merged in order)."""
+    def located(self, files: Sequence[str | Path], overrides: dict | None = None) -> ConfigError:
+        """The same error with the file and line of its key among ``files`` (merged in order), or
+        "--config" where ``overrides`` (Snakemake's --config values, applied last) set it."""
+        if overrides and _sets(overrides, _parts(self.where)):
+            # Snakemake gives a --config value below the top level as a string, whatever it reads
+            source = "--config" + (
+                ""
+                if "." not in self.where[7:]
+                else "; nested values given "
+                "there arrive as strings: set nested keys in a --configfile"
+            )
+            return ConfigError(self.where, self.why, source)
         return ConfigError(self.where, self.why, locate(self.where, files) or self.source)
+
+
+def _sets(overrides: dict, parts: list[str | int]) -> bool:
+    """Whether ``overrides`` holds the top-level key of ``parts`` and, below it, as much of the
+    path as it can (a --config value replaces its key's whole value)."""
+    node: object = overrides
+    for part in parts:
+        holds = isinstance(node, dict) and part in node
+        holds |= isinstance(node, list) and isinstance(part, int) and part < len(node)
+        if holds:
+            node = node[part]  # type: ignore[index]
+        else:
+            return node is not overrides
+    return True
 
 
 def _parts(where: str) -> list[str | int]:
@@ -100,9 +125,12 @@ def check_syntax(path: str | Path) -> None:
     try:
         yaml.safe_load(Path(path).read_text())
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        mark, opened = exc.problem_mark or exc.context_mark, exc.context_mark
         where = f"{path}, line {mark.line + 1}" if mark else str(path)
-        raise ConfigError(where, f"not valid YAML: {exc.problem or exc}") from None
+        why = f"not valid YAML: {exc.problem or exc}"
+        if opened and mark and opened.line != mark.line:  # e.g. a list left open lines before
+            why += f" ({exc.context} from line {opened.line + 1})"
+        raise ConfigError(where, why) from None
 
 
 def load_schema(path: str | Path = SCHEMA) -> dict:
@@ -187,10 +215,18 @@ def explain(err: jsonschema.ValidationError) -> ConfigError:
     return ConfigError(where, err.message)
 
 
-def validate(cfg: dict, schema: str | Path = SCHEMA, files: Sequence[str | Path] = ()) -> dict:
+def validate(
+    cfg: dict,
+    schema: str | Path = SCHEMA,
+    files: Sequence[str | Path] = (),
+    overrides: dict | None = None,
+) -> dict:
     """Fill in the schema's defaults (in place), validate, then run the checks a schema cannot
     express; returns ``cfg``. ConfigError names the first offending key, and the file and line
-    that set it where ``files`` (the YAML files merged into ``cfg``, in order) are given."""
+    that set it where ``files`` (the YAML files merged into ``cfg``, in order) are given, or
+    --config where ``overrides`` (its values) set it."""
+    if cfg.get("published") == "null":  # Snakemake's --config has no null: published=null
+        cfg["published"] = None
     try:
         try:
             _with_defaults(Draft202012Validator)(load_schema(schema)).validate(cfg)
@@ -198,7 +234,7 @@ def validate(cfg: dict, schema: str | Path = SCHEMA, files: Sequence[str | Path]
             raise explain(err) from None
         check(cfg)
     except ConfigError as err:
-        raise err.located(files) if files else err from None
+        raise err.located(files, overrides) if files or overrides else err from None
     return cfg
 
 
@@ -234,6 +270,12 @@ def check(cfg: dict) -> None:
             if not (gpu_only and sweep["device"] != "cuda"):  # else recorded as skipped
                 _check_serve_options(sweep, server, key)
             _check_pool(sweep, server, key)
+    for i, target in enumerate(cfg.get("targets", [])):
+        for field in ("server", "baseline_server"):
+            name = target.get(field)
+            if name and name not in names:
+                why = f"no server {name!r} in the sweep; {did_you_mean(name, names)}"
+                raise ConfigError(f"config.targets[{i}].{field}", why)
     engine = cfg.get("engine", {})
     if "graphs" in engine.get("paths", []) and engine["device"] != "cuda":
         raise ConfigError("config.engine.paths", "CUDA graphs (graphs) need engine.device: cuda")
@@ -244,15 +286,25 @@ def check(cfg: dict) -> None:
             raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
 
 
-def check_inputs(cfg: dict, workdir: str | Path, files: Sequence[str | Path] = ()) -> None:
+def check_inputs(
+    cfg: dict, workdir: str | Path, files: Sequence[str | Path] = (), overrides: dict | None = None
+) -> None:
     """The files the config names as inputs exist under ``workdir`` (Snakemake's): a missing
     reference table would otherwise stop the run with Snakemake's MissingInputException, which
-    names the rule needing it, not the key that set it."""
+    names the rule needing it, not the key that set it, and a mistyped published folder would
+    leave the published study out of the report without a word."""
     path = Path(workdir) / cfg["reference"]
+    err = None
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no such file"
         err = ConfigError("config.reference", f"{cfg['reference']}: {what} under {workdir}")
-        raise err.located(files) if files else err
+    elif cfg.get("published") and not (Path(workdir) / cfg["published"]).is_dir():
+        err = ConfigError(
+            "config.published",
+            f"{cfg['published']}: no such study folder under {workdir} (null: show none)",
+        )
+    if err:
+        raise err.located(files, overrides) if files or overrides else err
 
 
 def _check_points(server: dict, key: str) -> None:

@@ -52,10 +52,15 @@ class Study:
     """A validated config (defaults filled in) and the lookups the workflow needs."""
 
     def __init__(
-        self, cfg: dict, schema: str | Path = study_config.SCHEMA, files: Sequence[str | Path] = ()
+        self,
+        cfg: dict,
+        schema: str | Path = study_config.SCHEMA,
+        files: Sequence[str | Path] = (),
+        overrides: dict | None = None,
     ) -> None:
-        """``files``: the YAML files merged into ``cfg``, in order, so an error names its line."""
-        self.config = study_config.validate(cfg, schema, files)
+        """``files``: the YAML files merged into ``cfg``, in order, so an error names its line;
+        ``overrides``: Snakemake's --config values, which an error names as such."""
+        self.config = study_config.validate(cfg, schema, files, overrides)
         self.sweep = self.config["sweep"]
         self.servers = {server["name"]: server for server in self.sweep["servers"]}
 
