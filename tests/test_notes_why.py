@@ -70,6 +70,16 @@ def test_host_time_between_steps_is_never_negative() -> None:
         assert hosts and min(hosts) >= 0, root
 
 
+def test_a_server_of_several_streams_shows_no_host_time() -> None:
+    """Its requests also wait while the other streams' prefill chunks run: client less server
+    time is not the host's."""
+    rows = {
+        r["server"]: r for r in notes.server_rows(summarize.load_study(REPO / "tests/data/study"))
+    }
+    assert rows["torch-chain16-p1-k4"]["host_ms"] == "–"
+    assert rows["torch-chain16-p1"]["host_ms"] != "–"
+
+
 def test_a_server_is_cited_with_its_own_configurations_step() -> None:
     """The sm_120 build's server with its own rows, a server that recorded fused GEMMs with the
     fused rows: never the first row whose label starts with its backend."""

@@ -117,7 +117,9 @@ def server_rows(study: summarize.Study) -> list[dict]:
             "host_ms": "–",
             "accept": _num(r.get("spec_accept_length")),
         }
-        if client_ms is not None and step_ms is not None:
+        # with K streams a request also waits while the others' prefill chunks run: not host time
+        alone = int(r.get("concurrency", 1) or 1) == 1
+        if client_ms is not None and step_ms is not None and alone:
             row["host_ms"] = _num(client_ms - step_ms, ",.1f")
         if r.get("preset") != BENCH_PRESET:  # other shapes than the kernel benchmark's
             out.append(row)
