@@ -106,7 +106,8 @@ def test_the_step_anatomy_of_many_configurations_is_a_grid() -> None:
                 "flashinfer (fa3)", "flashinfer (fa2-sm120)"]  # fmt: skip
     rows = [
         {"backend": b, "path": p, "mode": "chain", "context": c, "attention_ms": 1.0 + c / 1e5,
-         "gemm_ms": 3.8, "rest_ms": 1.5, "step_floor_ms": 2.3 + c / 1e5, "weights_floor_ms": 2.25}
+         "gemm_ms": 3.8, "rest_ms": 1.5, "step_floor_ms": 2.3 + c / 1e5, "weights_floor_ms": 2.25,
+         "step_ms": 6.3 + c / 1e5}
         for b in backends for p in ("graphs", "eager") for c in (1024, 185000)
     ]  # fmt: skip
     style.apply()
@@ -120,6 +121,23 @@ def test_the_step_anatomy_of_many_configurations_is_a_grid() -> None:
     one = figures.engine_anatomy(pd.DataFrame(rows[:2]), "one")
     assert len(one.axes) == 1
     plt.close(one)
+
+
+def test_a_step_whose_parts_are_not_resolved_says_so() -> None:
+    """A part below zero (timing noise over its size) is drawn as 0 and the panel names it; the
+    measured step is marked on every bar."""
+    rows = [
+        {"backend": "torch", "path": "eager", "mode": "chain", "context": c, "step_ms": 6.0,
+         "attention_ms": 0.5, "gemm_ms": 6.2, "rest_ms": rest, "step_floor_ms": 0.1,
+         "weights_floor_ms": 0.1}
+        for c, rest in ((256, -0.7), (1024, 0.2))
+    ]  # fmt: skip
+    fig = figures.engine_anatomy(pd.DataFrame(rows), "anatomy")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "1 of 2 contexts: a part below 0 (noise), drawn as 0" in texts
+    marks = [line for line in fig.axes[0].lines if line.get_label() == "measured step"]
+    assert list(marks[0].get_ydata()) == [6.0, 6.0]
+    plt.close(fig)
 
 
 def test_an_engine_configuration_on_another_gemm_path_keeps_its_backends_colour() -> None:

@@ -646,14 +646,23 @@ def engine_anatomy(table: pd.DataFrame, title: str) -> Figure:
 
 
 def _anatomy_panel(ax, df: pd.DataFrame) -> None:
+    """The parts stacked, the measured step marked on each bar: the parts come from separate
+    timings and a profile, so where one is below zero (noise above its size, as on a busy CPU)
+    the bar stands over the step and the panel says so."""
     x = np.arange(len(df))
     bottom = np.zeros(len(df))
     for col, label in ANATOMY_PARTS:
         height = df[col].clip(lower=0).to_numpy()
         ax.bar(x, height, bottom=bottom, color=style.PART_COLORS[label], label=label, width=0.7)
         bottom += height
+    ax.plot(x, df["step_ms"], "wo", mec="k", ms=5, ls="none", label="measured step")
     ax.plot(x, df["step_floor_ms"], "k_-", ms=18, lw=1, label="floor (weights + attention)")
     ax.plot(x, df["weights_floor_ms"], "k--", lw=0.8, label="weights floor")
     ax.set_xticks(x, [ctx_label(c) for c in df["context"]])
     ax.set_xlabel("context (tokens)")
-    ax.set_ylim(0, bottom.max() * 1.15)  # each panel its own scale: Triton's 185k is ~2 s
+    top = max(bottom.max(), df["step_ms"].max())
+    ax.set_ylim(0, top * 1.15)  # each panel its own scale: Triton's 185k is ~2 s
+    unresolved = int((df[[col for col, _ in ANATOMY_PARTS]] < 0).any(axis=1).sum())
+    if unresolved:
+        note = f"{unresolved} of {len(df)} contexts: a part below 0 (noise), drawn as 0"
+        ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=7, color="#aa3333")
