@@ -105,9 +105,17 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced_by_a_fresh_one(
 
 def test_a_server_failing_for_another_reason_is_not_relaunched(tmp_path, leftovers):
     server = launcher.Server("sh -c 'echo boom; exit 3' {port}", log_path=tmp_path / "serve.log")
-    with pytest.raises(launcher.ServerError, match="exited with code 3 while starting"):
+    with pytest.raises(launcher.ServerError, match="exited with code 3 while starting: boom"):
         server.start(timeout_s=30)
     assert server.launches == 1
+    said = "sh -c 'echo first; echo \"error: no such file: /proc/nope\" >&2; exit 2' {port}"
+    again = launcher.Server(said, log_path=tmp_path / "serve.log")  # the same log, appended
+    with pytest.raises(launcher.ServerError) as err:
+        again.start(timeout_s=30)
+    assert str(err.value) == (
+        "server exited with code 2 while starting: error: no such file: /proc/nope "
+        f"(log: {tmp_path / 'serve.log'})"
+    )
 
 
 def test_a_launcher_killed_outright_takes_the_whole_tree_along(tmp_path, leftovers):

@@ -189,6 +189,19 @@ class Server:
                     raise
         return self._start_once(timeout_s)
 
+    def _last_words(self, limit: int = 300) -> str:
+        """The last line the last launch wrote to its log (its error, as a rule), shortened."""
+        if self.log_path is None:
+            return ""
+        try:
+            text = self.log_path.read_bytes()[-8192:].decode(errors="replace")
+        except OSError:
+            return ""
+        launch = text.rsplit("\n==== launch ", 1)[-1].splitlines()[1:]  # past the header line
+        lines = [line.strip() for line in launch if line.strip()]
+        last = lines[-1] if lines else ""
+        return last if len(last) <= limit else last[: limit - 1] + "…"
+
     def _log_size(self) -> int:
         try:
             return self.log_path.stat().st_size if self.log_path else 0
@@ -260,7 +273,12 @@ class Server:
         while time.monotonic() < deadline:
             code = self.exit_code()
             if code is not None:
-                raise ServerError(f"server exited with code {code} while starting (see log)")
+                said = self._last_words()
+                raise ServerError(
+                    f"server exited with code {code} while starting"
+                    + (f": {said}" if said else "")
+                    + (f" (log: {self.log_path})" if self.log_path else "")
+                )
             if healthy(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
                 return server_info(self.url)
             time.sleep(0.25)
