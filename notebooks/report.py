@@ -25,7 +25,6 @@
 
 # %%
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -235,7 +234,7 @@ for name, study in studies.items():
     study_notes = targets.notes(study.root)
     if study_notes:
         display(Markdown(f"*Notes on {name} (`NOTES.md`):*"))
-        display(Markdown(re.sub(r"^(#+) ", r"\1## ", study_notes, flags=re.M)))  # under the H2
+        display(Markdown(page.nested_notes(study_notes, f"notes-{name.replace(' ', '-')}")))
 
 # %% [markdown]
 # ## Kernels, every number

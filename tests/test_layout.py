@@ -97,3 +97,15 @@ def test_report_figures_are_the_studys_own_whatever_an_earlier_config_left(tmp_p
         *(f"kernels/{n}" for n in layout.FIGURES["kernels"]),
         *(f"sweep/a/{n}" for n in layout.FIGURES["sweep"]),
     ]  # no engine figure, no server "gone", no published figure: none is this study's
+
+
+def test_two_studies_notes_never_share_an_anchor() -> None:
+    from decodecliff.analysis import page
+
+    notes = "# Notes on a study\n\n## Targets\n\ntext with `code`\n\n## The `k4` server\n"
+    mine, theirs = (page.nested_notes(notes, p) for p in ("notes-this-run", "notes-published"))
+    assert '<h4 id="notes-this-run-Targets">Targets</h4>' in mine
+    assert '<h4 id="notes-published-The-k4-server">The <code>k4</code> server</h4>' in theirs
+    assert "text with `code`" in mine  # the body stays Markdown
+    ids = re.findall(r'id="([^"]+)"', mine + theirs)
+    assert len(ids) == len(set(ids)) == 6

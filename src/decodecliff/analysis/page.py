@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -45,3 +46,17 @@ def details(summary: str, body: str, details_id: str = "") -> str:
 
 def pre(text: str, pre_id: str) -> str:
     return f"<pre id='{html.escape(pre_id, quote=True)}'>{html.escape(text)}</pre>"
+
+
+def nested_notes(markdown: str, prefix: str, below: int = 2) -> str:
+    """A NOTES.md shown under one of the page's headings: its headings ``below`` levels deeper,
+    as HTML with ids of their own (``prefix``-title), so two studies' notes (and the page's own
+    "Targets") never share an anchor, as Markdown headings named alike would."""
+
+    def heading(match: re.Match) -> str:
+        level, title = min(len(match[1]) + below, 6), match[2].strip()
+        slug = re.sub(r"\W+", "-", title).strip("-")
+        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(title))
+        return f'<h{level} id="{html.escape(prefix, quote=True)}-{slug}">{text}</h{level}>'
+
+    return re.sub(r"^(#+) (.+)$", heading, markdown, flags=re.M)
