@@ -132,11 +132,58 @@ def test_no_point_succeeded_exits_3_unless_failed_points_are_ok(tmp_path, capsys
         assert point["status"] == "failed" and "exited with code 1" in point["reason"]
 
 
-def test_unwritable_output_exits_1(tmp_path):
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.cli([*argv, "--no-progress"])
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_what_a_sweep_could_not_write_is_a_usage_error_before_anything_runs(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    argv = ["--url", _dead_url(), "--name", "x", "--contexts", "16", "--start-timeout", "0.2"]
-    assert cli.cli([*argv, "--out", str(blocker / "out"), "--no-progress"]) == 1
+    argv = ["--url", _dead_url(), "--name", "x", "--contexts", "16", "32", "--start-timeout", "9"]
+    said = _usage_error([*argv, "--out", str(blocker / "out")], capsys)
+    assert "--out: cannot write" in said and "cannot make its folder" in said
+    (tmp_path / "out" / "ctx32.json").mkdir(parents=True)  # found before ctx16 is measured
+    said = _usage_error([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert (
+        f"--out: cannot write {tmp_path / 'out' / 'ctx32.json'}: " in said and "is a folder" in said
+    )
+    server = ["--server-cmd", "serve {port}", "--name", "x", "--contexts", "16"]
+    said = _usage_error(
+        [*server, "--out", str(tmp_path / "o2"), "--server-log", str(blocker / "l")], capsys
+    )
+    assert "--server-log: cannot write" in said
+    assert not (tmp_path / "o2" / "ctx16.json").exists()
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("127.0.0.1:30000", "--url must be http(s)://HOST[:PORT]"),
+        ("ftp://h:1", "--url must be http(s)://HOST[:PORT]"),
+        ("http://127.0.0.1:30000/v1", "--url names a server's root, without a path"),
+    ],
+)
+def test_a_url_that_is_no_server_root_is_a_usage_error(tmp_path, capsys, url, message):
+    argv = ["--url", url, "--name", "x", "--contexts", "16", "--out", str(tmp_path)]
+    assert message in _usage_error(argv, capsys)
+
+
+def test_a_rerun_keeps_an_ok_point_it_fails_and_never_takes_another_servers(tmp_path, capsys):
+    recorded = REPO / "tests/data/study/sweep/torch-chain16-p1/ctx256.json"
+    good = json.loads(recorded.read_text())
+    assert good["status"] == "ok" and good["name"] == "torch-chain16-p1"
+    (tmp_path / "ctx256.json").write_text(recorded.read_text())
+    argv = ["--url", _dead_url(), "--contexts", "256", "--out", str(tmp_path)]
+    said = _usage_error([*argv, "--name", "other"], capsys)
+    assert "holds the point of server 'torch-chain16-p1': give --name torch-chain16-p1" in said
+    rc = cli.cli([*argv, "--name", good["name"], "--start-timeout", "0.5", "--no-progress"])
+    assert rc == cli.NO_SUCCESS
+    assert json.loads((tmp_path / "ctx256.prev.json").read_text()) == good
+    failed = json.loads((tmp_path / "ctx256.json").read_text())
+    assert failed["status"] == "failed" and "last: GET /health: ConnectError" in failed["reason"]
 
 
 def test_schema_rejects_an_ok_point_without_a_stream():

@@ -13,6 +13,7 @@ import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.sweep import client, prompts
@@ -214,6 +215,8 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
             chunks = _select(chunks, args.contexts)
     else:
         chunks = [Chunk(list(args.contexts), args.chunk_timeout, args.point_timeout)]
+    if args.url is not None:
+        _check_url(args.url)
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size must be at least 2, got {args.vocab_size}")
     return SweepConfig(
@@ -238,6 +241,15 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         requests_per_point=args.requests_per_point,
         concurrency=args.concurrency,
     )
+
+
+def _check_url(url: str) -> None:
+    """A server's root: http(s)://HOST[:PORT], as the sweep adds /health, /generate, ..."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url must be http(s)://HOST[:PORT], got {url!r}")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"--url names a server's root, without a path: got {url!r}")
 
 
 def skip_all(runner: Runner, reason: str) -> list[dict]:

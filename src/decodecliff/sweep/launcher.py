@@ -89,10 +89,16 @@ def render_command(template: str, host: str, port: int) -> tuple[dict[str, str],
 
 def healthy(url: str, timeout: float = 5.0) -> bool:
     """GET /health answers 200 within ``timeout``."""
+    return health_problem(url, timeout) is None
+
+
+def health_problem(url: str, timeout: float = 5.0) -> str | None:
+    """Why GET /health does not answer 200 within ``timeout`` (the error or the status), or None."""
     try:
-        return httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
+        status = httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code
+    except httpx.HTTPError as exc:
+        return f"GET /health: {type(exc).__name__}: {exc}"
+    return None if status == 200 else f"GET /health answered {status}"
 
 
 def server_info(url: str, timeout: float = 10.0) -> dict:
@@ -269,7 +275,7 @@ class Server:
         return log
 
     def _wait_healthy(self, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
+        deadline, problem = time.monotonic() + timeout_s, "not asked"
         while time.monotonic() < deadline:
             code = self.exit_code()
             if code is not None:
@@ -279,11 +285,14 @@ class Server:
                     + (f": {said}" if said else "")
                     + (f" (log: {self.log_path})" if self.log_path else "")
                 )
-            if healthy(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
+            problem = health_problem(self.url, min(5.0, max(0.5, deadline - time.monotonic())))
+            if problem is None:
                 return server_info(self.url)
             time.sleep(0.25)
         self.stop()
-        raise ServerError(f"server not healthy within the start timeout ({timeout_s:g} s)")
+        raise ServerError(
+            f"server not healthy within the start timeout ({timeout_s:g} s); last: {problem}"
+        )
 
     def stop(self) -> None:
         """Stop a launched server's whole process tree; a no-op for a URL server."""

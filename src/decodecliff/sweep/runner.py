@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import re
 import signal
@@ -46,7 +47,7 @@ from rich.progress import (
 )
 
 from decodecliff import envinfo
-from decodecliff.jsonio import write_json
+from decodecliff.jsonio import unwritable, write_json
 from decodecliff.sweep import client, launcher, metrics, point, prompts
 from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point files are defined)
 from decodecliff.values import is_int, is_positive_seconds
@@ -159,6 +160,15 @@ def point_path(out: Path, ctx: int) -> Path:
     return out / f"ctx{ctx}.json"
 
 
+def _recorded(path: Path) -> dict:
+    """The point file at ``path`` as recorded, {} where there is none (or it does not parse)."""
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -248,6 +258,7 @@ class Runner:
         self.log_path = None
         if cfg.server_cmd is not None:
             self.log_path = cfg.server_log or cfg.out / f"server-{cfg.name}.log"
+        self._check_outputs()
         self.server = launcher.Server(
             cfg.server_cmd, cfg.url, cfg.host, self.log_path, cfg.stop_grace_s
         )
@@ -664,10 +675,33 @@ class Runner:
 
     # -- output ---------------------------------------------------------------------------------
 
+    def _check_outputs(self) -> None:
+        """ValueError, before anything is measured, where a point file or the server log could
+        not be written, or a point file holds another server configuration's point."""
+        for ctx in (ctx for chunk in self.cfg.chunks for ctx in chunk.contexts):
+            path = point_path(self.cfg.out, ctx)
+            if why := unwritable(path):
+                raise ValueError(f"--out: cannot write {path}: {why}")
+            other = _recorded(path).get("name")
+            if other not in (None, self.cfg.name):
+                raise ValueError(
+                    f"{path} holds the point of server {other!r}: give --name {other} to "
+                    "measure it again, or another --out"
+                )
+        if self.log_path and (why := unwritable(self.log_path)):
+            raise ValueError(f"--server-log: cannot write {self.log_path}: {why}")
+
     def _write(self, res: dict) -> None:
         # A record that breaks the schema is a bug: PointError ends the sweep, the file unwritten.
         point.check(res)
         path = point_path(self.cfg.out, res["requested_ctx"])
+        if res["status"] != "ok" and _recorded(path).get("status") == "ok":
+            kept = path.with_suffix(".prev.json")  # the summaries read ctx<N>.json alone
+            path.replace(kept)
+            self.console.print(
+                f"{self.cfg.name} ctx {res['requested_ctx']}: the earlier ok point is kept "
+                f"as {kept}"
+            )
         write_json(path, res, allow_nan=False)  # strict JSON: a NaN is a bug here
         self.written.append(path)
 
