@@ -71,3 +71,12 @@ def test_one_line_reads_the_commands_own_choice_errors() -> None:
         "the following arguments are required: --out"
     )
     assert helpformat.did_you_mean("zzz", ["a", "b"]) == "(valid: a, b)"
+
+
+def test_a_backend_this_machine_cannot_run_is_one_line_before_any_model_is_built() -> None:
+    for backend in ("sglang", "flashinfer", "custom"):
+        done = decodecliff("serve", "--device", "cpu", "--backend", backend, "--port", "0")
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == (
+            f"decodecliff serve: error: the {backend} backend needs a CUDA GPU (the device is cpu)"
+        )

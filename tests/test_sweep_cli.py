@@ -256,7 +256,7 @@ def test_skip_reason_writes_every_point_as_skipped_and_launches_nothing(tmp_path
     marker = tmp_path / "launched"
     server = f"sh -c 'touch {marker}' --port {{port}}"  # would leave the marker if launched
     argv = ["--server-cmd", server, "--name", "peer", "--no-progress", "--failed-points-ok"]
-    reason = "the sglang backend needs a CUDA GPU (this study's device is cpu)"
+    reason = "the sglang backend needs a CUDA GPU (the device is cpu)"
     argv += ["--contexts", "16", "32", "--skip-reason", reason, "--out", str(tmp_path / "out")]
     assert cli.cli(argv) == 0
     assert "0 ok, 0 failed, 2 skipped" in capsys.readouterr().err

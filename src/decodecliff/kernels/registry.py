@@ -62,7 +62,7 @@ def unavailable(name: str, device: str) -> str | None:
     if name not in BACKENDS:
         return f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}"
     if name in GPU_ONLY and device != "cuda":
-        return f"the {name} backend needs a CUDA GPU (this study's device is {device})"
+        return f"the {name} backend needs a CUDA GPU (the device is {device})"
     if name in PACKAGES:
         module, how = PACKAGES[name]
         if not _installed(module):

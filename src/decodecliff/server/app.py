@@ -457,8 +457,9 @@ def run(cfg: EngineConfig, host: str, port: int, settings: Settings | None = Non
         folder = write_hf(
             tokenizer_dir(settings, cfg.preset), engine.mcfg.vocab_size, engine.max_total_num_tokens
         )
-    except (ValueError, RuntimeError, MemoryError, OverflowError, OSError) as exc:
-        # a pool or batch too big to allocate, an unwritable tokenizer folder: one line
+    except (ValueError, RuntimeError, MemoryError, OverflowError, OSError, ImportError) as exc:
+        # a pool or batch too big to allocate, an unwritable tokenizer folder, a peer's package
+        # that will not load: one line
         print(f"decodecliff serve: error: {_error(exc)}", file=sys.stderr)
         return 2
     engine.start()

@@ -177,6 +177,9 @@ def cli(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"decodecliff serve: error: {exc}", file=sys.stderr)
         return 2
+    if why := registry.unavailable(args.backend, cfg.device):  # a GPU or a package it lacks
+        print(f"decodecliff serve: error: {why}", file=sys.stderr)
+        return 2
     options = dict(args.backend_option)
     if args.backend == "flashinfer" and options.get("model") == "sm120" and args.device != "cpu":
         from decodecliff.kernels import sm120_model
