@@ -4,6 +4,10 @@ with an error event mid-generation, as SGLang's server does when a request fails
 
     python tests/faulty_server.py --port P --nan-in info|meta|after
     python tests/faulty_server.py --port P --error-mid-stream
+    python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0
+
+(--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of 0
+in its info: JSON of the wrong shape.)
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from aiohttp import web
 NAN = float("nan")
 
 
-def build(nan_in: str | None, error_mid_stream: bool = False) -> web.Application:
+def build(
+    nan_in: str | None, error_mid_stream: bool = False, shape: str | None = None
+) -> web.Application:
     calls = {"info": 0}
 
     async def health(_request: web.Request) -> web.Response:
@@ -25,7 +31,8 @@ def build(nan_in: str | None, error_mid_stream: bool = False) -> web.Application
     async def info(_request: web.Request) -> web.Response:
         calls["info"] += 1
         bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
-        body = {"max_total_num_tokens": 100000, "vocab_size": 1000, "load": NAN if bad else 0.0}
+        vocab = 0 if shape == "vocab0" else 1000
+        body = {"max_total_num_tokens": 100000, "vocab_size": vocab, "load": NAN if bad else 0.0}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def flush(_request: web.Request) -> web.Response:
@@ -44,7 +51,9 @@ def build(nan_in: str | None, error_mid_stream: bool = False) -> web.Application
                 error = {"error": {"message": "CUDA out of memory", "code": 500}}
                 await resp.write(f"data: {json.dumps(error)}\n\n".encode())
                 return resp
-            await resp.write(f"data: {json.dumps({'meta_info': meta})}\n\n".encode())
+            chunk = {"list-chunk": [1, 2, 3], "text-meta": {"meta_info": "done"}}.get(shape)
+            chunk = chunk if chunk is not None and i == n else {"meta_info": meta}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -61,6 +70,7 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--nan-in", choices=["info", "meta", "after"])
     p.add_argument("--error-mid-stream", action="store_true")
+    p.add_argument("--shape", choices=["list-chunk", "text-meta", "vocab0"])
     args = p.parse_args()
-    app = build(args.nan_in, args.error_mid_stream)
+    app = build(args.nan_in, args.error_mid_stream, args.shape)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)

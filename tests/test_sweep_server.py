@@ -248,6 +248,33 @@ def test_a_nan_from_the_server_fails_its_point_and_the_file_is_written(tmp_path,
         assert reason in point["reason"]
 
 
+@pytest.mark.parametrize(
+    ("shape", "reason"),
+    [
+        ("list-chunk", "malformed stream chunk: not a JSON object: [1, 2, 3]"),
+        ("text-meta", "malformed stream chunk: a field of another type than the API's"),
+    ],
+)
+def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape, reason):
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --shape {shape}"
+    done = _sweep(tmp_path, [16], "--server-cmd", cmd, "--warmup-tokens", "0")
+    assert done.returncode == 3, done.stderr
+    point = _points(tmp_path)[16]
+    assert point["status"] == "failed" and reason in point["reason"], point["reason"]
+    assert "Traceback" not in point["reason"] + done.stderr
+
+
+def test_a_server_vocabulary_below_two_is_taken_as_unknown(tmp_path):
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --shape vocab0"
+    _sweep(tmp_path, [16], "--server-cmd", cmd, "--warmup-tokens", "0")
+    point = _points(tmp_path)[16]
+    assert point["status"] == "ok", point["reason"]
+    assert point["prompt"]["id_range"]["source"] == "default"
+    assert any("vocab size unknown (none usable in server info" in w for w in point["warnings"])
+
+
 def test_an_error_event_mid_stream_fails_its_point_with_the_server_s_words(tmp_path):
     faulty = Path(__file__).with_name("faulty_server.py")
     cmd = f"{sys.executable} {faulty} --port {{port}} --error-mid-stream"

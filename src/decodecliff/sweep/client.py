@@ -62,6 +62,8 @@ def request_body(api: str, input_ids: list[int], gen_tokens: int, model: str) ->
 def _apply_generate(rec: StreamRecord, data: dict) -> int | None:
     """Fold one /generate chunk into ``rec``; return the cumulative token count it reports."""
     meta = data.get("meta_info") or {}
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta_info is {type(meta).__name__}, not an object")
     rec.meta_info = meta
     if meta.get("prompt_tokens") is not None:
         rec.prompt_tokens = int(meta["prompt_tokens"])
@@ -90,6 +92,17 @@ def _apply_openai(rec: StreamRecord, data: dict, last: int) -> int | None:
         return int(usage["completion_tokens"])
     # Without per-chunk usage, count one token per text chunk (vLLM's bench convention).
     return last + 1 if text else None
+
+
+def _fold(rec: StreamRecord, api: str, data: object, last: int) -> int | None:
+    """One chunk into ``rec`` (its cumulative token count); ValueError where its shape is not
+    the API's (a chunk that is no object, a field of another type)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object: {json.dumps(data)[:200]}")
+    try:
+        return _apply_generate(rec, data) if api == "generate" else _apply_openai(rec, data, last)
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"a field of another type than the API's ({exc})") from None
 
 
 async def stream(
@@ -132,9 +145,7 @@ async def stream(
                 if isinstance(data, dict) and data.get("error"):
                     rec.error = f"server error: {json.dumps(data['error'])[:500]}"
                     return rec
-                count = _apply_generate(rec, data) if api == "generate" else None
-                if api == "openai":
-                    count = _apply_openai(rec, data, last)
+                count = _fold(rec, api, data, last)
                 if count is not None and count > last:
                     rec.events.append((t, count))
                     last = count

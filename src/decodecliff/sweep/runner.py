@@ -491,8 +491,7 @@ class Runner:
         }
         start = time.monotonic()
         try:
-            vocab = launcher.info_field(self.info, "vocab_size")
-            rng = prompts.id_range(vocab if isinstance(vocab, int) else None, cfg.vocab_size)
+            rng = self._prompt_ids()
             ids = prompts.make_input_ids(
                 cfg.warmup_tokens, rng, cfg.seed, cfg.warmup_tokens, prompts.WARMUP_SALT
             )
@@ -538,13 +537,19 @@ class Runner:
             if warning not in res["warnings"]:
                 res["warnings"].append(warning)
 
-    def _id_range(self, res: dict, ctx: int) -> prompts.IdRange:
+    def _prompt_ids(self) -> prompts.IdRange:
+        """The ids prompts draw from: the server's vocabulary where it gives a usable one (an int
+        of at least 2), else --vocab-size, else the default range."""
         vocab = launcher.info_field(self.info, "vocab_size")
-        rng = prompts.id_range(vocab if isinstance(vocab, int) else None, self.cfg.vocab_size)
+        usable = isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 2
+        return prompts.id_range(vocab if usable else None, self.cfg.vocab_size)
+
+    def _id_range(self, res: dict, ctx: int) -> prompts.IdRange:
+        rng = self._prompt_ids()
         if rng.source == "default":
             res["warnings"].append(
-                f"vocab size unknown (not in server info, no --vocab-size): prompt ids drawn "
-                f"from the default range [{rng.low}, {rng.high})"
+                f"vocab size unknown (none usable in server info, no --vocab-size): prompt ids "
+                f"drawn from the default range [{rng.low}, {rng.high})"
             )
         res["prompt"] = {"tokens": ctx, "seed": self.cfg.seed, "id_range": rng.as_dict()}
         return rng
