@@ -72,6 +72,19 @@ def test_a_server_that_dies_takes_its_daemon_along_and_its_fate_is_reported(tmp_
     server.stop()
 
 
+def test_a_keeper_killed_outright_leaves_no_server_behind_once_stopped(tmp_path, leftovers):
+    server = launcher.Server(FAULTY_CMD, stop_grace_s=5)
+    server.start(timeout_s=60)
+    keeper, command = server.proc.pid, server.pid
+    leftovers.track(keeper)
+    leftovers.track(command)
+    os.kill(keeper, signal.SIGKILL)  # the server stays, in the keeper's process group
+    wait_for("the keeper to exit", lambda: server.exit_code() is not None)
+    assert not gone([command], timeout=0.5)
+    server.stop()
+    assert gone([command], timeout=10)
+
+
 def test_an_exit_code_is_passed_on_and_an_unknown_program_is_a_clear_error(leftovers):
     with pytest.raises(launcher.ServerError, match="exited with code 3 while starting"):
         launcher.Server("sh -c 'exit 3' {port}").start(timeout_s=30)

@@ -311,6 +311,12 @@ class Server:
             _killpg(proc.pid, signal.SIGKILL)  # a keeper that hung: its process group at least
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+        if _group_alive(proc.pid):  # a keeper killed outright left the server in its group
+            _killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_grace_s
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _killpg(proc.pid, signal.SIGKILL)
 
 
 def _read_report(report: BinaryIO) -> str:
@@ -323,6 +329,14 @@ def _read_report(report: BinaryIO) -> str:
             break
         data += chunk
     return data.decode(errors="replace")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
