@@ -572,8 +572,14 @@ def _idle(srv: Server, timeout: float = 20) -> dict:
     return info
 
 
+def _counter(srv: Server, name: str) -> float:
+    found = re.search(rf"^sglang:{name}_total\{{.*\}} (\S+)$", srv.get("/metrics").text, re.M)
+    return float(found[1])
+
+
 def test_a_plain_client_that_disconnects_cancels_its_request(srv):
     body = {"input_ids": IDS, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    counts = {n: _counter(srv, n) for n in ("num_requests", "num_aborted_requests")}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/generate", json=body, timeout=1.0)
     start = time.monotonic()
@@ -581,3 +587,7 @@ def test_a_plain_client_that_disconnects_cancels_its_request(srv):
     assert info["running_requests"] == 0 and time.monotonic() - start < 5
     frag = info["fragmentation"]
     assert frag["free_pages"] == frag["num_pages"]
+    # counted as an aborted request, as its help says
+    assert {n: _counter(srv, n) - c for n, c in counts.items()} == {
+        "num_requests": 1, "num_aborted_requests": 1,
+    }  # fmt: skip

@@ -129,8 +129,9 @@ class Batch:
 
     def __exit__(self, *exc: object) -> None:
         for choice in self.choices:
-            if not choice.finished:
+            if not choice.finished:  # its client left (or the response failed): abort it
                 choice.req.cancelled = True
+                self.metrics.dropped(len(choice.prompt), len(choice.ids))
 
     @property
     def done(self) -> bool:

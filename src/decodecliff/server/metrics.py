@@ -82,6 +82,13 @@ class Metrics:
         self._prune(time.monotonic())
         return sum(n for _, n in self.recent) / THROUGHPUT_WINDOW
 
+    def dropped(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """A request its client left before it finished: an aborted one, with what it made."""
+        self.requests.inc()
+        self.aborted.inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+
     def finished(self, meta: dict, ok: bool) -> None:
         self.requests.inc()
         if not ok:
