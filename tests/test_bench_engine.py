@@ -111,31 +111,49 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path):
+def _as_path(doc: dict, gemm: str) -> dict:
+    """A CPU document as if its engines had run the GEMM path ``gemm`` (a CPU runs torch's
+    matmul alone), named as the bench names such rows: for the merge's own logic."""
+    rows = [{**r, "backend": bench.run_label("torch", gemm), "gemm": gemm} for r in doc["rows"]]
+    loop = [{**r, "backend": bench.run_label("torch", gemm), "gemm": gemm} for r in doc["loop"]]
+    return {**doc, "args": {**doc["args"], "gemm": [gemm]}, "rows": rows, "loop": loop}
+
+
+def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path, capsys):
     """--gemm cublas fused: a backend's two engines side by side, the second named by its path,
-    and a part measured with another path merges beside them."""
+    and a part measured with another path merges beside them. A CPU runs torch's matmul alone:
+    another path there is a usage error, not rows named after it."""
     base = ["--device", "cpu", "--threads", "1", "--contexts", "64", "--repeats", "1"]
     base += ["--draft-len", "4", "--parts", "anatomy", "loop", "--loop-steps", "2"]
-    two, one = tmp_path / "two.json", tmp_path / "one.json"
-    assert bench.cli([*base, "--gemm", "cublas", "fused", "--out", str(two)]) == 0
-    doc = json.loads(two.read_text())
-    named = [(r["backend"], r["gemm"]) for r in doc["rows"]]
+    args = bench.parse_args([*base, "--gemm", "cublas", "--out", str(tmp_path / "x.json")])
+    args.gemm = ["cublas", "fused"]
+    named = [(bench.run_label(b, g), g) for b, g, _, _ in bench.configurations(args)]
     assert named == [("torch", "cublas"), ("torch + fused GEMMs", "fused")]
+    for gemm in ("fused", "auto", "pdl", "cublas-pdl"):
+        with pytest.raises(SystemExit) as exc:
+            bench.cli([*base, "--gemm", "cublas", gemm, "--out", str(tmp_path / "x.json")])
+        assert exc.value.code == 2
+        assert f"--gemm {gemm} needs a CUDA device" in capsys.readouterr().err
+    one = tmp_path / "one.json"
+    assert bench.cli([*base, "--gemm", "cublas", "--out", str(one)]) == 0
+    cpu = json.loads(one.read_text())
+    doc = engine_merge.merge([cpu, _as_path(cpu, "fused")])
+    assert [(r["backend"], r["gemm"]) for r in doc["rows"]] == named
     assert [(r["backend"], r["gemm"]) for r in doc["loop"]] == named
-    assert bench.cli([*base, "--gemm", "auto", "--out", str(one)]) == 0
-    merged = engine_merge.merge([doc, json.loads(one.read_text())])
+    auto = _as_path(cpu, "auto")
+    merged = engine_merge.merge([doc, auto])
     assert [r["backend"] for r in merged["rows"]][-1] == "torch + auto GEMMs"
     assert merged["args"]["gemm"] == ["cublas", "fused", "auto"]
     # a group one part failed and another measured: named with its spaces, it is cleared
     failed = {"what": "anatomy torch + fused GEMMs eager chain", "error": "OutOfMemory"}
     kept = {"what": "loop torch + auto GEMMs eager 64", "error": "OutOfMemory"}
-    cut = {**json.loads(one.read_text()), "loop": [], "errors": [failed, kept]}
+    cut = {**auto, "loop": [], "errors": [failed, kept]}
     assert engine_merge.merge([doc, cut])["errors"] == [kept]
     # a document of the time --gemm took one path: its rows named by that path as now
     legacy = {**cut, "args": {**cut["args"], "gemm": "pdl", "contexts": [65]}, "errors": []}
     legacy["rows"] = [{**r, "backend": "torch", "gemm": "pdl", "context": 65} for r in cut["rows"]]
     assert engine_merge.merge([doc, legacy])["rows"][-1]["backend"] == "torch + pdl GEMMs"
-    for bad in (["fused", "fused"], ["cublas", "pdl", "--parts", "gemms"]):
+    for bad in (["cublas", "cublas"],):
         with pytest.raises(SystemExit) as exc:
             bench.cli([*base, "--gemm", *bad, "--out", str(tmp_path / "x.json")])
         assert exc.value.code == 2

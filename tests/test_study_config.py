@@ -200,6 +200,7 @@ BAD = {
         "config.targets[0].server",
     ),
     "engine-graphs-on-cpu": (_set("engine.paths", ["graphs"]), "config.engine.paths"),
+    "engine-gemm-on-cpu": (_set("engine.gemms", ["cublas", "fused"]), "config.engine.gemms"),
     "engine-backend-option-count": (
         _set("engine.backends", ["custom:num_splits=many"]),
         "config.engine.backends[0]",

@@ -255,6 +255,8 @@ class EngineConfig:
             raise ValueError("--cuda-graph needs a CUDA device")
         if self.l2_overlap_mb and self.device != "cuda":
             raise ValueError("--l2-overlap-mb needs a CUDA device")
+        if self.gemm != DEFAULT_GEMM and self.device != "cuda":  # a CPU runs torch's matmul
+            raise ValueError(f"--gemm {self.gemm} needs a CUDA device")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **given: Any) -> EngineConfig:

@@ -279,6 +279,8 @@ def check(cfg: dict) -> None:
     engine = cfg.get("engine", {})
     if "graphs" in engine.get("paths", []) and engine["device"] != "cuda":
         raise ConfigError("config.engine.paths", "CUDA graphs (graphs) need engine.device: cuda")
+    if set(engine.get("gemms", [])) - {"cublas"} and engine["device"] != "cuda":
+        raise ConfigError("config.engine.gemms", "GEMM paths but cublas need engine.device: cuda")
     for i, spec in enumerate(engine.get("backends", [])):
         try:
             registry.parse_spec(spec)
