@@ -296,3 +296,16 @@ def test_a_stop_signal_inside_the_event_loop_ends_the_sweep_without_a_traceback(
     assert ended.value.code == 128 + signal.SIGTERM and cancelled == ["stream"]
     assert signal.getsignal(signal.SIGTERM) is previous
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+def test_a_launch_host_resolves_and_an_ipv6_one_is_bracketed_in_urls(tmp_path, capsys):
+    argv = ["--server-cmd", "serve --host {host} --port {port}", "--name", "x", "--contexts", "16"]
+    said = _usage_error([*argv, "--host", "nohost.invalid", "--out", str(tmp_path)], capsys)
+    assert "--host nohost.invalid: " in said
+    assert launcher.http_url("::1", 8000) == "http://[::1]:8000"
+    assert launcher.http_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    try:
+        port = launcher.free_port("::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert 0 < port < 65536

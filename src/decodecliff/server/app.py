@@ -417,7 +417,8 @@ async def serve(engine: Engine, host: str, port: int, settings: Settings, model:
         loop.add_signal_handler(sig, stop.set)
     if not is_loopback(host) and settings.api_key is None:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
-    print(f"decodecliff server ready at http://{host}:{port}", flush=True)
+    ready = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"decodecliff server ready at {ready}", flush=True)
     await stop.wait()
     log.warning("shutting down: ending requests in flight")
     await loop.run_in_executor(None, engine.shutdown, 10)  # their last updates reach the handlers

@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from decodecliff.helpformat import DefaultsHelpFormatter
-from decodecliff.sweep import client, prompts
+from decodecliff.sweep import client, launcher, prompts
 from decodecliff.sweep.point import PointError
 from decodecliff.sweep.runner import Chunk, Runner, SweepConfig
 
@@ -217,6 +217,11 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         chunks = [Chunk(list(args.contexts), args.chunk_timeout, args.point_timeout)]
     if args.url is not None:
         _check_url(args.url)
+    if args.server_cmd is not None:
+        try:
+            launcher.free_port(args.host)  # the host a launched server listens on resolves
+        except OSError as exc:
+            raise ValueError(f"--host {args.host}: {exc}") from None
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size must be at least 2, got {args.vocab_size}")
     return SweepConfig(

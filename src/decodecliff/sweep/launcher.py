@@ -62,10 +62,16 @@ def strict_json(text: str) -> object:
 
 
 def free_port(host: str) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    """A TCP port that is free on ``host`` (a name or an IPv4 or IPv6 address) right now."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.bind(address)
         return int(s.getsockname()[1])
+
+
+def http_url(host: str, port: int) -> str:
+    """http://HOST:PORT, an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def render_command(template: str, host: str, port: int) -> tuple[dict[str, str], list[str]]:
@@ -226,7 +232,7 @@ class Server:
         self.stop()
         port = free_port(self.host) if "{port}" in self.template else 0
         env, argv = render_command(self.template, self.host, port)
-        self.url = f"http://{self.host}:{port}" if port else self.url
+        self.url = http_url(self.host, port) if port else self.url
         self.command = argv
         self.launches += 1
         log = self._open_log()
