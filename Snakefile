@@ -12,12 +12,15 @@ min_version("9.0")
 
 # A YAML syntax error in config.yaml is named by file and line here, before Snakemake reads it
 # and says only that the config is not valid YAML. (A --configfile is read before this file is.)
+import os
+
 from decodecliff.study.config import ConfigError, check_syntax
 
-try:
-    check_syntax("config.yaml")
-except ConfigError as exc:
-    raise WorkflowError(str(exc)) from None
+if os.path.exists("config.yaml"):
+    try:
+        check_syntax("config.yaml")
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 configfile: "config.yaml"

@@ -72,9 +72,7 @@ analyses = [a for a in layout.FIGURES if a != "engine" or "engine" in config] if
 
 
 def in_study(analysis: str) -> bool:
-    return (
-        layout.figure_dir(results, analysis).is_dir() if analyses is None else analysis in analyses
-    )
+    return layout.in_study(results, analysis, analyses)
 
 
 def engine(name: str) -> pd.DataFrame | None:

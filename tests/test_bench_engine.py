@@ -153,10 +153,13 @@ def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path, capsys):
     legacy = {**cut, "args": {**cut["args"], "gemm": "pdl", "contexts": [65]}, "errors": []}
     legacy["rows"] = [{**r, "backend": "torch", "gemm": "pdl", "context": 65} for r in cut["rows"]]
     assert engine_merge.merge([doc, legacy])["rows"][-1]["backend"] == "torch + pdl GEMMs"
-    for bad in (["cublas", "cublas"],):
+    for bad, said in (
+        (["fused", "fused"], "--gemm names a path twice"),
+        (["cublas", "pdl", "--parts", "gemms"], "--parts gemms takes one --gemm path"),
+    ):
         with pytest.raises(SystemExit) as exc:
             bench.cli([*base, "--gemm", *bad, "--out", str(tmp_path / "x.json")])
-        assert exc.value.code == 2
+        assert exc.value.code == 2 and said in capsys.readouterr().err, bad
 
 
 def test_a_cpu_step_has_no_kernel_timeline(doc):

@@ -241,6 +241,21 @@ def test_a_reference_table_that_is_not_there_names_its_key_and_line(tmp_path: Pa
     config.check_inputs(raw(), REPO)  # the default's table is there
 
 
+def test_an_error_is_laid_at_the_door_of_what_set_its_key() -> None:
+    """--config merges into the files key by key: a key it did not set keeps its file and line."""
+    files = [REPO / "config.yaml"]
+    nested = {"sweep": {"gen_tokens": "8"}}
+    err = config.ConfigError("config.sweep.servers[0].name", "bad")
+    assert "(--config" not in str(err.located(files, nested))
+    assert "config.yaml, line" in str(err.located(files, nested))
+    said = str(config.ConfigError("config.sweep.gen_tokens", "bad").located(files, nested))
+    assert "(--config; nested values given there arrive as strings" in said
+    top = config.ConfigError("config.published", "bad").located(files, {"published": "x"})
+    assert str(top) == "invalid study config at config.published (--config): bad"
+    whole = config.ConfigError("config.sweep.servers[1].name", "bad")
+    assert "(--config;" in str(whole.located(files, {"sweep": {"servers": "x"}}))
+
+
 def test_a_published_folder_that_is_not_there_names_its_key() -> None:
     cfg = config.load([REPO / "config.yaml"])
     cfg["published"] = "results/published/h2OO"

@@ -41,7 +41,8 @@ FIGURES: dict[str, dict[str, str]] = {
     "sweep": {"metrics": "{study}: end-to-end metrics of one server configuration"},
     "engine": {
         "anatomy": "Time per verify step vs context (attention, GEMMs, rest) per configuration, "
-        "with the floor: the weights at the copy rate, attention at the copy or matmul rate.",
+        "the measured step marked on each bar, with the floor: the weights at the copy rate, "
+        "attention at the copy or matmul rate.",
     },
 }
 TABLES: dict[str, tuple[str, ...]] = {
@@ -126,8 +127,7 @@ def report_figures(
     folders on disk."""
     shown = []
     for analysis, titles in FIGURES.items():
-        ran = figure_dir(results, analysis).is_dir() if analyses is None else analysis in analyses
-        if not ran:
+        if not in_study(results, analysis, analyses):
             continue  # not part of this study (the engine's step anatomy is optional)
         each: Sequence[str | None] = [None]
         if analysis in PER_SERVER:
@@ -142,6 +142,11 @@ def report_figures(
                 if path.is_file():
                     shown.append((f"{folder}/{PUBLISHED}{name}", PUBLISHED_TITLE, path))
     return shown
+
+
+def in_study(results: str | Path, analysis: str, analyses: Collection[str] | None) -> bool:
+    """Whether ``analysis`` is one of the study's ``analyses`` (None: its folder is on disk)."""
+    return figure_dir(results, analysis).is_dir() if analyses is None else analysis in analyses
 
 
 def _server_folders(results: str | Path, analysis: str) -> list[str]:

@@ -42,6 +42,7 @@ from decodecliff import envinfo
 from decodecliff.engine.config import EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import SamplingParams
+from decodecliff.sweep.launcher import http_url
 
 from .guard import Settings, access_middleware, is_loopback, parse_body
 from .jobs import Batch, Choice, check_fits, error_body, error_response, respond
@@ -417,8 +418,7 @@ async def serve(engine: Engine, host: str, port: int, settings: Settings, model:
         loop.add_signal_handler(sig, stop.set)
     if not is_loopback(host) and settings.api_key is None:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
-    ready = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    print(f"decodecliff server ready at {ready}", flush=True)
+    print(f"decodecliff server ready at {http_url(host, port)}", flush=True)
     await stop.wait()
     log.warning("shutting down: ending requests in flight")
     await loop.run_in_executor(None, engine.shutdown, 10)  # their last updates reach the handlers
@@ -458,9 +458,8 @@ def run(cfg: EngineConfig, host: str, port: int, settings: Settings | None = Non
         folder = write_hf(
             tokenizer_dir(settings, cfg.preset), engine.mcfg.vocab_size, engine.max_total_num_tokens
         )
-    except (ValueError, RuntimeError, MemoryError, OverflowError, OSError, ImportError) as exc:
-        # a pool or batch too big to allocate, an unwritable tokenizer folder, a peer's package
-        # that will not load: one line
+    except (ValueError, RuntimeError, MemoryError, OverflowError, OSError) as exc:
+        # a pool or batch too big to allocate, an unwritable tokenizer folder: one line
         print(f"decodecliff serve: error: {_error(exc)}", file=sys.stderr)
         return 2
     engine.start()

@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 from jsonschema import Draft202012Validator
 
+from decodecliff.engine.config import DEFAULT_GEMM
 from decodecliff.helpformat import did_you_mean
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
@@ -48,27 +49,25 @@ class ConfigError(ValueError):
         "--config" where ``overrides`` (Snakemake's --config values, applied last) set it."""
         if overrides and _sets(overrides, _parts(self.where)):
             # Snakemake gives a --config value below the top level as a string, whatever it reads
-            source = "--config" + (
-                ""
-                if "." not in self.where[7:]
-                else "; nested values given "
-                "there arrive as strings: set nested keys in a --configfile"
+            nested = len(_parts(self.where)) > 1
+            hint = (
+                "; nested values given there arrive as strings: set nested keys in a --configfile"
             )
+            source = "--config" + (hint if nested else "")
             return ConfigError(self.where, self.why, source)
         return ConfigError(self.where, self.why, locate(self.where, files) or self.source)
 
 
 def _sets(overrides: dict, parts: list[str | int]) -> bool:
-    """Whether ``overrides`` holds the top-level key of ``parts`` and, below it, as much of the
-    path as it can (a --config value replaces its key's whole value)."""
+    """Whether ``overrides`` set the key at ``parts``: Snakemake merges a --config mapping into
+    the files' values key by key, and a list or a scalar replaces the value it lands on whole."""
     node: object = overrides
     for part in parts:
-        holds = isinstance(node, dict) and part in node
-        holds |= isinstance(node, list) and isinstance(part, int) and part < len(node)
-        if holds:
-            node = node[part]  # type: ignore[index]
-        else:
-            return node is not overrides
+        if not isinstance(node, dict):
+            return True  # a list or a scalar above the key: the key's value is the override's
+        if part not in node:
+            return False
+        node = node[part]
     return True
 
 
@@ -240,7 +239,7 @@ def validate(
 
 def check(cfg: dict) -> None:
     """What the schema cannot say: unique names and points, timeouts, backend options, templates,
-    KV pools."""
+    KV pools, the servers targets name, and what the engine bench can run on its device."""
     if cfg["kernels"].get("sm120_model") and not cfg["build"].get("sm120_model"):
         raise ConfigError(
             "config.kernels.sm120_model",
@@ -279,8 +278,9 @@ def check(cfg: dict) -> None:
     engine = cfg.get("engine", {})
     if "graphs" in engine.get("paths", []) and engine["device"] != "cuda":
         raise ConfigError("config.engine.paths", "CUDA graphs (graphs) need engine.device: cuda")
-    if set(engine.get("gemms", [])) - {"cublas"} and engine["device"] != "cuda":
-        raise ConfigError("config.engine.gemms", "GEMM paths but cublas need engine.device: cuda")
+    if set(engine.get("gemms", [])) - {DEFAULT_GEMM} and engine["device"] != "cuda":
+        why = f"GEMM paths other than {DEFAULT_GEMM} need engine.device: cuda"
+        raise ConfigError("config.engine.gemms", why)
     for i, spec in enumerate(engine.get("backends", [])):
         try:
             registry.parse_spec(spec)

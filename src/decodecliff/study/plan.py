@@ -196,7 +196,8 @@ class Study:
     # -- the published study shown beside this one -------------------------------------------------
 
     def published_dir(self) -> str:
-        """The published study folder named by the config, '' when there is none (yet)."""
+        """The published study folder named by the config, '' where it names none (the main
+        process refuses one that is not there; a job's own parse elsewhere may not see it)."""
         path = self.config.get("published") or ""
         return path if path and os.path.isdir(path) else ""
 

@@ -118,7 +118,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds from SIGTERM to SIGKILL when a launched server is stopped",
     )
-    p.add_argument("--out", type=Path, required=True, help="folder of the point files")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder of the point files, ctx<N>.json; a failed point that replaces an ok one "
+        "keeps it beside as ctx<N>.json.prev",
+    )
     p.add_argument(
         "--api",
         choices=client.APIS,
@@ -133,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vocab-size",
         type=int,
-        help="token id range when the server info has no vocab_size (default: ids from "
+        help="token id range when the server info has no usable vocab_size (default: ids from "
         f"{low} to {high - 1})",
     )
     p.add_argument("--host", default=_default("host"), help="host the launched server binds")
@@ -249,12 +255,11 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 
 
 def _check_url(url: str) -> None:
-    """A server's root: http(s)://HOST[:PORT], as the sweep adds /health, /generate, ..."""
+    """http(s)://HOST[:PORT][/PREFIX]: the sweep adds /health, /generate, ... to it (a prefix:
+    a server behind a proxy)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--url must be http(s)://HOST[:PORT], got {url!r}")
-    if parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"--url names a server's root, without a path: got {url!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError(f"--url must be http(s)://HOST[:PORT][/PREFIX], got {url!r}")
 
 
 def skip_all(runner: Runner, reason: str) -> list[dict]:

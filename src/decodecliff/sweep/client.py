@@ -153,7 +153,7 @@ async def stream(
                         on_event(t, count)
     except httpx.HTTPError as exc:
         rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except ValueError as exc:  # JSONDecodeError, or a NaN / Infinity the server sent
+    except ValueError as exc:  # JSONDecodeError, a NaN / Infinity, a chunk of the wrong shape
         rec.error = f"malformed stream chunk: {exc}"
     if rec.completion_tokens is None or rec.completion_tokens < last:
         rec.completion_tokens = last

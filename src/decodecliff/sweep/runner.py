@@ -701,7 +701,7 @@ class Runner:
         point.check(res)
         path = point_path(self.cfg.out, res["requested_ctx"])
         if res["status"] != "ok" and _recorded(path).get("status") == "ok":
-            kept = path.with_suffix(".prev.json")  # the summaries read ctx<N>.json alone
+            kept = path.with_name(path.name + ".prev")  # no reader globs it as a point
             path.replace(kept)
             self.console.print(
                 f"{self.cfg.name} ctx {res['requested_ctx']}: the earlier ok point is kept "
