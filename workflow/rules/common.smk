@@ -14,7 +14,7 @@ from snakemake.exceptions import WorkflowError
 
 from decodecliff.analysis import layout
 from decodecliff.study import notebooks as nb
-from decodecliff.study.config import ConfigError, check_inputs
+from decodecliff.study.config import ConfigError, check_inputs, published_warning
 from decodecliff.study.paths import (
     BUILD_INFO,
     ENGINE_BENCH,
@@ -52,6 +52,8 @@ except ConfigError as exc:
 # A GPU config on a machine without one says so once, before anything runs (a warning: dry runs,
 # publishing and cluster executors render GPU configs where no GPU is; README "GPU configs").
 if workflow.is_main_process and (warning := STUDY.gpu_warning(gpu_present())):
+    print(f"warning: {warning}", file=sys.stderr)
+if workflow.is_main_process and (warning := published_warning(STUDY.config, os.getcwd())):
     print(f"warning: {warning}", file=sys.stderr)
 
 
