@@ -53,6 +53,13 @@ def _sweep(out: Path, contexts: list[int], *args: str) -> subprocess.CompletedPr
     return subprocess.run(argv, capture_output=True, text=True, timeout=240)
 
 
+def _faulty_sweep(out: Path, contexts: list[int], *fault: str) -> subprocess.CompletedProcess:
+    """`decodecliff sweep` of tests/faulty_server.py with ``fault`` (its options), no warm-up."""
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = " ".join([sys.executable, str(faulty), "--port", "{port}", *fault])
+    return _sweep(out, contexts, "--server-cmd", cmd, "--warmup-tokens", "0")
+
+
 def _config(out: Path, contexts: list[int], point_timeout: float = 60.0, **kw) -> SweepConfig:
     return SweepConfig(
         name="tiny",
@@ -237,9 +244,7 @@ def test_url_server_is_used_not_launched_and_openai_api(tmp_path):
     ],
 )
 def test_a_nan_from_the_server_fails_its_point_and_the_file_is_written(tmp_path, nan_in, reason):
-    faulty = Path(__file__).with_name("faulty_server.py")
-    cmd = f"{sys.executable} {faulty} --port {{port}} --nan-in {nan_in}"
-    done = _sweep(tmp_path, [16, 24], "--server-cmd", cmd, "--warmup-tokens", "0")
+    done = _faulty_sweep(tmp_path, [16, 24], "--nan-in", nan_in)
     assert done.returncode == 3, done.stderr  # no point succeeded
     points = _points(tmp_path)  # written, and valid JSON of the schema
     assert sorted(points) == [16, 24]
@@ -256,9 +261,7 @@ def test_a_nan_from_the_server_fails_its_point_and_the_file_is_written(tmp_path,
     ],
 )
 def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape, reason):
-    faulty = Path(__file__).with_name("faulty_server.py")
-    cmd = f"{sys.executable} {faulty} --port {{port}} --shape {shape}"
-    done = _sweep(tmp_path, [16], "--server-cmd", cmd, "--warmup-tokens", "0")
+    done = _faulty_sweep(tmp_path, [16], "--shape", shape)
     assert done.returncode == 3, done.stderr
     point = _points(tmp_path)[16]
     assert point["status"] == "failed" and reason in point["reason"], point["reason"]
@@ -266,9 +269,7 @@ def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape,
 
 
 def test_a_server_vocabulary_below_two_is_taken_as_unknown(tmp_path):
-    faulty = Path(__file__).with_name("faulty_server.py")
-    cmd = f"{sys.executable} {faulty} --port {{port}} --shape vocab0"
-    _sweep(tmp_path, [16], "--server-cmd", cmd, "--warmup-tokens", "0")
+    _faulty_sweep(tmp_path, [16], "--shape", "vocab0")
     point = _points(tmp_path)[16]
     assert point["status"] == "ok", point["reason"]
     assert point["prompt"]["id_range"]["source"] == "default"
@@ -276,9 +277,7 @@ def test_a_server_vocabulary_below_two_is_taken_as_unknown(tmp_path):
 
 
 def test_an_error_event_mid_stream_fails_its_point_with_the_server_s_words(tmp_path):
-    faulty = Path(__file__).with_name("faulty_server.py")
-    cmd = f"{sys.executable} {faulty} --port {{port}} --error-mid-stream"
-    done = _sweep(tmp_path, [16, 24], "--server-cmd", cmd, "--warmup-tokens", "0")
+    done = _faulty_sweep(tmp_path, [16, 24], "--error-mid-stream")
     assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
     points = _points(tmp_path)
     assert sorted(points) == [16, 24]

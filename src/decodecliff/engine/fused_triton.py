@@ -50,7 +50,7 @@ def _add_rms_norm_kernel(
     x = _load_row(x_ptr + row * x_stride, cols, n)
     w = _load_row(w_ptr, cols, n)
     if HAS_DELTA:
-        d = tl.load(d_ptr + row * d_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        d = _load_row(d_ptr + row * d_stride, cols, n)
         s = (x + d).to(x_ptr.dtype.element_ty)  # the residual stream keeps its dtype
         tl.store(x_ptr + row * x_stride + cols, s, mask=mask)
         x = s.to(tl.float32)

@@ -196,8 +196,8 @@ class Study:
     # -- the published study shown beside this one -------------------------------------------------
 
     def published_dir(self) -> str:
-        """The published study folder named by the config, '' where it names none (the main
-        process refuses one that is not there; a job's own parse elsewhere may not see it)."""
+        """The published study folder named by the config, '' where it names none or none is
+        there (the main process warns of that: config.published_warning)."""
         path = self.config.get("published") or ""
         return path if path and os.path.isdir(path) else ""
 
