@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -228,3 +229,32 @@ def test_a_cpu_study_does_not_claim_the_gpu_s_cliff(sweep, engine) -> None:
     assert "the published RTX PRO 6000 sweep shows the same cliff, 119 → 1.4 tok/s" in on_gpu
     on_cpu = headline.collapse(sweep.assign(gpu=None), engine, ref)
     assert "same cliff" not in on_cpu and "Triton's interpreter stands in for a GPU" in on_cpu
+
+
+def cliff_label(fig) -> tuple[float, float]:
+    """Where the cliff's label sits, in axes fraction."""
+    (text,) = [t for t in fig.axes[0].texts if t.get_text().startswith("the cliff")]
+    return text.get_position()
+
+
+def test_the_cliff_label_goes_where_no_point_lies(sweep) -> None:
+    """On a GPU the lower left is empty; where the baseline's short-context point lies there (a
+    CPU's rates), the label moves to the upper left rather than cover it."""
+    style.apply()
+    fig = headline.figure(sweep, None, "gpu")
+    assert cliff_label(fig) == (0.03, 0.04)
+    plt.close(fig)
+    base = headline.baseline_server(sweep)
+    custom = sweep[sweep["backend"] == "custom"].set_index("server")[PRIMARY].groupby(level=0)
+    winner = custom.mean().idxmax()
+    two = sweep[sweep["server"].isin([base, winner])].copy()
+    ctxs = sorted(two["requested_ctx"].unique())
+    low = dict(zip(ctxs, np.geomspace(1.0, 0.5, len(ctxs)), strict=True))  # flat at the bottom
+    high = dict(zip(ctxs, np.geomspace(2.0, 50.0, len(ctxs)), strict=True))  # rising to the right
+    for col in [c for c in two.columns if c.startswith(PRIMARY)]:
+        scale = np.where(two["server"] == base, two["requested_ctx"].map(low),
+                         two["requested_ctx"].map(high))  # fmt: skip
+        two[col] = scale
+    fig = headline.figure(two, None, "cpu-like")
+    assert cliff_label(fig) == (0.03, 0.96)
+    plt.close(fig)
