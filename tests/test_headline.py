@@ -231,30 +231,41 @@ def test_a_cpu_study_does_not_claim_the_gpu_s_cliff(sweep, engine) -> None:
     assert "same cliff" not in on_cpu and "Triton's interpreter stands in for a GPU" in on_cpu
 
 
-def cliff_label(fig) -> tuple[float, float]:
-    """Where the cliff's label sits, in axes fraction."""
-    (text,) = [t for t in fig.axes[0].texts if t.get_text().startswith("the cliff")]
-    return text.get_position()
+def cliff_label(fig) -> tuple[tuple[float, float], np.ndarray]:
+    """Where the cliff's label sits and the box it covers, in axes fraction."""
+    ax = fig.axes[0]
+    (text,) = [t for t in ax.texts if t.get_text().startswith("the cliff")]
+    box = text.get_window_extent(fig.canvas.get_renderer()).transformed(ax.transAxes.inverted())
+    return text.get_position(), box.get_points()
+
+
+def covered_markers(fig, server: str) -> int:
+    """How many of ``server``'s plotted points lie under the cliff's label."""
+    ax = fig.axes[0]
+    _, ((x0, y0), (x1, y1)) = cliff_label(fig)
+    handles, labels = ax.get_legend_handles_labels()
+    line = handles[labels.index(server)].lines[0]  # errorbar: its line
+    xy = (ax.transData + ax.transAxes.inverted()).transform(line.get_xydata())
+    return int(((xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)).sum())
 
 
 def test_the_cliff_label_goes_where_no_point_lies(sweep) -> None:
-    """On a GPU the lower left is empty; where the baseline's short-context point lies there (a
-    CPU's rates), the label moves to the upper left rather than cover it."""
+    """On a GPU the lower left is empty; where the baseline's own points lie there (a CPU's
+    rates), the label moves up the left edge rather than cover them."""
     style.apply()
     fig = headline.figure(sweep, None, "gpu")
-    assert cliff_label(fig) == (0.03, 0.04)
+    assert cliff_label(fig)[0] == (0.03, 0.04)
     plt.close(fig)
     base = headline.baseline_server(sweep)
     custom = sweep[sweep["backend"] == "custom"].set_index("server")[PRIMARY].groupby(level=0)
-    winner = custom.mean().idxmax()
-    two = sweep[sweep["server"].isin([base, winner])].copy()
+    two = sweep[sweep["server"].isin([base, custom.mean().idxmax()])].copy()
     ctxs = sorted(two["requested_ctx"].unique())
-    low = dict(zip(ctxs, np.geomspace(1.0, 0.5, len(ctxs)), strict=True))  # flat at the bottom
-    high = dict(zip(ctxs, np.geomspace(2.0, 50.0, len(ctxs)), strict=True))  # rising to the right
+    low = dict(zip(ctxs, np.geomspace(0.55, 0.5, len(ctxs)), strict=True))  # flat at the bottom
+    high = dict(zip(ctxs, np.geomspace(50.0, 40.0, len(ctxs)), strict=True))  # flat at the top
     for col in [c for c in two.columns if c.startswith(PRIMARY)]:
-        scale = np.where(two["server"] == base, two["requested_ctx"].map(low),
-                         two["requested_ctx"].map(high))  # fmt: skip
-        two[col] = scale
+        two[col] = np.where(two["server"] == base, two["requested_ctx"].map(low),
+                            two["requested_ctx"].map(high))  # fmt: skip
     fig = headline.figure(two, None, "cpu-like")
-    assert cliff_label(fig) == (0.03, 0.96)
+    assert cliff_label(fig)[0][1] not in (0.04, 0.96)  # both corners hold a line
+    assert covered_markers(fig, base) == 0
     plt.close(fig)

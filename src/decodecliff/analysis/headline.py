@@ -174,16 +174,17 @@ def _reference(reference: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _annotate(ax, f: Facts) -> None:
-    """The cliff in the emptiest left corner, the win as an arrow at the longest context."""
+    """The cliff where its label covers the fewest lines, the win as an arrow at the longest
+    context."""
     if f.baseline is None or f.short == f.long:
         return
-    x, y, va = _emptiest_corner(ax)
-    ax.text(
-        x, y, f"the cliff: {f.baseline}\n{num(f.rate_short)} → {num(f.rate_long)} steps/s "
+    label = ax.text(
+        0, 0, f"the cliff: {f.baseline}\n{num(f.rate_short)} → {num(f.rate_long)} steps/s "
         f"from {ctx_label(f.short)} to {ctx_label(f.long)} ({_times(f.rate_short / f.rate_long)} "
-        "slower)", transform=ax.transAxes, ha="left", va=va, fontsize=8,
+        "slower)", transform=ax.transAxes, ha="left", fontsize=8,
         color=style.color(f.baseline), fontweight="bold", bbox=LABEL_BOX,
     )  # fmt: skip
+    _place_clear(ax, label)
     if f.winner is None:
         return
     ax.annotate(
@@ -198,25 +199,43 @@ def _annotate(ax, f: Facts) -> None:
     )  # fmt: skip
 
 
-# Where the cliff's label may go (axes fraction: x, y, vertical alignment) and the box it covers
-# there (x0, y0, x1, y1): the lower left is empty on a GPU, where long contexts are slow at the
-# right; a CPU's rates can put the baseline's own short-context point there.
-CORNERS = (((0.03, 0.04, "bottom"), (0.0, 0.0, 0.5, 0.16)),
-           ((0.03, 0.96, "top"), (0.0, 0.84, 0.5, 1.0)))  # fmt: skip
+# Where a label may stand along the left edge (axes fraction, vertical alignment), in order of
+# preference: the lower left is empty on a GPU, where the long contexts' low rates lie at the
+# right; a CPU's rates can put the baseline's own points there.
+LEFT_SLOTS = ((0.04, "bottom"), (0.96, "top"), (0.5, "center"), (0.27, "center"), (0.73, "center"))
 
 
-def _emptiest_corner(ax) -> tuple[float, float, str]:
-    """The first corner of CORNERS whose box holds the fewest of the plotted points."""
-    to_axes = ax.transData + ax.transAxes.inverted()  # the limits are final: set_scale ran
-    points = [to_axes.transform(line.get_xydata()) for line in ax.get_lines()]
+def _place_clear(ax, label) -> None:
+    """Moves ``label`` to the first slot of LEFT_SLOTS where it covers the fewest points of the
+    plotted lines (sampled along each segment), once the axes' limits are final."""
+    to_axes = ax.transData + ax.transAxes.inverted()
+    points = [_along(to_axes.transform(line.get_xydata())) for line in ax.get_lines()]
     points = np.concatenate(points) if points else np.empty((0, 2))
+    renderer = ax.figure.canvas.get_renderer()
 
-    def covered(box: tuple[float, float, float, float]) -> int:
-        x0, y0, x1, y1 = box
-        inside = (points[:, 0] >= x0) & (points[:, 0] <= x1) & (points[:, 1] >= y0)
-        return int((inside & (points[:, 1] <= y1)).sum())
+    def covered(slot: tuple[float, str]) -> int:
+        label.set_position((0.03, slot[0]))
+        label.set_va(slot[1])
+        (x0, y0), (x1, y1) = (
+            label.get_window_extent(renderer).transformed(ax.transAxes.inverted()).get_points()
+        )
+        x, y = points[:, 0], points[:, 1]
+        return int(((x >= x0) & (x <= x1) & (y >= y0) & (y <= y1)).sum())
 
-    return min(CORNERS, key=lambda corner: covered(corner[1]))[0]
+    best = min(LEFT_SLOTS, key=covered)
+    label.set_position((0.03, best[0]))
+    label.set_va(best[1])
+
+
+def _along(xy: np.ndarray, steps: int = 16) -> np.ndarray:
+    """Points along a polyline's segments (its vertices included), so a label over a segment
+    between two vertices counts as covering it."""
+    xy = xy[np.isfinite(xy).all(axis=1)]
+    if len(xy) < 2:
+        return xy
+    t = np.linspace(0.0, 1.0, steps, endpoint=False)[:, None, None]
+    inner = xy[:-1] + t * (xy[1:] - xy[:-1])
+    return np.concatenate([inner.reshape(-1, 2), xy[-1:]])
 
 
 def alt_text(sweep: pd.DataFrame) -> str:
