@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -240,6 +240,10 @@ for name, study in studies.items():
 # "failed" cells say the point did not run (the reasons are listed under *What ran where*).
 
 # %%
+display(Markdown(
+    f"A time whose repeats spread by more than {tables.SPREAD_SHOWN:.0%} (half of the slowest "
+    "minus the fastest, over the median) shows their range: median (fastest–slowest)."
+))  # fmt: skip
 for name, study in studies.items():
     if study.kernels.empty:
         continue

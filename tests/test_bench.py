@@ -15,6 +15,7 @@ from decodecliff.bench import core, kernels, roofline
 POINT_KEYS = {
     "backend", "triton_config", "heads", "ctx", "mode", "q_len", "page_size", "batch", "ms", "gbs",
     "tflops", "floor_ms", "roofline_frac", "rel_err", "status", "reason", "ragged", "timing",
+    "ms_min", "ms_max",
 }  # fmt: skip
 
 
@@ -59,6 +60,7 @@ def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
             continue
         assert p["status"] == "ok", p
         assert p["ms"] > 0 and p["gbs"] > 0 and p["tflops"] > 0 and p["floor_ms"] > 0
+        assert 0 < p["ms_min"] <= p["ms"] <= p["ms_max"]  # the median within its repeats
         assert p["roofline_frac"] == pytest.approx(p["floor_ms"] / p["ms"])
         assert p["gbs"] == pytest.approx(p["ctx"] * 576 * 2 / (p["ms"] * 1e-3) / 1e9)
         if p["backend"] in ("torch", "triton"):  # every backend against the float64 reference

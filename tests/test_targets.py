@@ -244,6 +244,22 @@ def test_kernel_headline_shows_every_head_count() -> None:
     assert tables.ctx_label(128000) == tables.ctx_label(131072) == "128k"
 
 
+def test_kernel_headline_shows_a_wide_spread_beside_the_time() -> None:
+    """A point whose repeats spread past SPREAD_SHOWN shows their range; a tight one, and one from
+    a file without the repeats' range, show the median alone."""
+    rows = [
+        {"backend": "custom", "mode": "decode", "ctx": 1024, "ms": 0.5, "heads": 8,
+         "ms_min": 0.4, "ms_max": 0.7},  # half of 0.3 over 0.5: 30%
+        {"backend": "custom", "mode": "decode", "ctx": 1024, "ms": 0.5, "heads": 64,
+         "ms_min": 0.49, "ms_max": 0.52},
+        {"backend": "triton", "mode": "decode", "ctx": 1024, "ms": 0.5, "heads": 8},
+    ]  # fmt: skip
+    table = tables.kernel_headline(kernel_study(rows).kernels, [1024])
+    keys = table.index.droplevel(["mode", "q_len", "page_size"])  # (heads, series)
+    cells = dict(zip(keys, table["1k"], strict=True))
+    assert cells == {(8, "custom"): "0.5 (0.4–0.7)", (8, "triton"): "0.5", (64, "custom"): "0.5"}
+
+
 def test_cli_prints_the_table_and_rejects_a_config_without_targets(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "decodecliff.analysis.targets", str(PUBLISHED)]
     out = tmp_path / "targets.csv"

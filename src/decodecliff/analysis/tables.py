@@ -98,10 +98,25 @@ def _cell(row: pd.Series, value: str, fmt: str) -> str:
     return "–" if pd.isna(row[value]) else format(row[value], fmt)
 
 
+# A kernel time whose repeats spread wider than this (half of slowest - fastest, over the median)
+# shows its range: a shared CPU's times move; a GPU's replays agree within a few percent.
+SPREAD_SHOWN = 0.1
+
+
+def _ms_cell(row: pd.Series) -> str:
+    """ms per layer, as 'median (min–max)' where the repeats spread past SPREAD_SHOWN."""
+    lo, hi = row.get("ms_min"), row.get("ms_max")
+    if row["status"] != "ok" or lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return _cell(row, "ms", ".3g")
+    wide = (hi - lo) / 2 > SPREAD_SHOWN * row["ms"]
+    return spread(row, "ms") if wide else _cell(row, "ms", ".3g")
+
+
 def kernel_headline(
     kernels: pd.DataFrame, contexts: list[int], heads: int | None = None
 ) -> pd.DataFrame:
-    """ms per layer per head count, mode, backend and page size at the key contexts.
+    """ms per layer per head count, mode, backend and page size at the key contexts, with each
+    time's range where it spreads past SPREAD_SHOWN.
 
     Every head count that ran (8 = one TP8 rank, 64 = TP1), or only ``heads`` when given.
     """
@@ -110,7 +125,7 @@ def kernel_headline(
     df = kernels[kernels["ctx"].isin(contexts)].copy()
     if heads is not None:
         df = df[df["heads"] == heads]
-    df["value"] = df.apply(lambda r: _cell(r, "ms", ".3g"), axis=1)
+    df["value"] = df.apply(_ms_cell, axis=1)
     df["context"] = df["ctx"].map(ctx_label)
     order = {m: i for i, m in enumerate(mode_order(kernels))}
     df["_mode"] = df["mode"].map(order)

@@ -11,6 +11,7 @@ same launch-only step (``time_step``) against the same floor (``rates``, from th
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -19,7 +20,7 @@ from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.reference import TorchAttention, reference_attention
 from ..kernels.synthetic import random_batch, relative_error
 from . import roofline
-from .timing import graph_median_ms, median_ms, sync
+from .timing import graph_times_ms, sync, times_ms
 
 # The one tolerance of both commands: relative L2 error against the float64 reference, for every
 # backend. bf16 inputs and output with fp32 accumulation: rounding the output to bf16 alone costs
@@ -112,15 +113,23 @@ def planted_error(backend: AttentionBackend, plant: planting.Planted, ref: torch
     return {**worst, "ok": worst["max_err"] <= planting.PLANTED_TOL}
 
 
+def step_times(
+    backend: AttentionBackend, batch: AttnBatch, repeats: int, warmup: int, graph: bool = False
+) -> list[float]:
+    """Each repeat's ms of the backend's launch-only step on ``batch`` (planned outside the timed
+    calls; L2 flushed on a GPU); replayed from a CUDA graph where ``graph`` and ``graph_timed``
+    say so."""
+    step = backend.prepare(batch, batch.new_output())
+    if graph and graph_timed(backend, batch.device):
+        return graph_times_ms(step, repeats, warmup)
+    return times_ms(step, batch.device, repeats, warmup)
+
+
 def time_step(
     backend: AttentionBackend, batch: AttnBatch, repeats: int, warmup: int, graph: bool = False
 ) -> float:
-    """Median ms of the backend's launch-only step on ``batch`` (planned outside the timed calls;
-    L2 flushed on a GPU); replayed from a CUDA graph where ``graph`` and ``graph_timed`` say so."""
-    step = backend.prepare(batch, batch.new_output())
-    if graph and graph_timed(backend, batch.device):
-        return graph_median_ms(step, repeats, warmup)
-    return median_ms(step, batch.device, repeats, warmup)
+    """The median of ``step_times``."""
+    return statistics.median(step_times(backend, batch, repeats, warmup, graph))
 
 
 def graph_timed(backend: AttentionBackend, device: torch.device) -> bool:

@@ -9,7 +9,8 @@ problem, and its per-row maximum error against a float64 reference on a planted 
 shape (kernels/planted.py), which fails on any wrong mask decision. Then it times the launch-only
 step (plan / metadata built outside the timed region; on a GPU replayed from a CUDA graph, as the
 graph-mode servers run it, wherever the backend can be captured: `timing` says which) and reports
-ms per layer, effective GB/s, TFLOP/s and the fraction of the roofline floor (see roofline.py for
+ms per layer (the median of the repeats, their fastest and slowest beside it as ``ms_min`` and
+``ms_max``), effective GB/s, TFLOP/s and the fraction of the roofline floor (see roofline.py for
 the exact definitions). The problem, the checks and their tolerance are the ones `check-kernel`
 uses (core.py), which times eagerly. A
 backend that cannot serve a point (no GPU, not installed, no tree mask) records it as skipped with
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -168,9 +170,10 @@ def base_point(
     q_len, _ = parse_mode(mode)
     return Point(
         backend=variant.backend, triton_config=variant.label, heads=heads, ctx=ctx, mode=mode,
-        q_len=q_len, page_size=page_size, batch=args.batch, ragged=args.ragged, ms=None, gbs=None,
-        tflops=None, floor_ms=None, roofline_frac=None, rel_err=None, planted_err=None,
-        planted_row=None, detail=None, timing=None, status="skipped", reason=None,
+        q_len=q_len, page_size=page_size, batch=args.batch, ragged=args.ragged, ms=None,
+        ms_min=None, ms_max=None, gbs=None, tflops=None, floor_ms=None, roofline_frac=None,
+        rel_err=None, planted_err=None, planted_row=None, detail=None, timing=None,
+        status="skipped", reason=None,
     )  # fmt: skip
 
 
@@ -267,12 +270,14 @@ class Runner:
             point["reason"] = f"one call took {first:.1f} s; {self.calls()} would pass {limit:g} s"
             return point
         graph = self.args.timing == "graph"
-        ms = core.time_step(backend, batch, self.args.repeats, self.args.warmup, graph=graph)
+        times = core.step_times(backend, batch, self.args.repeats, self.args.warmup, graph=graph)
+        ms = statistics.median(times)
         point["timing"] = core.timing_label(backend, self.device, graph)
         self.seconds_per_call[key] = (point["ctx"], ms / 1e3)
         # the floor of the tokens the step reads: ctx x batch, or a ragged batch's sum
         shape = (sum(self.shape["kv_lens"]), point["q_len"], point["heads"], 1)
-        point.update(ms=ms, status="ok", **core.rates(ms, *shape, self.ceilings))
+        point.update(ms=ms, ms_min=min(times), ms_max=max(times), status="ok")
+        point.update(core.rates(ms, *shape, self.ceilings))
         return point
 
     def check_output(self, point: Point, batch: AttnBatch, out: torch.Tensor) -> bool:

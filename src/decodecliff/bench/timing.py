@@ -3,6 +3,7 @@
 ``median_ms``: CUDA events with the L2 flushed before every repeat (a kernel's device time), or the
 synchronised wall clock on a CPU. ``graph_median_ms``: the same events around replays of the step
 captured once in a CUDA graph, as a graph-mode server runs its layers (no host launch gaps).
+``times_ms`` and ``graph_times_ms`` give every repeat's time, for a spread beside the median.
 ``wall_ms`` / ``wall_times_ms``: the synchronised wall clock on either device (a step whose host
 work counts, or a first call that also compiles). ``refuse_unusable``: a bench's arguments
 checked against the device and the file system before it measures anything.
@@ -57,13 +58,13 @@ def wall_times_ms(
     return [wall_ms(step, device) for _ in range(repeats)]
 
 
-def _cuda_median_ms(step: Callable[[], None], repeats: int, warmup: int, flush: bool) -> float:
+def _cuda_times_ms(step: Callable[[], None], repeats: int, warmup: int, flush: bool) -> list[float]:
     for _ in range(warmup):
         step()
-    return _events_median_ms(step, repeats, flush)
+    return _events_times_ms(step, repeats, flush)
 
 
-def _events_median_ms(step: Callable[[], None], repeats: int, flush: bool) -> float:
+def _events_times_ms(step: Callable[[], None], repeats: int, flush: bool) -> list[float]:
     cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -75,7 +76,23 @@ def _events_median_ms(step: Callable[[], None], repeats: int, flush: bool) -> fl
         step()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def times_ms(
+    step: Callable[[], None],
+    device: torch.device,
+    repeats: int,
+    warmup: int = 1,
+    flush: bool = True,
+) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``step()`` (cuda: events + L2 flush; cpu: wall
+    clock)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if device.type == "cuda":
+        return _cuda_times_ms(step, repeats, warmup, flush)
+    return wall_times_ms(step, device, repeats, warmup)
 
 
 def median_ms(
@@ -86,11 +103,7 @@ def median_ms(
     flush: bool = True,
 ) -> float:
     """Median milliseconds of ``step()`` (cuda: events + L2 flush; cpu: wall clock)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if device.type == "cuda":
-        return _cuda_median_ms(step, repeats, warmup, flush)
-    return statistics.median(wall_times_ms(step, device, repeats, warmup))
+    return statistics.median(times_ms(step, device, repeats, warmup, flush))
 
 
 def capture(step: Callable[[], None], warmup: int = 1) -> torch.cuda.CUDAGraph:
@@ -105,11 +118,17 @@ def capture(step: Callable[[], None], warmup: int = 1) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def graph_median_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> float:
-    """Median milliseconds of replays of ``step`` captured once in a CUDA graph (cuda only; L2
-    flushed before every replay)."""
+def graph_times_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> list[float]:
+    """Milliseconds of each of ``repeats`` replays of ``step`` captured once in a CUDA graph (cuda
+    only; L2 flushed before every replay)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     graph = capture(step, warmup)
     graph.replay()
-    return _events_median_ms(graph.replay, repeats, flush=True)
+    return _events_times_ms(graph.replay, repeats, flush=True)
+
+
+def graph_median_ms(step: Callable[[], None], repeats: int, warmup: int = 1) -> float:
+    """Median milliseconds of replays of ``step`` captured once in a CUDA graph (as
+    ``graph_times_ms``)."""
+    return statistics.median(graph_times_ms(step, repeats, warmup))
