@@ -223,6 +223,24 @@ def test_plan_fills_one_wave_and_respects_short_contexts():
         plan_launch(8, 16, 10, 1, 132, 1024, num_splits=2000)
 
 
+def test_a_short_context_takes_one_cta_an_sm_and_short_splits():
+    """Where a wave of two CTAs an SM would split below SHORT_SPLIT_BELOW tokens, the splits fill
+    the SMs once, down to MIN_TOKENS_PER_SHORT_SPLIT; longer splits keep the wave's plan."""
+
+    def splits(heads: int, q_len: int, ctx: int, wave: int = 264, batch: int = 1) -> int:
+        return plan_launch(heads, q_len, ctx, batch, wave, 1024, sms=132).num_splits
+
+    assert splits(8, 1, 1024) == 32  # 32 tokens each, where 256 a split gave 4
+    assert splits(8, 1, 4096) == 128 and splits(8, 1, 16384) == 132  # one an SM, not two
+    assert splits(64, 1, 4096) == 66  # two row tiles a split
+    assert splits(8, 16, 4096) == 33  # four row tiles: 124 tokens a split
+    assert splits(8, 16, 16384) == 64  # 248 tokens at two an SM: the long plan, 256 a split
+    assert splits(8, 16, 185_000) == 66 == splits(8, 16, 185_000, wave=264)
+    assert splits(8, 1, 1024, batch=4) == 32 and splits(8, 1, 1024, batch=8) == 16
+    assert splits(8, 1, 10) == 1  # never an empty split by plan
+    assert splits(8, 16, 1024, wave=132) == 32  # one CTA an SM already (sm_120): the floor only
+
+
 def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
     lens = [185_000, 138_750, 92_500, 46_250]
     even = plan_launch(8, 16, max(lens), 4, ctas_per_wave=264, max_splits=1024)

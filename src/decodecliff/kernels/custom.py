@@ -36,6 +36,12 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
 MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
+# Short contexts (notes/kernel.md, "Short contexts: the split floor, measured"): where a wave of
+# resident CTAs would split the KV below SHORT_SPLIT_BELOW tokens, the time is the CTAs' fixed
+# cost, not the KV: one CTA an SM, each split down to MIN_TOKENS_PER_SHORT_SPLIT, was fastest at
+# 1k-16k (decode at 1k: 32 splits of 32 tokens took half the time of 4 of 256).
+SHORT_SPLIT_BELOW = 128
+MIN_TOKENS_PER_SHORT_SPLIT = 32
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
@@ -108,11 +114,14 @@ def plan_launch(
     num_splits: int | None = None,
     total_kv_len: int | None = None,
     cta_rows: int = 0,
+    sms: int = 0,
 ) -> LaunchPlan:
     """Pick the row-tile variant and the number of KV splits (host-side, from hints only).
 
     Splits fill one wave of CTAs: (row tiles x batch x splits) ~ SMs x resident CTAs per SM, but no
-    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. A row tile is
+    split gets fewer than MIN_TOKENS_PER_SPLIT tokens of the ``max_kv_len`` hint. Where that wave
+    would give splits under SHORT_SPLIT_BELOW tokens (a short context), the splits fill ``sms``
+    CTAs instead, one an SM, down to MIN_TOKENS_PER_SHORT_SPLIT tokens each. A row tile is
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
     CTAs of that size. A ragged batch (``total_kv_len`` under batch x ``max_kv_len``) is split by
     tokens instead: one wave's CTAs share the batch's tokens equally, so its longest request takes
@@ -137,12 +146,20 @@ def plan_launch(
         num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
         busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     elif num_splits is None:
-        num_splits = max(1, ctas_per_wave // (row_tiles * batch_size))
-        num_splits = min(num_splits, max(1, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
+        num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
+                                  sms // (row_tiles * batch_size))  # fmt: skip
     if not 1 <= num_splits <= max_splits:
         raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
     return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens,
                       busy_splits=busy)  # fmt: skip
+
+
+def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
+    """Splits per request of a batch of equal lengths: ``wave_splits`` fill a wave, ``sm_splits``
+    one CTA an SM (0: unknown); the short-context rule of ``plan_launch``."""
+    if sm_splits and max_kv_len < SHORT_SPLIT_BELOW * max(wave_splits, 1):
+        return max(1, min(sm_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SHORT_SPLIT)))
+    return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
 
 
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
@@ -303,9 +320,10 @@ class CustomAttention(AttentionBackend):
         mtiles = 1 if max_q * heads <= 16 else 2
         wave = self.ctas_per_wave(device, mtiles, variant)
         cta_rows = V5_ROWS if variant == "v5" else 0
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
         plan = plan_launch(
             heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv,
-            cta_rows,
+            cta_rows, sms,
         )  # fmt: skip
         return replace(plan, variant=VARIANTS[variant])
 
