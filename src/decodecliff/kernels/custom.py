@@ -35,7 +35,7 @@ LIB_ENV = "DECODECLIFF_KERNEL_LIB"
 # (KERNEL_LIB in workflow/rules/common.smk), then `decodecliff build-kernel`'s default --out.
 BUILD_DIRS = (Path("results/build"), DEFAULT_OUT)
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository root of a source checkout
-MIN_TOKENS_PER_SPLIT = 256  # shorter splits cost more in partials + combine than they win
+MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in partials + combine
 # Short contexts (notes/kernel.md, "Short contexts: the split floor, measured"): where a wave of
 # resident CTAs would split the KV below SHORT_SPLIT_BELOW tokens, the time is the CTAs' fixed
 # cost, not the KV: one CTA an SM, each split down to MIN_TOKENS_PER_SHORT_SPLIT, was fastest at
