@@ -169,6 +169,11 @@ def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
     return AUTO_VARIANTS[0] if plan.row_tiles * splits > sms else AUTO_VARIANTS[1]
 
 
+def sm_count(device: torch.device | int) -> int:
+    """The device's streaming multiprocessors."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def takes_v5(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> bool:
     """The "auto" choice on either GPU: v5 for 64+ rows over long splits."""
     return rows >= V5_ROWS and max_kv_len / v5_plan.num_splits >= MIN_TOKENS_PER_V5_SPLIT
@@ -311,8 +316,7 @@ class CustomAttention(AttentionBackend):
             with torch.cuda.device(index):
                 code = self.lib.dcmla_ctas_per_sm(VARIANTS[variant], mtiles, ctypes.byref(per_sm))
                 self._raise(code, "occupancy")
-            sms = torch.cuda.get_device_properties(index).multi_processor_count
-            self._wave[key] = sms * max(1, per_sm.value)
+            self._wave[key] = sm_count(index) * max(1, per_sm.value)
         return self._wave[key]
 
     def _plan_for(self, variant: str, device: torch.device, args: tuple) -> LaunchPlan:
@@ -320,10 +324,9 @@ class CustomAttention(AttentionBackend):
         mtiles = 1 if max_q * heads <= 16 else 2
         wave = self.ctas_per_wave(device, mtiles, variant)
         cta_rows = V5_ROWS if variant == "v5" else 0
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         plan = plan_launch(
             heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv,
-            cta_rows, sms,
+            cta_rows, sm_count(device),
         )  # fmt: skip
         return replace(plan, variant=VARIANTS[variant])
 
@@ -341,7 +344,7 @@ class CustomAttention(AttentionBackend):
         if takes_v5(heads * max_q, max_kv, v5):
             return v5
         plan = self._plan_for(AUTO_VARIANTS[0], meta.device, args)
-        sms = torch.cuda.get_device_properties(meta.device).multi_processor_count
+        sms = sm_count(meta.device)
         two_a_sm = self.ctas_per_wave(meta.device, plan.mtiles, AUTO_VARIANTS[0]) > sms
         choice = auto_variant(plan, meta.batch_size, sms) if two_a_sm else AUTO_VARIANTS[0]
         return plan if choice == AUTO_VARIANTS[0] else self._plan_for(choice, meta.device, args)
