@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
-#         | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120
+#         | short-ragged | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120
 #         | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
@@ -18,6 +18,8 @@
 # down to 46k), chain16 and decode at 8 heads; short-splits: auto, v4 and v5 at their own
 # plan and at 8 to 132 KV splits, both builds, beside fa2 and fa3, decode and chain16 at 1k-16k
 # (8 and 64 heads): whether splits shorter than MIN_TOKENS_PER_SPLIT win where contexts are short;
+# short-ragged: the same for a ragged batch of four (1k-16k down to a quarter), auto's plan at set
+# split counts and beside FlashInfer, then auto as planned before the short-context rule (off);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -123,6 +125,20 @@ for lim in (0, 102400):
         --page-sizes 1 --heads 8 64 --max-seconds-per-point 30 \
         --out "$OUT/short-splits.json" > "$OUT/bench_short-splits.log" 2>&1; echo "rc $?"
       [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
+    short-ragged)  # a ragged batch of four at short contexts: the plan, the plan before, peers
+      have_model || continue
+      RAGGED="--contexts 1024 4096 16384 --modes decode chain16 --page-sizes 1 --heads 8 64
+        --batch 4 --ragged --max-seconds-per-point 30"
+      LD_PRELOAD=$SHIM timeout 300 $SM --custom-variants auto --custom-splits 8 16 32 66 132 \
+        $RAGGED --out "$OUT/short-ragged.json" > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
+      # the plan before the short-context rule reached ragged batches: the rule switched off
+      LD_PRELOAD=$SHIM timeout 120 python3 -c "import sys, decodecliff.kernels.custom as c; c.SHORT_SPLIT_BELOW = 0
+from decodecliff.bench.kernels import cli; sys.exit(cli(sys.argv[1:]))" ${SM#decodecliff bench-kernels} \
+        --backends custom --custom-variants auto $RAGGED --out "$OUT/short-ragged-before.json" \
+        > "$OUT/bench_short-ragged-before.log" 2>&1; echo "rc $?"
+      for f in short-ragged short-ragged-before; do
+        [ -s "$OUT/$f.json" ] && echo "$f:" && python3 "$here/fastest_custom.py" "$OUT/$f.json"
+      done ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

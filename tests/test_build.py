@@ -263,16 +263,35 @@ def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
     assert loose.num_splits <= 264 // loose.row_tiles
 
 
+def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
+    """The short-context rule holds for a ragged batch's split by tokens too: where the wave's
+    share would be under SHORT_SPLIT_BELOW tokens, one CTA an SM shares the tokens, down to
+    MIN_TOKENS_PER_SHORT_SPLIT; a longer share keeps the wave and its floor of 256."""
+    lens = [1024, 768, 512, 256]  # bench-kernels --batch 4 --ragged at 1k
+
+    def plan(heads: int, q_len: int, lens: list[int], sms: int = 132):
+        return plan_launch(heads, q_len, max(lens), len(lens), 264, 1024, None, sum(lens), 0, sms)
+
+    decode = plan(8, 1, lens)  # 2,560 tokens over 128 CTAs: 20 each, floored at 32
+    assert (decode.split_tokens, decode.num_splits, decode.busy_splits) == (32, 32, 84)
+    assert plan(8, 1, lens, sms=0).split_tokens == 256  # SMs unknown: the wave's floor, as before
+    chain = plan(8, 16, lens)  # four row tiles: 33 CTAs an SM-wave, less one a request
+    assert (chain.split_tokens, chain.num_splits) == (89, 12)
+    long = plan(8, 16, [16 * n for n in lens])  # 40,960 tokens: 661 each over the wave
+    assert long.split_tokens == 661 == plan(8, 16, [16 * n for n in lens], sms=0).split_tokens
+
+
 def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
     rng = random.Random(0)
     for _ in range(2000):
         heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
         cta_rows, wave = rng.choice([(0, 264), (64, 132)])  # v4 two a SM; v5 one, 64 rows
         batch = rng.randint(2, 40)
-        lens = [rng.randint(1, 200_000) for _ in range(batch)]
+        lens = [rng.randint(1, rng.choice([2_000, 200_000])) for _ in range(batch)]
         if sum(lens) == batch * max(lens):
             continue
-        plan = plan_launch(heads, q_len, max(lens), batch, wave, 1024, None, sum(lens), cta_rows)
+        plan = plan_launch(heads, q_len, max(lens), batch, wave, 1024, None, sum(lens), cta_rows,
+                           sms=rng.choice([0, 132]))  # fmt: skip
         # the kernel's split of each request (cta_work in mla_verify.cu): BN = 16 tokens a tile
         chunks = [max(-(-n // plan.num_splits), plan.split_tokens) for n in lens]
         chunks = [-(-c // 16) * 16 for c in chunks]

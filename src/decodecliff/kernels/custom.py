@@ -139,8 +139,7 @@ def plan_launch(
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
-        share = ctas - batch_size if batch_size * 2 <= ctas else ctas
-        split_tokens = max(MIN_TOKENS_PER_SPLIT, math.ceil(total_kv_len / share))
+        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
         # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
         # must not multiply the grid; the kernel lengthens the splits to cover the rest
         num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
@@ -160,6 +159,20 @@ def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
     if sm_splits and max_kv_len < SHORT_SPLIT_BELOW * max(wave_splits, 1):
         return max(1, min(sm_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SHORT_SPLIT)))
     return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
+
+
+def _ragged_split_tokens(total_kv_len: int, batch_size: int, wave_ctas: int, sm_ctas: int) -> int:
+    """Tokens per split of a ragged batch: its tokens shared by ``wave_ctas`` (less one partial
+    split a request, see ``plan_launch``), or by ``sm_ctas``, one CTA an SM, where the wave's
+    splits would be short (the short-context rule of ``_even_splits``)."""
+
+    def share(ctas: int) -> int:
+        return ctas - batch_size if batch_size * 2 <= ctas else ctas
+
+    tokens = math.ceil(total_kv_len / share(wave_ctas))
+    if sm_ctas and tokens < SHORT_SPLIT_BELOW:
+        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / share(sm_ctas)))
+    return max(MIN_TOKENS_PER_SPLIT, tokens)
 
 
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
