@@ -18,8 +18,9 @@
 # down to 46k), chain16 and decode at 8 heads; short-splits: auto, v4 and v5 at their own
 # plan and at 8 to 132 KV splits, both builds, beside fa2 and fa3, decode and chain16 at 1k-16k
 # (8 and 64 heads): whether splits shorter than MIN_TOKENS_PER_SPLIT win where contexts are short;
-# short-ragged: the same for a ragged batch of four (1k-16k down to a quarter), auto's plan at set
-# split counts and beside FlashInfer, then auto as planned before the short-context rule (off);
+# short-ragged: the same for a ragged batch of four (1k-185k down to a quarter), auto's plan at set
+# split counts and beside FlashInfer, then auto as another tree's host code plans it (PLAN_BEFORE:
+# that tree's src/; the kernel library is this tree's);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -125,17 +126,19 @@ for lim in (0, 102400):
         --page-sizes 1 --heads 8 64 --max-seconds-per-point 30 \
         --out "$OUT/short-splits.json" > "$OUT/bench_short-splits.log" 2>&1; echo "rc $?"
       [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
-    short-ragged)  # a ragged batch of four at short contexts: the plan, the plan before, peers
+    short-ragged)  # ragged batches of four: the plan beside set split counts, FlashInfer, another's
       have_model || continue
-      RAGGED="--contexts 1024 4096 16384 --modes decode chain16 --page-sizes 1 --heads 8 64
-        --batch 4 --ragged --max-seconds-per-point 30"
-      LD_PRELOAD=$SHIM timeout 300 $SM --custom-variants auto --custom-splits 8 16 32 66 132 \
-        $RAGGED --out "$OUT/short-ragged.json" > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
-      # the plan before the short-context rule reached ragged batches: the rule switched off
-      LD_PRELOAD=$SHIM timeout 120 python3 -c "import sys, decodecliff.kernels.custom as c; c.SHORT_SPLIT_BELOW = 0
-from decodecliff.bench.kernels import cli; sys.exit(cli(sys.argv[1:]))" ${SM#decodecliff bench-kernels} \
-        --backends custom --custom-variants auto $RAGGED --out "$OUT/short-ragged-before.json" \
-        > "$OUT/bench_short-ragged-before.log" 2>&1; echo "rc $?"
+      RAGGED="--modes decode chain16 --page-sizes 1 --heads 8 64 --batch 4 --ragged
+        --max-seconds-per-point 30"
+      LD_PRELOAD=$SHIM timeout 240 $SM --custom-variants auto --custom-splits 8 16 32 66 132 \
+        --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged.json" \
+        > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
+      if [ -n "${PLAN_BEFORE:-}" ]; then  # auto as another tree's host code plans it, same library
+        LD_PRELOAD=$SHIM PYTHONPATH=/tmp/site:$PWD/.sgl:$PLAN_BEFORE timeout 120 python3 -m \
+          decodecliff.cli ${SM#decodecliff } --backends custom --custom-variants auto \
+          --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged-before.json" \
+          > "$OUT/bench_short-ragged-before.log" 2>&1; echo "rc $?"
+      fi
       for f in short-ragged short-ragged-before; do
         [ -s "$OUT/$f.json" ] && echo "$f:" && python3 "$here/fastest_custom.py" "$OUT/$f.json"
       done ;;

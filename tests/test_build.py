@@ -281,7 +281,20 @@ def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
     assert long.split_tokens == 661 == plan(8, 16, [16 * n for n in lens], sms=0).split_tokens
 
 
-def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
+def test_a_ragged_batch_spans_waves_where_one_would_idle_its_slots():
+    """64 heads of chain16 in v5's 64-row CTAs: 16 row tiles, 8 CTAs a wave of 132. Four requests
+    in one wave left four slots for their partial last splits, half the wave idle; four waves hold
+    32 slots, 8 a request, and share the tokens by 28."""
+    lens = [16_384, 12_288, 8_192, 4_096]
+    plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
+    assert plan.row_tiles == 16
+    assert (plan.split_tokens, plan.num_splits, plan.busy_splits) == (1463, 12, 32)
+    # a batch small beside the wave keeps one wave: 8 heads, 66 CTAs a wave, four requests
+    small = plan_launch(8, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
+    assert small.busy_splits <= 132 // small.row_tiles
+
+
+def test_a_ragged_batchs_busy_splits_fit_its_waves_whatever_the_lengths():
     rng = random.Random(0)
     for _ in range(2000):
         heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
@@ -297,8 +310,9 @@ def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
         chunks = [-(-c // 16) * 16 for c in chunks]
         busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
         assert busy <= plan.busy_splits, (lens, plan)
-        if batch * 2 <= wave // plan.row_tiles:  # one wave, where the batch is up to half of it
-            assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
+        # whole waves, as few as hold 8 slots a request (one wave where the batch is small)
+        waves = max(1, -(-8 * batch // (wave // plan.row_tiles)))
+        assert plan.row_tiles * busy <= waves * wave, (heads, q_len, lens, plan)
 
 
 def test_v5_is_planned_in_its_own_64_row_ctas():

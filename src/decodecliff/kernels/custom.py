@@ -42,6 +42,11 @@ MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in parti
 # 1k-16k (decode at 1k: 32 splits of 32 tokens took half the time of 4 of 256).
 SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
+# A ragged batch shares its tokens among whole waves of split slots, one slot a request less (its
+# partial last split); the waves are enough for 8 slots a request, so at most an eighth idle. With
+# one wave, 64 heads of chain16 (8 v5 CTAs a wave) over four requests left half of it idle
+# (notes/kernel.md, "A ragged batch at short contexts, measured").
+RAGGED_SLOTS_PER_REQUEST = 8
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
@@ -124,25 +129,25 @@ def plan_launch(
     CTAs instead, one an SM, down to MIN_TOKENS_PER_SHORT_SPLIT tokens each. A row tile is
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
     CTAs of that size. A ragged batch (``total_kv_len`` under batch x ``max_kv_len``) is split by
-    tokens instead: one wave's CTAs share the batch's tokens equally, so its longest request takes
-    the most splits and no CTA waits on a longer one (the kernel still covers any request longer
-    than the hints). Each request's last split is partial, so the tokens are shared by batch fewer
-    CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit one
-    wave (their count is at most total / split + batch), where sharing by the whole wave let up to
-    batch CTAs wait for a second. That lengthens every split by wave / (wave - batch), at most 2x
-    while the batch is at most half the wave, never more than the second wave could cost; a
-    larger batch keeps the whole-wave share.
+    tokens instead: the split slots of whole waves share the batch's tokens equally, so its longest
+    request takes the most splits and no CTA waits on a longer one (the kernel still covers any
+    request longer than the hints). Each request's last split is partial, so the tokens are shared
+    by batch fewer slots than the waves hold: the splits of any lengths that sum to
+    ``total_kv_len`` then fill those waves and no more (their count is at most total / split +
+    batch). The waves are as few as leave at least RAGGED_SLOTS_PER_REQUEST slots a request, so
+    the partial splits idle at most an eighth of the slots; one wave where the batch is small
+    beside it.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
     row_tiles = math.ceil(rows / max(16 * mtiles, cta_rows))
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
-        ctas = max(1, ctas_per_wave // row_tiles)
-        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
-        # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound)
-        # must not multiply the grid; the kernel lengthens the splits to cover the rest
-        num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
+        slots = _ragged_slots(max(1, ctas_per_wave // row_tiles), batch_size)
+        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, slots, sms // row_tiles)
+        # at most the plan's slots per request: a max_kv_len hint far above the lengths (an upper
+        # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
+        num_splits = min(max_splits, slots, math.ceil(max_kv_len / split_tokens))
         busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     elif num_splits is None:
         num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
@@ -161,17 +166,20 @@ def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
     return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
 
 
-def _ragged_split_tokens(total_kv_len: int, batch_size: int, wave_ctas: int, sm_ctas: int) -> int:
-    """Tokens per split of a ragged batch: its tokens shared by ``wave_ctas`` (less one partial
-    split a request, see ``plan_launch``), or by ``sm_ctas``, one CTA an SM, where the wave's
-    splits would be short (the short-context rule of ``_even_splits``)."""
+def _ragged_slots(ctas: int, batch_size: int) -> int:
+    """Split slots of a ragged plan: whole waves of ``ctas``, enough that the batch's partial last
+    splits (one a request) leave at most 1 / RAGGED_SLOTS_PER_REQUEST of them idle."""
+    return ctas * max(1, math.ceil(RAGGED_SLOTS_PER_REQUEST * batch_size / ctas))
 
-    def share(ctas: int) -> int:
-        return ctas - batch_size if batch_size * 2 <= ctas else ctas
 
-    tokens = math.ceil(total_kv_len / share(wave_ctas))
+def _ragged_split_tokens(total_kv_len: int, batch_size: int, slots: int, sm_ctas: int) -> int:
+    """Tokens per split of a ragged batch: its tokens shared by ``slots`` less one partial split a
+    request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``), where those splits would be
+    short (the short-context rule of ``_even_splits``)."""
+    tokens = math.ceil(total_kv_len / (slots - batch_size))
     if sm_ctas and tokens < SHORT_SPLIT_BELOW:
-        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / share(sm_ctas)))
+        sm_slots = _ragged_slots(sm_ctas, batch_size)
+        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_slots - batch_size)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
 
 
