@@ -283,12 +283,18 @@ def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
 
 def test_a_ragged_batch_spans_waves_where_one_would_idle_its_slots():
     """64 heads of chain16 in v5's 64-row CTAs: 16 row tiles, 8 CTAs a wave of 132. Four requests
-    in one wave left four slots for their partial last splits, half the wave idle; four waves hold
-    32 slots, 8 a request, and share the tokens by 28."""
+    in one wave left four slots for their partial last splits, half the wave idle; at 16k four
+    waves hold 32 slots, 8 a request, and share the tokens by 28."""
     lens = [16_384, 12_288, 8_192, 4_096]
     plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
     assert plan.row_tiles == 16
     assert (plan.split_tokens, plan.num_splits, plan.busy_splits) == (1463, 12, 32)
+    # shorter: only the waves whose splits stay long enough for v5 (384 tokens): three at 4k
+    # (512 tokens a split), one at 1k, where more, shorter splits were slower
+    at4k = plan_launch(64, 16, 4096, 4, 132, 1024, None, 10_240, 64, sms=132)
+    assert (at4k.split_tokens, at4k.num_splits, at4k.busy_splits) == (512, 8, 24)
+    at1k = plan_launch(64, 16, 1024, 4, 132, 1024, None, 2_560, 64, sms=132)
+    assert (at1k.split_tokens, at1k.num_splits) == (640, 2)
     # a batch small beside the wave keeps one wave: 8 heads, 66 CTAs a wave, four requests
     small = plan_launch(8, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
     assert small.busy_splits <= 132 // small.row_tiles

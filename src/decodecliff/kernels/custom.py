@@ -43,9 +43,9 @@ MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in parti
 SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
 # A ragged batch shares its tokens among whole waves of split slots, one slot a request less (its
-# partial last split); the waves are enough for 8 slots a request, so at most an eighth idle. With
-# one wave, 64 heads of chain16 (8 v5 CTAs a wave) over four requests left half of it idle
-# (notes/kernel.md, "A ragged batch at short contexts, measured").
+# partial last split); the waves are enough for 8 slots a request, so at most an eighth idle, while
+# the splits stay long. With one wave, 64 heads of chain16 (8 v5 CTAs a wave) over four requests
+# left half of it idle (notes/kernel.md, "A ragged batch at short contexts").
 RAGGED_SLOTS_PER_REQUEST = 8
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
@@ -135,16 +135,17 @@ def plan_launch(
     by batch fewer slots than the waves hold: the splits of any lengths that sum to
     ``total_kv_len`` then fill those waves and no more (their count is at most total / split +
     batch). The waves are as few as leave at least RAGGED_SLOTS_PER_REQUEST slots a request, so
-    the partial splits idle at most an eighth of the slots; one wave where the batch is small
-    beside it.
+    the partial splits idle at most an eighth of the slots, and no more than keep the splits long
+    enough for v5; one wave where the batch is small beside it or the context short.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
     row_tiles = math.ceil(rows / max(16 * mtiles, cta_rows))
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
-        slots = _ragged_slots(max(1, ctas_per_wave // row_tiles), batch_size)
-        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, slots, sms // row_tiles)
+        ctas = max(1, ctas_per_wave // row_tiles)
+        slots = _ragged_slots(ctas, batch_size, total_kv_len)
+        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
         # at most the plan's slots per request: a max_kv_len hint far above the lengths (an upper
         # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
         num_splits = min(max_splits, slots, math.ceil(max_kv_len / split_tokens))
@@ -166,20 +167,28 @@ def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
     return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
 
 
-def _ragged_slots(ctas: int, batch_size: int) -> int:
+def _ragged_slots(ctas: int, batch_size: int, total_kv_len: int) -> int:
     """Split slots of a ragged plan: whole waves of ``ctas``, enough that the batch's partial last
-    splits (one a request) leave at most 1 / RAGGED_SLOTS_PER_REQUEST of them idle."""
-    return ctas * max(1, math.ceil(RAGGED_SLOTS_PER_REQUEST * batch_size / ctas))
+    splits (one a request) leave at most 1 / RAGGED_SLOTS_PER_REQUEST of them idle, but no more
+    than keep the splits long enough for v5 (MIN_TOKENS_PER_V5_SPLIT): more, shorter splits lost
+    at short contexts (notes/kernel.md, "A ragged batch at short contexts")."""
+    idle_bound = math.ceil(RAGGED_SLOTS_PER_REQUEST * batch_size / ctas)
+    long_bound = (total_kv_len // MIN_TOKENS_PER_V5_SPLIT + batch_size) // ctas
+    return ctas * max(1, min(idle_bound, long_bound))
 
 
-def _ragged_split_tokens(total_kv_len: int, batch_size: int, slots: int, sm_ctas: int) -> int:
-    """Tokens per split of a ragged batch: its tokens shared by ``slots`` less one partial split a
-    request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``), where those splits would be
-    short (the short-context rule of ``_even_splits``)."""
-    tokens = math.ceil(total_kv_len / (slots - batch_size))
+def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas: int) -> int:
+    """Tokens per split of a ragged batch: its tokens shared by the slots of ``ctas`` a wave less
+    one partial split a request (see ``plan_launch``), or by those of one CTA an SM (``sm_ctas``)
+    where the splits would be short (the short-context rule of ``_even_splits``)."""
+
+    def share(ctas: int) -> int:  # a batch over half the slots shares them all (some splits spill)
+        slots = _ragged_slots(ctas, batch_size, total_kv_len)
+        return slots - batch_size if batch_size * 2 <= slots else slots
+
+    tokens = math.ceil(total_kv_len / share(ctas))
     if sm_ctas and tokens < SHORT_SPLIT_BELOW:
-        sm_slots = _ragged_slots(sm_ctas, batch_size)
-        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_slots - batch_size)))
+        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / share(sm_ctas)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
 
 
