@@ -281,26 +281,21 @@ def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
     assert long.split_tokens == 661 == plan(8, 16, [16 * n for n in lens], sms=0).split_tokens
 
 
-def test_a_ragged_batch_spans_waves_where_one_would_idle_its_slots():
+def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     """64 heads of chain16 in v5's 64-row CTAs: 16 row tiles, 8 CTAs a wave of 132. Four requests
-    in one wave left four slots for their partial last splits, half the wave idle; at 16k four
-    waves hold 32 slots, 8 a request, and share the tokens by 28."""
+    sharing one wave left four slots for their partial last splits, half the wave idle; each is
+    split evenly in 8 instead (the fastest of 2-132 at 4k-185k), in fewer where a split would be
+    under v5's 384 tokens."""
     lens = [16_384, 12_288, 8_192, 4_096]
     plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
-    assert plan.row_tiles == 16
-    assert (plan.split_tokens, plan.num_splits, plan.busy_splits) == (1463, 12, 32)
-    # shorter: only the waves whose splits stay long enough for v5 (384 tokens): three at 4k
-    # (512 tokens a split), one at 1k, where more, shorter splits were slower
-    at4k = plan_launch(64, 16, 4096, 4, 132, 1024, None, 10_240, 64, sms=132)
-    assert (at4k.split_tokens, at4k.num_splits, at4k.busy_splits) == (512, 8, 24)
-    at1k = plan_launch(64, 16, 1024, 4, 132, 1024, None, 2_560, 64, sms=132)
-    assert (at1k.split_tokens, at1k.num_splits) == (640, 2)
-    # a batch small beside the wave keeps one wave: 8 heads, 66 CTAs a wave, four requests
+    assert (plan.row_tiles, plan.num_splits, plan.split_tokens) == (16, 8, 0)
+    assert plan_launch(64, 16, 1024, 4, 132, 1024, None, 2_560, 64, sms=132).num_splits == 2
+    # a wave of 8 slots a request keeps the share by tokens: 8 heads, 66 CTAs a wave, 4 requests
     small = plan_launch(8, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
-    assert small.busy_splits <= 132 // small.row_tiles
+    assert small.split_tokens > 0 and small.busy_splits <= 132 // small.row_tiles
 
 
-def test_a_ragged_batchs_busy_splits_fit_its_waves_whatever_the_lengths():
+def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
     rng = random.Random(0)
     for _ in range(2000):
         heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
@@ -315,10 +310,11 @@ def test_a_ragged_batchs_busy_splits_fit_its_waves_whatever_the_lengths():
         chunks = [max(-(-n // plan.num_splits), plan.split_tokens) for n in lens]
         chunks = [-(-c // 16) * 16 for c in chunks]
         busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
-        assert busy <= plan.busy_splits, (lens, plan)
-        # whole waves, as few as hold 8 slots a request (one wave where the batch is small)
-        waves = max(1, -(-8 * batch // (wave // plan.row_tiles)))
-        assert plan.row_tiles * busy <= waves * wave, (heads, q_len, lens, plan)
+        assert busy <= (plan.busy_splits or batch * plan.num_splits), (lens, plan)
+        if 8 * batch <= wave // plan.row_tiles:  # one wave, where it holds 8 slots a request
+            assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
+        else:  # split evenly, at most 8 a request
+            assert plan.split_tokens == 0 and plan.num_splits <= 8, (lens, plan)
 
 
 def test_v5_is_planned_in_its_own_64_row_ctas():

@@ -42,10 +42,12 @@ MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in parti
 # 1k-16k (decode at 1k: 32 splits of 32 tokens took half the time of 4 of 256).
 SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
-# A ragged batch shares its tokens among whole waves of split slots, one slot a request less (its
-# partial last split); the waves are enough for 8 slots a request, so at most an eighth idle, while
-# the splits stay long. With one wave, 64 heads of chain16 (8 v5 CTAs a wave) over four requests
-# left half of it idle (notes/kernel.md, "A ragged batch at short contexts").
+# A ragged batch shares its tokens among one wave's split slots, one slot a request less (its
+# partial last split), where the wave holds 8 slots a request (at most an eighth idle). Where it
+# holds fewer, each request is split evenly in 8 (or as many as keep the splits long): 64 heads of
+# chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 8 even splits a
+# request were the fastest of 2-132 at 4k-185k (notes/kernel.md, "A ragged batch at short
+# contexts").
 RAGGED_SLOTS_PER_REQUEST = 8
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
@@ -129,14 +131,15 @@ def plan_launch(
     CTAs instead, one an SM, down to MIN_TOKENS_PER_SHORT_SPLIT tokens each. A row tile is
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
     CTAs of that size. A ragged batch (``total_kv_len`` under batch x ``max_kv_len``) is split by
-    tokens instead: the split slots of whole waves share the batch's tokens equally, so its longest
-    request takes the most splits and no CTA waits on a longer one (the kernel still covers any
-    request longer than the hints). Each request's last split is partial, so the tokens are shared
-    by batch fewer slots than the waves hold: the splits of any lengths that sum to
-    ``total_kv_len`` then fill those waves and no more (their count is at most total / split +
-    batch). The waves are as few as leave at least RAGGED_SLOTS_PER_REQUEST slots a request, so
-    the partial splits idle at most an eighth of the slots, and no more than keep the splits long
-    enough for v5; one wave where the batch is small beside it or the context short.
+    tokens instead: one wave's CTAs share the batch's tokens equally, so its longest request takes
+    the most splits and no CTA waits on a longer one (the kernel still covers any request longer
+    than the hints). Each request's last split is partial, so the tokens are shared by batch fewer
+    CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit one
+    wave (their count is at most total / split + batch). That idles at most an eighth of the wave
+    while it holds RAGGED_SLOTS_PER_REQUEST slots a request; where it holds fewer (many row tiles
+    or requests), each request is split evenly in that many, fewer where a split would be shorter
+    than v5's (or, without v5's rows, the long contexts') floor, and the CTAs of unequal lengths
+    balance across the SMs as they finish.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
@@ -144,12 +147,15 @@ def plan_launch(
     split_tokens, busy = 0, None
     if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
         ctas = max(1, ctas_per_wave // row_tiles)
-        slots = _ragged_slots(ctas, batch_size, total_kv_len)
-        split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
-        # at most the plan's slots per request: a max_kv_len hint far above the lengths (an upper
-        # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
-        num_splits = min(max_splits, slots, math.ceil(max_kv_len / split_tokens))
-        busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
+        if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few: each request split evenly
+            floor = MIN_TOKENS_PER_V5_SPLIT if cta_rows else MIN_TOKENS_PER_SPLIT
+            num_splits = max(1, min(RAGGED_SLOTS_PER_REQUEST, max_splits, max_kv_len // floor))
+        else:
+            split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
+            # at most one wave per request: a max_kv_len hint far above the lengths (an upper
+            # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
+            num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
+            busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     elif num_splits is None:
         num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
                                   sms // (row_tiles * batch_size))  # fmt: skip
@@ -167,28 +173,13 @@ def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
     return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
 
 
-def _ragged_slots(ctas: int, batch_size: int, total_kv_len: int) -> int:
-    """Split slots of a ragged plan: whole waves of ``ctas``, enough that the batch's partial last
-    splits (one a request) leave at most 1 / RAGGED_SLOTS_PER_REQUEST of them idle, but no more
-    than keep the splits long enough for v5 (MIN_TOKENS_PER_V5_SPLIT): more, shorter splits lost
-    at short contexts (notes/kernel.md, "A ragged batch at short contexts")."""
-    idle_bound = math.ceil(RAGGED_SLOTS_PER_REQUEST * batch_size / ctas)
-    long_bound = (total_kv_len // MIN_TOKENS_PER_V5_SPLIT + batch_size) // ctas
-    return ctas * max(1, min(idle_bound, long_bound))
-
-
 def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas: int) -> int:
-    """Tokens per split of a ragged batch: its tokens shared by the slots of ``ctas`` a wave less
-    one partial split a request (see ``plan_launch``), or by those of one CTA an SM (``sm_ctas``)
-    where the splits would be short (the short-context rule of ``_even_splits``)."""
-
-    def share(ctas: int) -> int:  # a batch over half the slots shares them all (some splits spill)
-        slots = _ragged_slots(ctas, batch_size, total_kv_len)
-        return slots - batch_size if batch_size * 2 <= slots else slots
-
-    tokens = math.ceil(total_kv_len / share(ctas))
-    if sm_ctas and tokens < SHORT_SPLIT_BELOW:
-        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / share(sm_ctas)))
+    """Tokens per split of a ragged batch: its tokens shared by ``ctas`` less one partial split a
+    request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``) where those splits would be
+    short (the short-context rule of ``_even_splits``)."""
+    tokens = math.ceil(total_kv_len / (ctas - batch_size))
+    if sm_ctas > batch_size and tokens < SHORT_SPLIT_BELOW:
+        return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_ctas - batch_size)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
 
 
