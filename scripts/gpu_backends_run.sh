@@ -20,7 +20,8 @@
 # (8 and 64 heads): whether splits shorter than MIN_TOKENS_PER_SPLIT win where contexts are short;
 # short-ragged: the same for a ragged batch of four (1k-185k down to a quarter), auto's plan at set
 # split counts and beside FlashInfer, then auto as another tree's host code plans it (PLAN_BEFORE:
-# that tree's src/; the kernel library is this tree's);
+# that tree's src/, PLAN_BEFORE_REV: its commit, which that run's env.git records; the kernel
+# library is this tree's);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -134,6 +135,7 @@ for lim in (0, 102400):
         --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged.json" \
         > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
       if [ -n "${PLAN_BEFORE:-}" ]; then  # auto as another tree's host code plans it, same library
+        DECODECLIFF_GIT_REV=${PLAN_BEFORE_REV:-$DECODECLIFF_GIT_REV+plan-before} \
         LD_PRELOAD=$SHIM PYTHONPATH=/tmp/site:$PWD/.sgl:$PLAN_BEFORE timeout 120 python3 -m \
           decodecliff.cli ${SM#decodecliff } --backends custom --custom-variants auto \
           --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged-before.json" \

@@ -288,14 +288,41 @@ def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     under v5's 384 tokens."""
     lens = [16_384, 12_288, 8_192, 4_096]
     plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
-    assert (plan.row_tiles, plan.num_splits, plan.split_tokens) == (16, 8, 0)
+    assert (plan.row_tiles, plan.num_splits, plan.split_tokens, plan.busy_splits) == (
+        16,
+        8,
+        0,
+        None,
+    )
     assert plan_launch(64, 16, 1024, 4, 132, 1024, None, 2_560, 64, sms=132).num_splits == 2
-    # a wave of 8 slots a request keeps the share by tokens: 8 heads, 66 CTAs a wave, 4 requests
-    small = plan_launch(8, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
-    assert small.split_tokens > 0 and small.busy_splits <= 132 // small.row_tiles
+    # a loose hint: the longest request is at most the total less a token for each other one
+    loose = plan_launch(64, 16, 185_000, 2, 132, 1024, None, 1_500, 64, sms=132)
+    assert loose.num_splits == 3  # 1,499 tokens // 384
+    # without v5's rows the floor is the long contexts' 256 tokens
+    v4 = plan_launch(64, 16, 1024, 4, 264, 1024, None, 2_560, sms=132)  # 32 tiles, 8 CTAs a wave
+    assert (v4.num_splits, v4.split_tokens) == (4, 0)
+    # at most four waves: 60 requests on 8 CTAs a wave take 32 slots, not 8 splits each
+    many = plan_launch(64, 16, 185_000, 60, 132, 1024, None, 60 * 100_000, 64, sms=132)
+    assert many.num_splits == 1 and many.split_tokens == 0
 
 
-def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
+def test_a_ragged_batch_shares_by_tokens_from_8_slots_a_request():
+    """The boundary of the even split: a wave of exactly 8 slots a request shares by tokens, one
+    slot fewer splits evenly; the short-context share needs 8 slots a request of the SMs too."""
+    lens = [185_000, 138_750, 92_500, 46_250]
+    # 8 heads of decode, v4: one row tile, so ctas_per_wave is the wave's slots
+    at = plan_launch(8, 1, max(lens), 4, 32, 1024, None, sum(lens), sms=132)
+    below = plan_launch(8, 1, max(lens), 4, 31, 1024, None, sum(lens), sms=132)
+    assert at.split_tokens > 0 and at.busy_splits <= 32
+    assert (below.split_tokens, below.num_splits) == (0, 8)  # 8 even splits a request
+    short = [1024, 768, 512, 256]
+    with_sms = plan_launch(8, 1, 1024, 4, 264, 1024, None, sum(short), sms=32)
+    few_sms = plan_launch(8, 1, 1024, 4, 264, 1024, None, sum(short), sms=31)
+    assert with_sms.split_tokens == 92  # 2,560 tokens over 32 - 4 SMs
+    assert few_sms.split_tokens == 256  # the wave's share, floored as at long contexts
+
+
+def test_a_ragged_batchs_splits_fit_its_plan_whatever_the_lengths():
     rng = random.Random(0)
     for _ in range(2000):
         heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
@@ -313,8 +340,11 @@ def test_a_ragged_batchs_busy_splits_fit_one_wave_whatever_the_lengths():
         assert busy <= (plan.busy_splits or batch * plan.num_splits), (lens, plan)
         if 8 * batch <= wave // plan.row_tiles:  # one wave, where it holds 8 slots a request
             assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
-        else:  # split evenly, at most 8 a request
-            assert plan.split_tokens == 0 and plan.num_splits <= 8, (lens, plan)
+        else:  # split evenly, at most 8 a request and four waves
+            assert plan.split_tokens == 0 and plan.busy_splits is None, (lens, plan)
+            four_waves = 4 * (wave // plan.row_tiles)
+            assert plan.num_splits == 1 or batch * plan.num_splits <= four_waves, (lens, plan)
+            assert plan.num_splits <= 8, (lens, plan)
 
 
 def test_v5_is_planned_in_its_own_64_row_ctas():

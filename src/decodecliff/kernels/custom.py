@@ -44,11 +44,12 @@ SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
 # A ragged batch shares its tokens among one wave's split slots, one slot a request less (its
 # partial last split), where the wave holds 8 slots a request (at most an eighth idle). Where it
-# holds fewer, each request is split evenly in 8 (or as many as keep the splits long): 64 heads of
-# chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 8 even splits a
-# request were the fastest of 2-132 at 4k-185k (notes/kernel.md, "A ragged batch at short
-# contexts").
+# holds fewer, each request is split evenly in 8, in at most RAGGED_EVEN_WAVES waves, and the
+# longest's splits kept long: 64 heads of chain16, 8 v5 CTAs a wave, over four requests had left
+# half the wave idle, and 8 even splits a request (four waves) were the fastest of 2-132 at
+# 4k-185k (notes/kernel.md, "A ragged batch at short contexts").
 RAGGED_SLOTS_PER_REQUEST = 8
+RAGGED_EVEN_WAVES = 4
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
@@ -137,9 +138,10 @@ def plan_launch(
     CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit one
     wave (their count is at most total / split + batch). That idles at most an eighth of the wave
     while it holds RAGGED_SLOTS_PER_REQUEST slots a request; where it holds fewer (many row tiles
-    or requests), each request is split evenly in that many, fewer where a split would be shorter
-    than v5's (or, without v5's rows, the long contexts') floor, and the CTAs of unequal lengths
-    balance across the SMs as they finish.
+    or requests), each request is split evenly in that many, fewer where that would take over
+    RAGGED_EVEN_WAVES waves or cut the longest request's splits below v5's floor (without v5's
+    rows, the long contexts'), and the CTAs of unequal lengths balance across the SMs as they
+    finish.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
@@ -149,7 +151,11 @@ def plan_launch(
         ctas = max(1, ctas_per_wave // row_tiles)
         if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few: each request split evenly
             floor = MIN_TOKENS_PER_V5_SPLIT if cta_rows else MIN_TOKENS_PER_SPLIT
-            num_splits = max(1, min(RAGGED_SLOTS_PER_REQUEST, max_splits, max_kv_len // floor))
+            longest = min(max_kv_len, total_kv_len - batch_size + 1)  # the hint may be loose
+            waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
+            num_splits = max(
+                1, min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // floor)
+            )
         else:
             split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
             # at most one wave per request: a max_kv_len hint far above the lengths (an upper
@@ -176,9 +182,9 @@ def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
 def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas: int) -> int:
     """Tokens per split of a ragged batch: its tokens shared by ``ctas`` less one partial split a
     request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``) where those splits would be
-    short (the short-context rule of ``_even_splits``)."""
+    short (the short-context rule of ``_even_splits``) and the SMs hold 8 slots a request too."""
     tokens = math.ceil(total_kv_len / (ctas - batch_size))
-    if sm_ctas > batch_size and tokens < SHORT_SPLIT_BELOW:
+    if sm_ctas >= RAGGED_SLOTS_PER_REQUEST * batch_size and tokens < SHORT_SPLIT_BELOW:
         return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_ctas - batch_size)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
 

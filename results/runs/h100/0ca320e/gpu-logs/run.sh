@@ -4,3 +4,4 @@
 # extended to ragged batches (short-ragged.json), and auto as planned with the rule switched off,
 # the plan of ad925f8 (short-ragged-before.json), same library, same call
 bash scripts/gpu_backends_run.sh 0ca320e short-ragged
+# (short-ragged-before.json records env.git of the measuring tree; the plan is the one named above)

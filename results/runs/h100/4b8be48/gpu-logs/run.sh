@@ -6,3 +6,4 @@
 PLAN_BEFORE=$PWD/../before/src bash scripts/gpu_backends_run.sh 4b8be48 short-ragged
 # 2. the engine's and the custom kernel's GPU tests: 163 passed in 214 s (the log did not come back)
 GPU_TESTS_S=280 bash scripts/gpu_tests.sh tests/test_engine_gpu.py tests/test_custom_gpu.py
+# (short-ragged-before.json records env.git of the measuring tree; the plan is the one named above)
