@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Per shape of a kernel bench: the custom kernel as planned, its fastest configuration, FlashInfer.
 
-    scripts/fastest_custom.py BENCH_JSON
+    scripts/fastest_custom.py BENCH_JSON [BEFORE_JSON]
 
 Reads `decodecliff bench-kernels` output holding custom variants at set split counts
 (--custom-splits) and prints, per build (the GPU's own, or the sm_120 model) and shape, the
 plan's time (auto), the fastest custom label and FlashInfer's fa2 (fa3 beside it on the GPU's own
-build), in microseconds, with the floor. Standard library only: it runs on the GPU machine.
+build), in microseconds, with the floor. BEFORE_JSON: another bench of the same shapes (another
+tree's plan on the same library), whose plan is printed beside this one's. Standard library only:
+it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def shapes(points: list[dict]) -> dict[tuple, dict[str, dict]]:
     return out
 
 
-def row(key: tuple, found: dict[str, dict]) -> str | None:
-    """One line: plan, fastest custom configuration, FlashInfer, floor (us); None without a plan."""
+def row(key: tuple, found: dict[str, dict], before: dict[str, dict] | None = None) -> str | None:
+    """One line: plan (and ``before``'s, where given), fastest custom configuration, FlashInfer,
+    floor (us); None without a plan."""
     plan = found.get("custom/auto")
     if plan is None:
         return None
@@ -53,22 +56,37 @@ def row(key: tuple, found: dict[str, dict]) -> str | None:
     def how(p: dict) -> str:
         return f"{p['detail'].get('variant')}/{p['detail'].get('num_splits')}"
 
+    def was() -> str:
+        if before is None:
+            return ""
+        prev = before.get("custom/auto")
+        return f"before {us(prev):>7s} ({how(prev)})  " if prev else "before       -  "
+
     build, mode, heads, ctx, page = key
     return (
         f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d} plan {us(plan):>7s} "
-        f"({how(plan)})  best {best:>10s} {us(customs[best]):>7s} ({how(customs[best])})  "
+        f"({how(plan)})  {was()}best {best:>10s} {us(customs[best]):>7s} ({how(customs[best])})  "
         f"fa2 {us(found.get('flashinfer/fa2')):>7s}  fa3 {us(found.get('flashinfer/fa3')):>7s}  "
         f"floor {us({'ms': plan['floor_ms']})}"
     )
 
 
+def _points(path: str) -> list[dict]:
+    with open(path) as f:
+        return json.load(f)["points"]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) not in (1, 2):
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        points = json.load(f)["points"]
-    lines = [line for key, found in sorted(shapes(points).items()) if (line := row(key, found))]
+    found_in = [shapes(_points(path)) for path in argv]
+    before = found_in[1] if len(found_in) == 2 else None
+    lines = [
+        line
+        for key, found in sorted(found_in[0].items())
+        if (line := row(key, found, None if before is None else before.get(key, {})))
+    ]
     if not lines:
         print(f"{argv[0]}: no shape with a custom plan (auto) that ran", file=sys.stderr)
         return 1

@@ -141,9 +141,8 @@ for lim in (0, 102400):
           --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged-before.json" \
           > "$OUT/bench_short-ragged-before.log" 2>&1; echo "rc $?"
       fi
-      for f in short-ragged short-ragged-before; do
-        [ -s "$OUT/$f.json" ] && echo "$f:" && python3 "$here/fastest_custom.py" "$OUT/$f.json"
-      done ;;
+      [ -s "$OUT/short-ragged.json" ] && python3 "$here/fastest_custom.py" \
+        "$OUT/short-ragged.json" $(ls "$OUT/short-ragged-before.json" 2> /dev/null) ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

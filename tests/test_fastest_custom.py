@@ -62,6 +62,25 @@ def test_set_split_counts_are_read_per_build() -> None:
     assert mod.row(("own",), {"flashinfer/fa2": points[3]}) is None  # no plan: no row
 
 
+def test_another_trees_plan_is_printed_beside_this_ones() -> None:
+    run = REPO / "results/runs/h100/4b8be48/gpu-logs/short-ragged"
+    now, before = run / "short-ragged.json", run / "short-ragged-before.json"
+    done = subprocess.run([sys.executable, SCRIPT, now, before], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    prev = next(
+        p for p in json.loads(before.read_text())["points"]
+        if (p["backend"], p["triton_config"], p["mode"], p["heads"], p["ctx"])
+        == ("custom", None, "chain16", 64, 185_000)
+    )  # fmt: skip
+    shape = ("own", "chain16", 64, 185_000, 1)
+    words = ["own", "chain16", "h64", "185000"]
+    line = next(ln for ln in done.stdout.splitlines() if ln.split()[:4] == words)
+    assert f"before {prev['ms'] * 1e3:7.1f} (v5/{prev['detail']['num_splits']})" in line, line
+    mod = fastest_custom()
+    found = mod.shapes(json.loads(now.read_text())["points"])[shape]
+    assert "before       -" in mod.row(shape, found, before={})  # a shape the other lacks
+
+
 def test_it_runs_on_a_bench_file_and_says_how_otherwise(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, SCRIPT, BENCH], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.count("\n") > 100, done.stderr
