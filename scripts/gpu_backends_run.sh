@@ -3,8 +3,8 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
-#         | short-ragged | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused | profile-sm120
-#         | v5-patches
+#         | short-ragged | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
+#         | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -129,17 +129,16 @@ for lim in (0, 102400):
       [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
     short-ragged)  # ragged batches of four: the plan beside set split counts, FlashInfer, another's
       have_model || continue
-      RAGGED="--modes decode chain16 --page-sizes 1 --heads 8 64 --batch 4 --ragged
-        --max-seconds-per-point 30"
+      RAGGED="--contexts 1024 4096 16384 185000 --modes decode chain16 --page-sizes 1 --heads 8 64
+        --batch 4 --ragged --max-seconds-per-point 30"
       LD_PRELOAD=$SHIM timeout 240 $SM --custom-variants auto --custom-splits 8 16 32 66 132 \
-        --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged.json" \
-        > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
+        $RAGGED --out "$OUT/short-ragged.json" > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
       if [ -n "${PLAN_BEFORE:-}" ]; then  # auto as another tree's host code plans it, same library
         DECODECLIFF_GIT_REV=${PLAN_BEFORE_REV:-$DECODECLIFF_GIT_REV+plan-before} \
         LD_PRELOAD=$SHIM PYTHONPATH=/tmp/site:$PWD/.sgl:$PLAN_BEFORE timeout 120 python3 -m \
-          decodecliff.cli ${SM#decodecliff } --backends custom --custom-variants auto \
-          --contexts 1024 4096 16384 185000 $RAGGED --out "$OUT/short-ragged-before.json" \
-          > "$OUT/bench_short-ragged-before.log" 2>&1; echo "rc $?"
+          decodecliff.cli ${SM#decodecliff } --backends custom --custom-variants auto $RAGGED \
+          --out "$OUT/short-ragged-before.json" > "$OUT/bench_short-ragged-before.log" 2>&1
+        echo "rc $?"
       fi
       [ -s "$OUT/short-ragged.json" ] && python3 "$here/fastest_custom.py" \
         "$OUT/short-ragged.json" $(ls "$OUT/short-ragged-before.json" 2> /dev/null) ;;
