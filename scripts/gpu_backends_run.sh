@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
-#         | short-ragged | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
+#         | short-ragged | ragged-v5 | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
 #         | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
@@ -21,7 +21,8 @@
 # short-ragged: the same for a ragged batch of four (1k-185k down to a quarter), auto's plan at set
 # split counts and beside FlashInfer, then auto as another tree's host code plans it (PLAN_BEFORE:
 # that tree's src/, PLAN_BEFORE_REV: its commit, which that run's env.git records; the kernel
-# library is this tree's);
+# library is this tree's); ragged-v5: v5 and auto forced to 2-16 splits for that batch, chain16
+# at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -142,6 +143,13 @@ for lim in (0, 102400):
       fi
       [ -s "$OUT/short-ragged.json" ] && python3 "$here/fastest_custom.py" \
         "$OUT/short-ragged.json" $(ls "$OUT/short-ragged-before.json" 2> /dev/null) ;;
+    ragged-v5)  # 64 heads of chain16 over a ragged batch: v5 forced at 2-16 splits beside auto's
+      have_model || continue
+      LD_PRELOAD=$SHIM timeout 240 $SM --custom-variants auto v5 --custom-splits 2 4 8 16 \
+        --contexts 1024 4096 16384 --modes chain16 --page-sizes 1 --heads 64 --batch 4 --ragged \
+        --max-seconds-per-point 30 --out "$OUT/ragged-v5.json" > "$OUT/bench_ragged-v5.log" 2>&1
+      echo "rc $?"
+      [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json" ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \
