@@ -141,8 +141,10 @@ for lim in (0, 102400):
           --out "$OUT/short-ragged-before.json" > "$OUT/bench_short-ragged-before.log" 2>&1
         echo "rc $?"
       fi
-      [ -s "$OUT/short-ragged.json" ] && python3 "$here/fastest_custom.py" \
-        "$OUT/short-ragged.json" $(ls "$OUT/short-ragged-before.json" 2> /dev/null) ;;
+      now=$OUT/short-ragged.json before=$OUT/short-ragged-before.json
+      if [ -s "$now" ]; then  # this plan, beside the other tree's where that run wrote points
+        python3 "$here/fastest_custom.py" "$now" $([ -s "$before" ] && echo "$before")
+      elif [ -s "$before" ]; then python3 "$here/fastest_custom.py" "$before"; fi ;;
     ragged-v5)  # 64 heads of chain16 over a ragged batch: v5 forced at 2-16 splits beside auto's
       have_model || continue
       LD_PRELOAD=$SHIM timeout 240 $SM --custom-variants auto v5 --custom-splits 2 4 8 16 \

@@ -12,6 +12,8 @@ import pytest
 
 from decodecliff.kernels import abi, build, sass, sm120_model
 from decodecliff.kernels.custom import (
+    RAGGED_BELOW,
+    auto_plan,
     auto_variant,
     load_library,
     plan_launch,
@@ -258,9 +260,32 @@ def test_a_ragged_batch_is_split_by_tokens_so_no_cta_waits_on_a_longer_one():
     # auto counts the CTAs with work: a long request among short ones leaves most splits empty
     few = plan_launch(8, 16, 4000, 8, 264, 1024, total_kv_len=4000 + 7 * 256)
     assert few.row_tiles * 8 * few.num_splits > 132 and auto_variant(few, 8, sms=132) == "v1"
-    # a hint far above the lengths (an upper bound) never takes more than a wave's splits
+    # a hint far above the lengths (an upper bound) never takes more than a wave's splits, nor
+    # more than the batch's tokens need
     loose = plan_launch(8, 16, 2_000_000, 1, 264, 1024, total_kv_len=10_000)
     assert loose.num_splits <= 264 // loose.row_tiles
+    short = [1024, 768, 512, 256]
+    for hint in (1024, 4096, 185_000):  # 2,560 tokens over 128 CTAs, 32 a split, 84 with work
+        plan = plan_launch(8, 1, hint, 4, 264, 1024, None, sum(short), sms=132)
+        assert (plan.split_tokens, plan.busy_splits) == (32, 84)
+        # the longest request is at most 2,557 tokens: 80 splits of 32, not 128 or 264
+        assert plan.num_splits == math.ceil(min(hint, 2_560 - 3) / 32)
+
+
+def test_a_batch_within_an_eighth_of_equal_lengths_keeps_the_equal_plan():
+    """One token shorter must not change the grid: where the equal plan idles at most an eighth
+    of its CTAs (RAGGED_BELOW) it stands, as in a CUDA graph, which knows no total."""
+    equal = plan_launch(64, 16, 16_384, 4, 132, 1024, cta_rows=64, sms=132)
+    near = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 4 * 16_384 - 1, cta_rows=64, sms=132)
+    assert near == equal and equal.num_splits == 2
+    eighth = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 7 * 16_384 // 2 - 1, 64, 132)
+    assert eighth.num_splits == 8  # more than an eighth short: ragged, split evenly
+
+
+def test_an_empty_batch_plans_one_split():
+    assert plan_launch(8, 1, 1024, 0, 264, 1024, None, 0, sms=132).num_splits == 1
+    assert plan_launch(8, 0, 1024, 4, 264, 1024, None, 2_000, sms=132).num_splits == 1
+    assert plan_launch(8, 1, 1024, 0, 264, 1024, num_splits=3).num_splits == 3
 
 
 def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
@@ -296,12 +321,13 @@ def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     )
     assert plan_launch(64, 16, 1024, 4, 132, 1024, None, 2_560, 64, sms=132).num_splits == 2
     # a loose hint: the longest request is at most the total less a token for each other one
-    loose = plan_launch(64, 16, 185_000, 2, 132, 1024, None, 1_500, 64, sms=132)
-    assert loose.num_splits == 3  # 1,499 tokens // 384
+    loose = plan_launch(64, 16, 185_000, 2, 132, 1024, None, 1_152, 64, sms=132)
+    assert loose.num_splits == 2  # 1,151 tokens // 384, where the total's 1,152 would give 3
     # without v5's rows the floor is the long contexts' 256 tokens
     v4 = plan_launch(64, 16, 1024, 4, 264, 1024, None, 2_560, sms=132)  # 32 tiles, 8 CTAs a wave
     assert (v4.num_splits, v4.split_tokens) == (4, 0)
-    # at most four waves: 60 requests on 8 CTAs a wave take 32 slots, not 8 splits each
+    # at most four waves: 60 requests on 8 CTAs a wave take one split each, not eight (the
+    # batch alone takes 7.5 waves)
     many = plan_launch(64, 16, 185_000, 60, 132, 1024, None, 60 * 100_000, 64, sms=132)
     assert many.num_splits == 1 and many.split_tokens == 0
 
@@ -327,14 +353,16 @@ def test_a_ragged_batchs_splits_fit_its_plan_whatever_the_lengths():
     for _ in range(2000):
         heads, q_len = rng.choice([8, 16, 64]), rng.choice([1, 5, 9, 16, 64])
         cta_rows, wave = rng.choice([(0, 264), (64, 132)])  # v4 two a SM; v5 one, 64 rows
-        batch = rng.randint(2, 40)
+        batch = rng.randint(1, 40)
         lens = [rng.randint(1, rng.choice([2_000, 200_000])) for _ in range(batch)]
-        if sum(lens) == batch * max(lens):
+        hint = int(max(lens) * rng.choice([1, 1, 1.5, 10, 100]))  # an upper bound, maybe loose
+        if sum(lens) >= RAGGED_BELOW * batch * hint:
             continue
-        plan = plan_launch(heads, q_len, max(lens), batch, wave, 1024, None, sum(lens), cta_rows,
+        plan = plan_launch(heads, q_len, hint, batch, wave, 1024, None, sum(lens), cta_rows,
                            sms=rng.choice([0, 132]))  # fmt: skip
         # the kernel's split of each request (cta_work in mla_verify.cu): BN = 16 tokens a tile
         chunks = [max(-(-n // plan.num_splits), plan.split_tokens) for n in lens]
+        assert max(chunks) <= math.ceil(plan.longest_split), (lens, hint, plan)  # what auto reads
         chunks = [-(-c // 16) * 16 for c in chunks]
         busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
         assert busy <= (plan.busy_splits or batch * plan.num_splits), (lens, plan)
@@ -369,8 +397,26 @@ def test_below_v5_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ct
     # v5 takes (takes_v5) never reach this choice
     plan = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=264, max_splits=1024)
     v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=132, max_splits=1024, cta_rows=64)
-    assert not takes_v5(heads * q_len, ctx, v5)
+    assert not takes_v5(heads * q_len, v5)
     assert auto_variant(plan, 1, sms=132) == expected
+
+
+def test_auto_takes_v1_only_where_its_own_plan_keeps_one_cta_an_sm():
+    """v1 is chosen from v4's plan (two CTAs an SM) but plans on its own wave (one an SM): a
+    ragged batch whose v1 plan would spill past the SMs stays on v4."""
+    wave = {"v1": 132, "v4": 264, "v5": 132}
+
+    def plan_for(lens: list[int]):
+        return lambda v: plan_launch(8, 1, max(lens), len(lens), wave[v], 1024, None, sum(lens),
+                                     64 if v == "v5" else 0, 132)  # fmt: skip
+
+    lens = [4_000, *range(1_000, 1_900, 57)][:17]  # v4 plans 122 CTAs with work: v1 by that
+    assert auto_variant(plan_for(lens)("v4"), 17, 132) == "v1"
+    assert plan_for(lens)("v1").ctas(17) == 136  # 8 even splits of 17 requests on 132 SMs
+    assert auto_plan(plan_for(lens), 8, 17, 132, two_a_sm=True) == plan_for(lens)("v4")
+    short = [1024, 768, 512, 256]  # v1's own plan fits: 84 CTAs with work
+    assert auto_plan(plan_for(short), 8, 4, 132, two_a_sm=True) == plan_for(short)("v1")
+    assert auto_plan(plan_for(short), 8, 4, 132, two_a_sm=False) == plan_for(short)("v4")
 
 
 @pytest.mark.parametrize(
@@ -389,7 +435,22 @@ def test_below_v5_auto_takes_v4_only_where_two_ctas_share_an_sm(heads, q_len, ct
 def test_auto_takes_v5_for_many_rows_over_long_splits(heads, q_len, ctx, expected):
     # one v5 CTA of 64 rows per SM of 132, on either GPU
     v5 = plan_launch(heads, q_len, ctx, 1, ctas_per_wave=132, max_splits=1024, cta_rows=64)
-    assert takes_v5(heads * q_len, ctx, v5) == (expected == "v5")
+    assert takes_v5(heads * q_len, v5) == (expected == "v5")
+
+
+def test_auto_judges_v5_by_the_splits_the_plan_makes_not_by_a_loose_hint():
+    """A ragged batch's splits are its share of tokens (or its longest request over the splits),
+    not the ``max_kv_len`` hint over them: an upper-bound hint must not take v5 onto short ones."""
+    lens = [1024, 768, 512, 256]
+
+    def v5(hint: int):
+        return plan_launch(8, 16, hint, 4, 132, 1024, None, sum(lens), cta_rows=64, sms=132)
+
+    assert v5(1024).longest_split == v5(185_000).longest_split == 42  # 2,560 tokens over 62
+    assert not takes_v5(128, v5(185_000))
+    # the even split of 64 heads over two short requests: at most 499 tokens, whatever the hint
+    two = plan_launch(64, 16, 185_000, 2, 132, 1024, None, 500, cta_rows=64, sms=132)
+    assert (two.num_splits, two.longest_split) == (1, 499)
 
 
 @pytest.mark.slow  # nvcc builds the fat binary: seconds per test

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,12 +43,15 @@ MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in parti
 # 1k-16k (decode at 1k: 32 splits of 32 tokens took half the time of 4 of 256).
 SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
-# A ragged batch shares its tokens among one wave's split slots, one slot a request less (its
-# partial last split), where the wave holds 8 slots a request (at most an eighth idle). Where it
-# holds fewer, each request is split evenly in 8, in at most RAGGED_EVEN_WAVES waves, and the
-# longest's splits kept long: 64 heads of chain16, 8 v5 CTAs a wave, over four requests had left
-# half the wave idle, and 8 even splits a request (four waves) were the fastest of 2-132 at
-# 4k-185k (notes/kernel.md, "A ragged batch at short contexts").
+# A batch is ragged where its tokens are under RAGGED_BELOW of batch x longest: there the plan of
+# equal lengths would idle more than an eighth of its CTAs. A ragged batch shares its tokens among
+# one wave's split slots, one slot a request less (its partial last split), where the wave holds 8
+# slots a request (at most an eighth idle). Where it holds fewer, each request is split evenly in
+# 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long: 64 heads of chain16,
+# 8 v5 CTAs a wave, over four requests had left half the wave idle, and 8 even splits a request
+# (four waves) were the fastest of 2-132 at 4k-185k in the H100 build, within 1.1% of the fastest
+# in the sm_120 model (notes/kernel.md, "A ragged batch at short contexts").
+RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
 RAGGED_EVEN_WAVES = 4
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
@@ -110,6 +114,11 @@ class LaunchPlan:
     variant: int = 1  # the kernel's template parameter (see VARIANTS)
     split_tokens: int = 0  # > 0: tokens per split over a ragged batch (0: kv_len / num_splits)
     busy_splits: int | None = None  # splits with work over the batch (ragged: fewer than B x S)
+    longest_split: float = 0.0  # tokens of the longest split, by the hints
+
+    def ctas(self, batch_size: int) -> int:
+        """CTAs with work (a ragged plan's empty splits exit at once)."""
+        return self.row_tiles * (self.busy_splits or batch_size * self.num_splits)
 
 
 def plan_launch(
@@ -131,27 +140,32 @@ def plan_launch(
     would give splits under SHORT_SPLIT_BELOW tokens (a short context), the splits fill ``sms``
     CTAs instead, one an SM, down to MIN_TOKENS_PER_SHORT_SPLIT tokens each. A row tile is
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
-    CTAs of that size. A ragged batch (``total_kv_len`` under batch x ``max_kv_len``) is split by
-    tokens instead: one wave's CTAs share the batch's tokens equally, so its longest request takes
-    the most splits and no CTA waits on a longer one (the kernel still covers any request longer
-    than the hints). Each request's last split is partial, so the tokens are shared by batch fewer
-    CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit one
-    wave (their count is at most total / split + batch). That idles at most an eighth of the wave
-    while it holds RAGGED_SLOTS_PER_REQUEST slots a request; where it holds fewer (many row tiles
-    or requests), each request is split evenly in that many, fewer where that would take over
-    RAGGED_EVEN_WAVES waves or cut the longest request's splits below v5's floor (without v5's
-    rows, the long contexts'), and the CTAs of unequal lengths balance across the SMs as they
-    finish.
+    CTAs of that size. A ragged batch (``total_kv_len`` under RAGGED_BELOW of batch x
+    ``max_kv_len``) is split by tokens instead: one wave's CTAs share the batch's tokens equally,
+    so its longest request takes the most splits and no CTA waits on a longer one (the kernel
+    still covers any request longer than the hints). Each request's last split is partial, so the
+    tokens are shared by batch fewer CTAs than the wave holds: the splits of any lengths that sum
+    to ``total_kv_len`` then fit one wave (their count is at most total / split + batch). That
+    idles at most an eighth of the wave while it holds RAGGED_SLOTS_PER_REQUEST slots a request;
+    where it holds fewer (many row tiles or requests), each request is split evenly in that many,
+    fewer where that would take over RAGGED_EVEN_WAVES waves (one a request where the batch alone
+    takes more) or cut the longest request's splits below v5's floor (without v5's rows, the long
+    contexts'), and the CTAs of unequal lengths balance across the SMs as they finish. An empty
+    batch plans one split.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
-    row_tiles = math.ceil(rows / max(16 * mtiles, cta_rows))
+    row_tiles = max(1, math.ceil(rows / max(16 * mtiles, cta_rows)))
+    # the longest request: a loose hint is bounded by the batch's tokens, a token for each other
+    longest = min(max_kv_len, total_kv_len - batch_size + 1) if total_kv_len else max_kv_len
+    ragged = bool(total_kv_len) and total_kv_len < RAGGED_BELOW * batch_size * max_kv_len
     split_tokens, busy = 0, None
-    if num_splits is None and total_kv_len and total_kv_len < batch_size * max_kv_len:
+    if num_splits is None and (rows == 0 or batch_size == 0):
+        num_splits = 1  # nothing to launch: run() returns at once
+    elif num_splits is None and ragged:
         ctas = max(1, ctas_per_wave // row_tiles)
         if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few: each request split evenly
             floor = MIN_TOKENS_PER_V5_SPLIT if cta_rows else MIN_TOKENS_PER_SPLIT
-            longest = min(max_kv_len, total_kv_len - batch_size + 1)  # the hint may be loose
             waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
             num_splits = max(
                 1, min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // floor)
@@ -160,15 +174,16 @@ def plan_launch(
             split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
             # at most one wave per request: a max_kv_len hint far above the lengths (an upper
             # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
-            num_splits = min(max_splits, ctas, math.ceil(max_kv_len / split_tokens))
+            num_splits = min(max_splits, ctas, math.ceil(longest / split_tokens))
             busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     elif num_splits is None:
         num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
                                   sms // (row_tiles * batch_size))  # fmt: skip
     if not 1 <= num_splits <= max_splits:
         raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
+    longest_split = max(split_tokens, longest / num_splits)
     return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens,
-                      busy_splits=busy)  # fmt: skip
+                      busy_splits=busy, longest_split=longest_split)  # fmt: skip
 
 
 def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
@@ -192,8 +207,23 @@ def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas:
 def auto_variant(plan: LaunchPlan, batch_size: int, sms: int) -> str:
     """The "auto" choice given the two-CTA plan: v4 only where its CTAs with work (a ragged plan's
     empty splits exit at once) put two on some SM."""
-    splits = plan.busy_splits or batch_size * plan.num_splits
-    return AUTO_VARIANTS[0] if plan.row_tiles * splits > sms else AUTO_VARIANTS[1]
+    return AUTO_VARIANTS[0] if plan.ctas(batch_size) > sms else AUTO_VARIANTS[1]
+
+
+def auto_plan(
+    plan_for: Callable[[str], LaunchPlan], rows: int, batch_size: int, sms: int, two_a_sm: bool
+) -> LaunchPlan:
+    """The "auto" plan from each variant's own (``plan_for``): v5 where ``takes_v5``; else v4,
+    or v1 where ``auto_variant`` says so (only where two v4 CTAs fit an SM) and v1's own plan,
+    on its wave of one CTA an SM, keeps its CTAs with work within the SMs too."""
+    v5 = plan_for("v5")
+    if takes_v5(rows, v5):
+        return v5
+    plan = plan_for(AUTO_VARIANTS[0])
+    if not two_a_sm or auto_variant(plan, batch_size, sms) == AUTO_VARIANTS[0]:
+        return plan
+    alone = plan_for(AUTO_VARIANTS[1])
+    return alone if alone.ctas(batch_size) <= sms else plan
 
 
 def sm_count(device: torch.device | int) -> int:
@@ -201,9 +231,9 @@ def sm_count(device: torch.device | int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def takes_v5(rows: int, max_kv_len: int, v5_plan: LaunchPlan) -> bool:
+def takes_v5(rows: int, v5_plan: LaunchPlan) -> bool:
     """The "auto" choice on either GPU: v5 for 64+ rows over long splits."""
-    return rows >= V5_ROWS and max_kv_len / v5_plan.num_splits >= MIN_TOKENS_PER_V5_SPLIT
+    return rows >= V5_ROWS and v5_plan.longest_split >= MIN_TOKENS_PER_V5_SPLIT
 
 
 def _check(cond: bool, message: str) -> None:
@@ -367,14 +397,11 @@ class CustomAttention(AttentionBackend):
         args = (heads, max_q, max_kv, meta.batch_size, meta.total_kv_len)
         if self.variant != "auto":
             return self._plan_for(self.variant, meta.device, args)
-        v5 = self._plan_for("v5", meta.device, args)
-        if takes_v5(heads * max_q, max_kv, v5):
-            return v5
-        plan = self._plan_for(AUTO_VARIANTS[0], meta.device, args)
+        mtiles = 1 if max_q * heads <= 16 else 2
         sms = sm_count(meta.device)
-        two_a_sm = self.ctas_per_wave(meta.device, plan.mtiles, AUTO_VARIANTS[0]) > sms
-        choice = auto_variant(plan, meta.batch_size, sms) if two_a_sm else AUTO_VARIANTS[0]
-        return plan if choice == AUTO_VARIANTS[0] else self._plan_for(choice, meta.device, args)
+        two_a_sm = self.ctas_per_wave(meta.device, mtiles, AUTO_VARIANTS[0]) > sms
+        return auto_plan(lambda v: self._plan_for(v, meta.device, args), heads * max_q,
+                         meta.batch_size, sms, two_a_sm)  # fmt: skip
 
     def unsupported(self, meta: AttnMeta) -> str | None:
         try:
