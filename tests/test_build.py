@@ -13,6 +13,7 @@ import pytest
 from decodecliff.kernels import abi, build, sass, sm120_model
 from decodecliff.kernels.custom import (
     RAGGED_BELOW,
+    RAGGED_EVEN_WAVES,
     auto_plan,
     auto_variant,
     load_library,
@@ -279,7 +280,7 @@ def test_a_batch_within_an_eighth_of_equal_lengths_keeps_the_equal_plan():
     near = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 4 * 16_384 - 1, cta_rows=64, sms=132)
     assert near == equal and equal.num_splits == 2
     eighth = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 7 * 16_384 // 2 - 1, 64, 132)
-    assert eighth.num_splits == 8  # more than an eighth short: ragged, split evenly
+    assert eighth.num_splits == 4  # more than an eighth short: ragged, split evenly
 
 
 def test_an_empty_batch_plans_one_split():
@@ -309,13 +310,13 @@ def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
 def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     """64 heads of chain16 in v5's 64-row CTAs: 16 row tiles, 8 CTAs a wave of 132. Four requests
     sharing one wave left four slots for their partial last splits, half the wave idle; each is
-    split evenly in 8 instead (the fastest of 2-132 at 4k-185k), in fewer where a split would be
-    under v5's 384 tokens."""
+    split evenly instead, in as many as fill two waves (4: the fastest of 2-32 at 4k-185k), in
+    fewer where a split would be under v5's 384 tokens."""
     lens = [16_384, 12_288, 8_192, 4_096]
     plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
     assert (plan.row_tiles, plan.num_splits, plan.split_tokens, plan.busy_splits) == (
         16,
-        8,
+        4,
         0,
         None,
     )
@@ -326,8 +327,8 @@ def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     # without v5's rows the floor is the long contexts' 256 tokens
     v4 = plan_launch(64, 16, 1024, 4, 264, 1024, None, 2_560, sms=132)  # 32 tiles, 8 CTAs a wave
     assert (v4.num_splits, v4.split_tokens) == (4, 0)
-    # at most four waves: 60 requests on 8 CTAs a wave take one split each, not eight (the
-    # batch alone takes 7.5 waves)
+    # at most two waves: 60 requests on 8 CTAs a wave take one split each, not four (the batch
+    # alone takes 7.5 waves)
     many = plan_launch(64, 16, 185_000, 60, 132, 1024, None, 60 * 100_000, 64, sms=132)
     assert many.num_splits == 1 and many.split_tokens == 0
 
@@ -368,10 +369,10 @@ def test_a_ragged_batchs_splits_fit_its_plan_whatever_the_lengths():
         assert busy <= (plan.busy_splits or batch * plan.num_splits), (lens, plan)
         if 8 * batch <= wave // plan.row_tiles:  # one wave, where it holds 8 slots a request
             assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
-        else:  # split evenly, at most 8 a request and four waves
+        else:  # split evenly, at most 8 a request and RAGGED_EVEN_WAVES waves
             assert plan.split_tokens == 0 and plan.busy_splits is None, (lens, plan)
-            four_waves = 4 * (wave // plan.row_tiles)
-            assert plan.num_splits == 1 or batch * plan.num_splits <= four_waves, (lens, plan)
+            waves = RAGGED_EVEN_WAVES * (wave // plan.row_tiles)
+            assert plan.num_splits == 1 or batch * plan.num_splits <= waves, (lens, plan)
             assert plan.num_splits <= 8, (lens, plan)
 
 

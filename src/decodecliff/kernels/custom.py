@@ -47,13 +47,13 @@ MIN_TOKENS_PER_SHORT_SPLIT = 32
 # equal lengths would idle more than an eighth of its CTAs. A ragged batch shares its tokens among
 # one wave's split slots, one slot a request less (its partial last split), where the wave holds 8
 # slots a request (at most an eighth idle). Where it holds fewer, each request is split evenly in
-# 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long: 64 heads of chain16,
-# 8 v5 CTAs a wave, over four requests had left half the wave idle, and 8 even splits a request
-# (four waves) were the fastest of 2-132 at 4k-185k in the H100 build, within 1.1% of the fastest
-# in the sm_120 model (notes/kernel.md, "A ragged batch at short contexts").
+# up to 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long: 64 heads of
+# chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 4 even splits a
+# request (two waves) were the fastest of 2-32 at 4k-185k in both builds, ahead of 8 (four
+# waves) by 15% at 4k and 0.5% at 185k (notes/kernel.md, "Two waves of even splits").
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
-RAGGED_EVEN_WAVES = 4
+RAGGED_EVEN_WAVES = 2
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
