@@ -2,13 +2,15 @@
 """Per shape of a kernel bench: the custom kernel as planned, its fastest configuration, FlashInfer.
 
     scripts/fastest_custom.py BENCH_JSON [BEFORE_JSON]
+    scripts/fastest_custom.py --splits VARIANT BENCH_JSON [BENCH_JSON ...]
 
 Reads `decodecliff bench-kernels` output holding custom variants at set split counts
 (--custom-splits) and prints, per build (the GPU's own, or the sm_120 model) and shape, the
 plan's time (auto), the fastest custom label and FlashInfer's fa2 (fa3 beside it on the GPU's own
 build), in microseconds, with the floor. BEFORE_JSON: another bench of the same shapes (another
-tree's plan on the same library), whose plan is printed beside this one's. Standard library only:
-it runs on the GPU machine.
+tree's plan on the same library), whose plan is printed beside this one's. --splits: per build and
+shape of the files together, VARIANT at each split count it was timed at (its labels VARIANT-sN),
+beside fa2, fa3 and the floor. Standard library only: it runs on the GPU machine.
 """
 
 from __future__ import annotations
@@ -71,12 +73,39 @@ def row(key: tuple, found: dict[str, dict], before: dict[str, dict] | None = Non
     )
 
 
+def split_row(key: tuple, found: dict[str, dict], variant: str) -> str | None:
+    """One line of --splits: ``variant`` at each split count found, FlashInfer, floor (us)."""
+    prefix = f"custom/{variant}-s"
+    counts = sorted(int(k.removeprefix(prefix)) for k in found if k.startswith(prefix))
+    if not counts:
+        return None
+    build, mode, heads, ctx, page = key
+    times = "  ".join(f"s{n} {found[prefix + str(n)]['ms'] * 1e3:.1f}" for n in counts)
+    fa = "  ".join(
+        f"{v} {found[f'flashinfer/{v}']['ms'] * 1e3:.1f}"
+        for v in ("fa2", "fa3")
+        if f"flashinfer/{v}" in found
+    )
+    floor = found[prefix + str(counts[0])]["floor_ms"] * 1e3
+    return (
+        f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d} {times}  {fa}  floor {floor:.1f}"
+    )
+
+
 def _points(path: str) -> list[dict]:
     with open(path) as f:
         return json.load(f)["points"]
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--splits"] and len(argv) >= 3:
+        found = shapes([p for path in argv[2:] for p in _points(path)])
+        lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], argv[1]))]
+        if not lines:
+            print(f"no {argv[1]}-sN point in {' '.join(argv[2:])}", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     if len(argv) not in (1, 2):
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2

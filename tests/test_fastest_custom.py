@@ -90,3 +90,24 @@ def test_it_runs_on_a_bench_file_and_says_how_otherwise(tmp_path: Path) -> None:
     empty.write_text(json.dumps({"points": []}))
     done = subprocess.run([sys.executable, SCRIPT, empty], capture_output=True, text=True)
     assert done.returncode == 1 and "no shape with a custom plan" in done.stderr
+
+
+def test_splits_prints_a_variant_at_each_split_count_of_several_files() -> None:
+    run = REPO / "results/runs/h100/7dd8e8c/gpu-logs/ragged-v5"
+    files = [run / "ragged-v5.json", run / "ragged-v5-long.json"]
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--splits", "v5", *files], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {tuple(ln.split()[:5]): ln for ln in done.stdout.splitlines()}
+    assert len(lines) == 10  # 1k-185k, both builds
+    s4 = next(
+        p for p in json.loads(files[1].read_text())["points"]
+        if (p["triton_config"], p["ctx"]) == ("v5-s4", 185_000)
+    )  # fmt: skip
+    line = lines[("own", "chain16", "h64", "185000", "p1")]
+    assert f"s4 {s4['ms'] * 1e3:.1f}  s8" in line and "s32" in line and "fa3" in line, line
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--splits", "v9", *files], capture_output=True, text=True
+    )
+    assert done.returncode == 1 and "no v9-sN point" in done.stderr
