@@ -49,8 +49,9 @@ MIN_TOKENS_PER_SHORT_SPLIT = 32
 # slots a request (at most an eighth idle). Where it holds fewer, each request is split evenly in
 # up to 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long: 64 heads of
 # chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 4 even splits a
-# request (two waves) were the fastest of 2-32 at 4k-185k in both builds, ahead of 8 (four
-# waves) by 15% at 4k and 0.5% at 185k (notes/kernel.md, "Two waves of even splits").
+# request (two waves) were the fastest of 2-16 at 4k-16k in both builds, ahead of 8 (four waves)
+# by 15% and 6%, and within 3% of 8, in either order, at 64k-185k (notes/kernel.md, "Two waves
+# of even splits").
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
 RAGGED_EVEN_WAVES = 2
