@@ -98,7 +98,10 @@ def _points(path: str) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--splits"] and len(argv) >= 3:
+    if argv[:1] == ["--splits"] and len(argv) < 3:
+        print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
+        return 2
+    if argv[:1] == ["--splits"]:
         found = shapes([p for path in argv[2:] for p in _points(path)])
         lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], argv[1]))]
         if not lines:
@@ -107,7 +110,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(lines))
         return 0
     if len(argv) not in (1, 2):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
         return 2
     found_in = [shapes(_points(path)) for path in argv]
     before = found_in[1] if len(found_in) == 2 else None

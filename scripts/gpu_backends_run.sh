@@ -22,7 +22,8 @@
 # split counts and beside FlashInfer, then auto as another tree's host code plans it (PLAN_BEFORE:
 # that tree's src/, PLAN_BEFORE_REV: its commit, which that run's env.git records; the kernel
 # library is this tree's); ragged-v5: v5 and auto forced to 2-16 splits for that batch, chain16
-# at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there);
+# at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there), then
+# tree64 at 64 heads, 4k and 185k, at 1-4 splits (the even split's two waves there: one split);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -151,7 +152,14 @@ for lim in (0, 102400):
         --contexts 1024 4096 16384 --modes chain16 --page-sizes 1 --heads 64 --batch 4 --ragged \
         --max-seconds-per-point 30 --out "$OUT/ragged-v5.json" > "$OUT/bench_ragged-v5.log" 2>&1
       echo "rc $?"
-      [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json" ;;
+      [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json"
+      # tree64 at 64 heads: 64 CTAs a request's rows, so two waves are one split a request
+      LD_PRELOAD=$SHIM timeout 200 $SM --custom-variants auto v5 --custom-splits 1 2 4 \
+        --contexts 4096 185000 --modes tree64 --page-sizes 1 --heads 64 --batch 4 --ragged \
+        --max-seconds-per-point 30 --out "$OUT/ragged-v5-tree.json" > "$OUT/bench_ragged-v5-tree.log" 2>&1
+      echo "rc $?"
+      [ -s "$OUT/ragged-v5-tree.json" ] && python3 "$here/fastest_custom.py" --splits v5 \
+        "$OUT/ragged-v5-tree.json" ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \

@@ -281,12 +281,17 @@ def test_a_batch_within_an_eighth_of_equal_lengths_keeps_the_equal_plan():
     assert near == equal and equal.num_splits == 2
     eighth = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 7 * 16_384 // 2 - 1, 64, 132)
     assert eighth.num_splits == 4  # more than an eighth short: ragged, split evenly
+    at = plan_launch(64, 16, 16_384, 4, 132, 1024, None, 7 * 16_384 // 2, 64, 132)
+    assert at == equal  # exactly an eighth short: still the equal plan
 
 
 def test_an_empty_batch_plans_one_split():
     assert plan_launch(8, 1, 1024, 0, 264, 1024, None, 0, sms=132).num_splits == 1
     assert plan_launch(8, 0, 1024, 4, 264, 1024, None, 2_000, sms=132).num_splits == 1
     assert plan_launch(8, 1, 1024, 0, 264, 1024, num_splits=3).num_splits == 3
+    # fewer tokens than requests (empty ones among them): the longest is still at least one
+    tiny = plan_launch(8, 1, 1, 4, 264, 1024, None, 1, sms=132)
+    assert tiny.num_splits == 1 and tiny.longest_split >= 1
 
 
 def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
@@ -310,8 +315,8 @@ def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
 def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     """64 heads of chain16 in v5's 64-row CTAs: 16 row tiles, 8 CTAs a wave of 132. Four requests
     sharing one wave left four slots for their partial last splits, half the wave idle; each is
-    split evenly instead, in as many as fill two waves (4: the fastest of 2-32 at 4k-185k), in
-    fewer where a split would be under v5's 384 tokens."""
+    split evenly instead, in as many as fill two waves (4: the fastest of 2-16 at 4k-16k, even
+    with 8 at 64k-185k), in fewer where a split would be under v5's 384 tokens."""
     lens = [16_384, 12_288, 8_192, 4_096]
     plan = plan_launch(64, 16, max(lens), 4, 132, 1024, None, sum(lens), 64, sms=132)
     assert (plan.row_tiles, plan.num_splits, plan.split_tokens, plan.busy_splits) == (
@@ -331,6 +336,8 @@ def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
     # alone takes 7.5 waves)
     many = plan_launch(64, 16, 185_000, 60, 132, 1024, None, 60 * 100_000, 64, sms=132)
     assert many.num_splits == 1 and many.split_tokens == 0
+    five = [185_000, 150_000, 100_000, 50_000, 20_000]  # 2 x 8 // 5: three splits a request
+    assert plan_launch(64, 16, 185_000, 5, 132, 1024, None, sum(five), 64, 132).num_splits == 3
 
 
 def test_a_ragged_batch_shares_by_tokens_from_8_slots_a_request():

@@ -111,3 +111,7 @@ def test_splits_prints_a_variant_at_each_split_count_of_several_files() -> None:
         [sys.executable, SCRIPT, "--splits", "v9", *files], capture_output=True, text=True
     )
     assert done.returncode == 1 and "no v9-sN point" in done.stderr
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--splits", "v5"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--splits VARIANT BENCH_JSON" in done.stderr, done.stderr

@@ -43,15 +43,15 @@ MIN_TOKENS_PER_SPLIT = 256  # at long contexts shorter splits cost more in parti
 # 1k-16k (decode at 1k: 32 splits of 32 tokens took half the time of 4 of 256).
 SHORT_SPLIT_BELOW = 128
 MIN_TOKENS_PER_SHORT_SPLIT = 32
-# A batch is ragged where its tokens are under RAGGED_BELOW of batch x longest: there the plan of
-# equal lengths would idle more than an eighth of its CTAs. A ragged batch shares its tokens among
-# one wave's split slots, one slot a request less (its partial last split), where the wave holds 8
-# slots a request (at most an eighth idle). Where it holds fewer, each request is split evenly in
-# up to 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long: 64 heads of
-# chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 4 even splits a
-# request (two waves) were the fastest of 2-16 at 4k-16k in both builds, ahead of 8 (four waves)
-# by 15% and 6%, and within 3% of 8, in either order, at 64k-185k (notes/kernel.md, "Two waves
-# of even splits").
+# A batch is ragged where its tokens are under RAGGED_BELOW of batch x the max_kv_len hint: there
+# the plan of equal lengths would idle more than an eighth of its CTAs. A ragged batch shares its
+# tokens among one wave's split slots, one slot a request less (its partial last split), where the
+# wave holds 8 slots a request (at most an eighth idle). Where it holds fewer, each request is
+# split evenly in up to 8, in at most RAGGED_EVEN_WAVES waves, and the longest's splits kept long:
+# 64 heads of chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 4
+# even splits a request (two waves) were the fastest of 2-16 at 4k-16k in both builds, ahead of 8
+# (four waves) by 15% and 6%, and within 3% of 8, in either order, at 64k-185k (notes/kernel.md,
+# "Two waves of even splits").
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
 RAGGED_EVEN_WAVES = 2
@@ -157,8 +157,10 @@ def plan_launch(
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
     row_tiles = max(1, math.ceil(rows / max(16 * mtiles, cta_rows)))
-    # the longest request: a loose hint is bounded by the batch's tokens, a token for each other
-    longest = min(max_kv_len, total_kv_len - batch_size + 1) if total_kv_len else max_kv_len
+    # the longest request: a loose hint is bounded by the batch's tokens less a token for each
+    # other request (each holds its step's queries), never under one
+    bound = total_kv_len - batch_size + 1 if total_kv_len else max_kv_len
+    longest = max(1, min(max_kv_len, bound))
     ragged = bool(total_kv_len) and total_kv_len < RAGGED_BELOW * batch_size * max_kv_len
     split_tokens, busy = 0, None
     if num_splits is None and (rows == 0 or batch_size == 0):
