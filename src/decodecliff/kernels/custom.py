@@ -142,17 +142,7 @@ def plan_launch(
     CTAs instead, one an SM, down to MIN_TOKENS_PER_SHORT_SPLIT tokens each. A row tile is
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
     CTAs of that size. A ragged batch (``total_kv_len`` under RAGGED_BELOW of batch x
-    ``max_kv_len``) is split by tokens instead: one wave's CTAs share the batch's tokens equally,
-    so its longest request takes the most splits and no CTA waits on a longer one (the kernel
-    still covers any request longer than the hints). Each request's last split is partial, so the
-    tokens are shared by batch fewer CTAs than the wave holds: the splits of any lengths that sum
-    to ``total_kv_len`` then fit one wave (their count is at most total / split + batch). That
-    idles at most an eighth of the wave while it holds RAGGED_SLOTS_PER_REQUEST slots a request;
-    where it holds fewer (many row tiles or requests), each request is split evenly in that many,
-    fewer where that would take over RAGGED_EVEN_WAVES waves (one a request where the batch alone
-    takes more) or cut the longest request's splits below v5's floor (without v5's rows, the long
-    contexts'), and the CTAs of unequal lengths balance across the SMs as they finish. An empty
-    batch plans one split.
+    ``max_kv_len``) is split by tokens instead (``_ragged_splits``). An empty batch plans one split.
     """
     rows = max_q_len * heads
     mtiles = 1 if rows <= 16 else 2
@@ -166,19 +156,11 @@ def plan_launch(
     if num_splits is None and (rows == 0 or batch_size == 0):
         num_splits = 1  # nothing to launch: run() returns at once
     elif num_splits is None and ragged:
-        ctas = max(1, ctas_per_wave // row_tiles)
-        if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few: each request split evenly
-            floor = MIN_TOKENS_PER_V5_SPLIT if cta_rows else MIN_TOKENS_PER_SPLIT
-            waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
-            num_splits = max(
-                1, min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // floor)
-            )
-        else:
-            split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sms // row_tiles)
-            # at most one wave per request: a max_kv_len hint far above the lengths (an upper
-            # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
-            num_splits = min(max_splits, ctas, math.ceil(longest / split_tokens))
-            busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
+        floor = MIN_TOKENS_PER_V5_SPLIT if cta_rows else MIN_TOKENS_PER_SPLIT
+        num_splits, split_tokens, busy = _ragged_splits(
+            longest, total_kv_len, batch_size, max(1, ctas_per_wave // row_tiles),
+            sms // row_tiles, max_splits, floor,
+        )  # fmt: skip
     elif num_splits is None:
         num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
                                   sms // (row_tiles * batch_size))  # fmt: skip
@@ -187,6 +169,35 @@ def plan_launch(
     longest_split = max(split_tokens, longest / num_splits)
     return LaunchPlan(mtiles, row_tiles, num_splits, max_q_len, split_tokens=split_tokens,
                       busy_splits=busy, longest_split=longest_split)  # fmt: skip
+
+
+def _ragged_splits(
+    longest: int, total_kv_len: int, batch_size: int, ctas: int, sm_ctas: int, max_splits: int,
+    even_floor: int,
+) -> tuple[int, int, int | None]:  # fmt: skip
+    """Splits a request, tokens a split (0: even splits) and splits with work of a ragged batch.
+
+    One wave's ``ctas`` (of its row tiles) share the batch's tokens equally, so its longest request
+    takes the most splits and no CTA waits on a longer one (the kernel still covers any request
+    longer than the hints). Each request's last split is partial, so the tokens are shared by batch
+    fewer CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit
+    one wave (their count is at most total / split + batch). That idles at most an eighth of the
+    wave while it holds RAGGED_SLOTS_PER_REQUEST slots a request; where it holds fewer (many row
+    tiles or requests), each request is split evenly in that many, fewer where that would take
+    over RAGGED_EVEN_WAVES waves (one a request where the batch alone takes more) or cut the
+    longest request's splits below ``even_floor`` tokens, and the CTAs of unequal lengths balance
+    across the SMs as they finish.
+    """
+    if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few slots: each request split evenly
+        waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
+        cap = min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // even_floor)
+        return max(1, cap), 0, None
+    split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sm_ctas)
+    # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound) must
+    # not multiply the grid; the kernel lengthens the splits to cover the rest
+    num_splits = min(max_splits, ctas, math.ceil(longest / split_tokens))
+    busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
+    return num_splits, split_tokens, busy
 
 
 def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
