@@ -79,6 +79,13 @@ EB="decodecliff bench-engine --preset kimi-k2-tp8-rank --device cuda --paths gra
 KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 --modes decode chain16
   --page-sizes 1 --heads 8 --repeats 20 --triton-config auto --decode-splits sglang
   --index-dtypes int64 int32 --flashinfer-backends fa2 fa3 --max-seconds-per-point 60 --quiet"
+# A call returns at most 8 files of $OUT: each part's files are packed into $OUT/parts.tgz as it
+# ends (to a new file, then renamed, so a call cut short keeps what finished), and at the end the
+# packed files are removed, leaving the tar and env.txt.
+pack() {
+  tar -czf "$OUT/.parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=.parts.tgz . \
+    && mv "$OUT/.parts.tgz" "$OUT/parts.tgz"
+}
 for part in "$@"; do
   # BUDGET_S: start no part after this many seconds (a call has 10 minutes; files so far return)
   if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
@@ -249,5 +256,9 @@ for lim in (0, 102400):
       cp /tmp/mla_verify.cu.orig "$cu"; trap - EXIT ;;
     *) echo "unknown part $part" ;;
   esac
+  pack
 done
 el done
+pack && tar -tzf "$OUT/parts.tgz" | grep -v '/$' | grep -vx './env.txt' \
+  | (cd "$OUT" && xargs -r rm -f --) && find "$OUT" -mindepth 1 -type d -empty -delete
+echo "files of this call: $OUT/parts.tgz (tar -xzf)"
