@@ -43,6 +43,16 @@ def shapes(points: list[dict]) -> dict[tuple, dict[str, dict]]:
     return out
 
 
+def us(p: dict | None) -> str:
+    """A point's time in microseconds ("-" without the point)."""
+    return "-" if p is None else f"{p['ms'] * 1e3:.1f}"
+
+
+def _shape(key: tuple) -> str:
+    build, mode, heads, ctx, page = key
+    return f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d}"
+
+
 def row(key: tuple, found: dict[str, dict], before: dict[str, dict] | None = None) -> str | None:
     """One line: plan (and ``before``'s, where given), fastest custom configuration, FlashInfer,
     floor (us); None without a plan."""
@@ -51,9 +61,6 @@ def row(key: tuple, found: dict[str, dict], before: dict[str, dict] | None = Non
         return None
     customs = {k.split("/", 1)[1]: p for k, p in found.items() if k.startswith("custom/")}
     best = min(customs, key=lambda k: customs[k]["ms"])
-
-    def us(p: dict | None) -> str:
-        return "-" if p is None else f"{p['ms'] * 1e3:.1f}"
 
     def how(p: dict) -> str:
         return f"{p['detail'].get('variant')}/{p['detail'].get('num_splits')}"
@@ -64,9 +71,8 @@ def row(key: tuple, found: dict[str, dict], before: dict[str, dict] | None = Non
         prev = before.get("custom/auto")
         return f"before {us(prev):>7s} ({how(prev)})  " if prev else "before       -  "
 
-    build, mode, heads, ctx, page = key
     return (
-        f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d} plan {us(plan):>7s} "
+        f"{_shape(key)} plan {us(plan):>7s} "
         f"({how(plan)})  {was()}best {best:>10s} {us(customs[best]):>7s} ({how(customs[best])})  "
         f"fa2 {us(found.get('flashinfer/fa2')):>7s}  fa3 {us(found.get('flashinfer/fa3')):>7s}  "
         f"floor {us({'ms': plan['floor_ms']})}"
@@ -79,17 +85,11 @@ def split_row(key: tuple, found: dict[str, dict], variant: str) -> str | None:
     counts = sorted(int(k.removeprefix(prefix)) for k in found if k.startswith(prefix))
     if not counts:
         return None
-    build, mode, heads, ctx, page = key
-    times = "  ".join(f"s{n} {found[prefix + str(n)]['ms'] * 1e3:.1f}" for n in counts)
-    fa = "  ".join(
-        f"{v} {found[f'flashinfer/{v}']['ms'] * 1e3:.1f}"
-        for v in ("fa2", "fa3")
-        if f"flashinfer/{v}" in found
-    )
-    floor = found[prefix + str(counts[0])]["floor_ms"] * 1e3
-    return (
-        f"{build:11s} {mode:8s} h{heads:<3d} {ctx:>7d} p{page:<3d} {times}  {fa}  floor {floor:.1f}"
-    )
+    times = "  ".join(f"s{n} {us(found[prefix + str(n)])}" for n in counts)
+    fa = "  ".join(f"{v} {us(found[f'flashinfer/{v}'])}" for v in ("fa2", "fa3")
+                   if f"flashinfer/{v}" in found)  # fmt: skip
+    floor = us({"ms": found[prefix + str(counts[0])]["floor_ms"]})
+    return f"{_shape(key)} {times}  {fa}  floor {floor}"
 
 
 def _points(path: str) -> list[dict]:
@@ -97,10 +97,14 @@ def _points(path: str) -> list[dict]:
         return json.load(f)["points"]
 
 
+def _usage() -> int:
+    print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--splits"] and len(argv) < 3:
-        print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
-        return 2
+        return _usage()
     if argv[:1] == ["--splits"]:
         found = shapes([p for path in argv[2:] for p in _points(path)])
         lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], argv[1]))]
@@ -110,8 +114,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(lines))
         return 0
     if len(argv) not in (1, 2):
-        print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
-        return 2
+        return _usage()
     found_in = [shapes(_points(path)) for path in argv]
     before = found_in[1] if len(found_in) == 2 else None
     lines = [

@@ -122,6 +122,11 @@ class LaunchPlan:
         return self.row_tiles * (self.busy_splits or batch_size * self.num_splits)
 
 
+def m_tiles(rows: int) -> int:
+    """m16 tiles per row tile: 1 where a request's rows fit one (<= 16 rows), else 2."""
+    return 1 if rows <= 16 else 2
+
+
 def plan_launch(
     heads: int,
     max_q_len: int,
@@ -145,7 +150,7 @@ def plan_launch(
     ``max_kv_len``) is split by tokens instead (``_ragged_splits``). An empty batch plans one split.
     """
     rows = max_q_len * heads
-    mtiles = 1 if rows <= 16 else 2
+    mtiles = m_tiles(rows)
     row_tiles = max(1, math.ceil(rows / max(16 * mtiles, cta_rows)))
     # the longest request: a loose hint is bounded by the batch's tokens less a token for each
     # other request (each holds its step's queries), never under one
@@ -392,8 +397,7 @@ class CustomAttention(AttentionBackend):
 
     def _plan_for(self, variant: str, device: torch.device, args: tuple) -> LaunchPlan:
         heads, max_q, max_kv, batch_size, total_kv = args
-        mtiles = 1 if max_q * heads <= 16 else 2
-        wave = self.ctas_per_wave(device, mtiles, variant)
+        wave = self.ctas_per_wave(device, m_tiles(max_q * heads), variant)
         cta_rows = V5_ROWS if variant == "v5" else 0
         plan = plan_launch(
             heads, max_q, max_kv, batch_size, wave, self.max_splits, self.num_splits, total_kv,
@@ -411,9 +415,8 @@ class CustomAttention(AttentionBackend):
         args = (heads, max_q, max_kv, meta.batch_size, meta.total_kv_len)
         if self.variant != "auto":
             return self._plan_for(self.variant, meta.device, args)
-        mtiles = 1 if max_q * heads <= 16 else 2
         sms = sm_count(meta.device)
-        two_a_sm = self.ctas_per_wave(meta.device, mtiles, AUTO_VARIANTS[0]) > sms
+        two_a_sm = self.ctas_per_wave(meta.device, m_tiles(heads * max_q), AUTO_VARIANTS[0]) > sms
         return auto_plan(lambda v: self._plan_for(v, meta.device, args), heads * max_q,
                          meta.batch_size, sms, two_a_sm)  # fmt: skip
 
