@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
-#         | short-ragged | ragged-v5 | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
+#         | short-ragged | ragged-v5 | ragged-v5-tree | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
 #         | profile-sm120 | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
@@ -22,8 +22,9 @@
 # split counts and beside FlashInfer, then auto as another tree's host code plans it (PLAN_BEFORE:
 # that tree's src/, PLAN_BEFORE_REV: its commit, which that run's env.git records; the kernel
 # library is this tree's); ragged-v5: v5 and auto forced to 2-16 splits for that batch, chain16
-# at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there), then
-# tree64 at 64 heads, 4k and 185k, at 1-4 splits (the even split's two waves there: one split);
+# at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there);
+# ragged-v5-tree: the same batch as tree64 at 64 heads, 4k and 185k, at 1-4 splits (the even
+# split's two waves there: one split);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -159,7 +160,9 @@ for lim in (0, 102400):
         --contexts 1024 4096 16384 --modes chain16 --page-sizes 1 --heads 64 --batch 4 --ragged \
         --max-seconds-per-point 30 --out "$OUT/ragged-v5.json" > "$OUT/bench_ragged-v5.log" 2>&1
       echo "rc $?"
-      [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json"
+      [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json" ;;
+    ragged-v5-tree)
+      have_model || continue
       # tree64 at 64 heads: 64 CTAs a request's rows, so two waves are one split a request
       LD_PRELOAD=$SHIM timeout 200 $SM --custom-variants auto v5 --custom-splits 1 2 4 \
         --contexts 4096 185000 --modes tree64 --page-sizes 1 --heads 64 --batch 4 --ragged \
