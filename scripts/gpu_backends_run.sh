@@ -83,9 +83,11 @@ KB="decodecliff bench-kernels --device cuda --contexts 1024 16384 65536 185000 -
 # A call returns at most 8 files of $OUT: each part's files are packed into $OUT/parts.tgz as it
 # ends (to a new file, then renamed, so a call cut short keeps what finished), and at the end the
 # packed files are removed, leaving the tar and env.txt.
+# (tar's status 1 is a file that grew as it was read, such as the caller's own log: still packed)
 pack() {
-  tar -czf "$OUT/.parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=.parts.tgz . \
-    && mv "$OUT/.parts.tgz" "$OUT/parts.tgz"
+  tar -czf "$OUT/.parts.tgz" -C "$OUT" --warning=no-file-changed --exclude=parts.tgz \
+    --exclude=.parts.tgz .
+  [ $? -le 1 ] && mv "$OUT/.parts.tgz" "$OUT/parts.tgz"
 }
 for part in "$@"; do
   # BUDGET_S: start no part after this many seconds (a call has 10 minutes; files so far return)
