@@ -23,8 +23,8 @@
 # that tree's src/, PLAN_BEFORE_REV: its commit, which that run's env.git records; the kernel
 # library is this tree's); ragged-v5: v5 and auto forced to 2-16 splits for that batch, chain16
 # at 64 heads, 1k-16k, beside FlashInfer (whether v5's 384-token split floor holds there);
-# ragged-v5-tree: the same batch as tree64 at 64 heads, 4k and 185k, at 1-4 splits (the even
-# split's two waves there: one split);
+# ragged-v5-tree: the same batch as tree64 at 16 heads (2-8 splits) and 64 heads (1-4 splits),
+# 4k and 185k (the even split's two waves there: 4 splits and one);
 # engine-sm120: the weight GEMMs one by one, then the step anatomy of the custom server and of
 # the custom and FlashInfer servers as configured on sm_120, and the custom one on cuBLAS alone;
 # engine-pdl: the chained launches' and the tuned GEMMs' GPU tests, then the custom server's step
@@ -165,13 +165,17 @@ for lim in (0, 102400):
       [ -s "$OUT/ragged-v5.json" ] && python3 "$here/fastest_custom.py" "$OUT/ragged-v5.json" ;;
     ragged-v5-tree)
       have_model || continue
-      # tree64 at 64 heads: 64 CTAs a request's rows, so two waves are one split a request
-      LD_PRELOAD=$SHIM timeout 200 $SM --custom-variants auto v5 --custom-splits 1 2 4 \
-        --contexts 4096 185000 --modes tree64 --page-sizes 1 --heads 64 --batch 4 --ragged \
-        --max-seconds-per-point 30 --out "$OUT/ragged-v5-tree.json" > "$OUT/bench_ragged-v5-tree.log" 2>&1
-      echo "rc $?"
-      [ -s "$OUT/ragged-v5-tree.json" ] && python3 "$here/fastest_custom.py" --splits v5 \
-        "$OUT/ragged-v5-tree.json" ;;
+      # tree64: a request's rows are 16 v5 CTAs at 16 heads (two waves: 4 even splits) and 64 at
+      # 64 heads (two waves: one split); TREE_HEADS picks the head counts
+      for heads in ${TREE_HEADS:-16 64}; do
+        splits="2 4 8"; [ "$heads" = 64 ] && splits="1 2 4"
+        json=$OUT/ragged-v5-tree-h$heads.json
+        LD_PRELOAD=$SHIM timeout 200 $SM --custom-variants auto v5 --custom-splits $splits \
+          --contexts 4096 185000 --modes tree64 --page-sizes 1 --heads "$heads" --batch 4 --ragged \
+          --max-seconds-per-point 30 --out "$json" > "$OUT/bench_ragged-v5-tree-h$heads.log" 2>&1
+        echo "rc $?"
+        [ -s "$json" ] && python3 "$here/fastest_custom.py" --splits v5 "$json"
+      done ;;
     engine-sm120)
       have_model || continue
       timeout 420 $EB --parts anatomy gemms --contexts 1024 32768 131072 185000 \
