@@ -8,8 +8,14 @@
 # in the tree's root and writes under results/ as the rule would (its log in results/logs/); the
 # kernel library is built first by the study's rule unless this call's machine built it so for
 # this commit. After every key, what the rules wrote (less the libraries) is packed into
-# $OUT/study.tar, so what a call measured comes back even if it is cut
-# short. BUDGET_S: start no key after this many seconds (a call has 10 minutes). REQUIRE_GPU=H200:
+# $OUT/study.tar, so what a call measured comes back even if it is cut short. The call's clock
+# starts before its set-up. BUDGET_S: start no key after this many seconds. CALL_S (560): a key
+# still running then is stopped (SIGTERM: the sweep records its point failed and stops its
+# server) and packed, before the device call's own limit of 600 s would lose it. A key given
+# twice runs once; a point this machine measured at this commit already is not measured again.
+# Exit status: 0 when every key gave its result, 4 when a key failed, was stopped or was not
+# started (each named at the end), 3 for another GPU than REQUIRE_GPU, 1 for a failed build.
+# REQUIRE_GPU=H200:
 # stop before any work unless the GPU's name holds it (a lease may lend another GPU, and a run's
 # points are of one: the merge refuses another's, after the call has spent its time). GPUS=N (a host
 # of N GPUs): N workers, one per GPU (CUDA_VISIBLE_DEVICES), take the keys in the order given,
@@ -18,12 +24,14 @@
 # commit: each call's tar merged into one run folder (python -m decodecliff.study.runs merge), which
 # publish_study.sh publishes.
 set -uo pipefail
+T0=$(date +%s)
+CALL_S=${CALL_S:-560}
 export DECODECLIFF_GIT_REV=$1
 commands=$2
 shift 2
 source "$(dirname "$0")/gpu_env.sh"
-T0=$(date +%s)
 el() { echo "== $(($(date +%s) - T0)) s: $*"; }
+left() { echo $((CALL_S - ($(date +%s) - T0))); }
 command_of() { awk -F'\t' -v k="$1" '$1 == k { print $2 }' "$commands"; }
 run_key() {
   local cmd log rc
@@ -32,11 +40,20 @@ run_key() {
   log=$(grep -oE '> results/logs/[^ ]+' <<< "$cmd" | tail -n 1)
   log=${log#> }
   mkdir -p "$(dirname "$log")"
-  (eval "$cmd")
+  timeout --kill-after=20 "$(left)" bash -c "$cmd"
   rc=$?
+  [ $rc = 124 ] && echo "$1: stopped at CALL_S ($CALL_S s)"
   echo "$1: rc $rc"
   tail -n 2 "$log"
   return $rc
+}
+measured() {  # whether key SERVER:CTX's point file holds its result (status ok or skipped)
+  [[ $1 == *:* ]] || return 1
+  python3 -c 'import json, sys
+try:
+    sys.exit(json.load(open(sys.argv[1])).get("status") not in ("ok", "skipped"))
+except (OSError, ValueError, AttributeError):
+    sys.exit(1)' "results/sweep/${1%%:*}/ctx${1##*:}.json"
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -55,22 +72,33 @@ if [ ! -e "$built" ]; then
   run_key build_kernel || { echo "the kernel build failed: nothing measured"; exit 1; }
   touch "$built"
 fi
-queue=$(mktemp) lock=$(mktemp)
-printf '%s\n' "$@" > "$queue"
+queue=$(mktemp) lock=$(mktemp) unfinished=$(mktemp)
+printf '%s\n' "$@" | awk '!seen[$0]++' > "$queue"
 next_key() { flock "$lock" sh -c 'head -n 1 "$1" && sed -i 1d "$1"' _ "$queue"; }
-pack() {  # to a new file, then renamed: a call cut short mid-pack keeps the previous tar
-  flock "$lock" sh -c 'cd results && tar --exclude "*.so" -cf "$1.new" $(ls -d build kernels engine sweep logs 2> /dev/null) && mv "$1.new" "$1"' _ "$OUT/study.tar"
+# to a new file, then renamed: a call cut short mid-pack keeps the previous tar (tar's status 1:
+# a file another worker wrote as it was read, packed as read; its temporary files are left out)
+pack() {
+  flock "$lock" sh -c 'cd results && tar --exclude "*.so" --exclude "*.tmp" \
+    --warning=no-file-changed -cf "$1.new" $(ls -d build kernels engine sweep logs 2> /dev/null)
+    [ $? -le 1 ] && mv "$1.new" "$1"' _ "$OUT/study.tar"
 }
 worker() {
   local key
   while key=$(next_key) && [ -n "$key" ]; do
     [ "$key" = build_kernel ] && continue
-    if [ -n "${BUDGET_S:-}" ] && [ $(($(date +%s) - T0)) -gt "$BUDGET_S" ]; then
-      echo "skipped $key: past BUDGET_S"
+    if measured "$key"; then
+      echo "$key: measured on this machine already"
+      continue
+    fi
+    if [ -n "${BUDGET_S:-}" ] && [ $(($(date +%s) - T0)) -gt "$BUDGET_S" ] || [ "$(left)" -lt 10 ]; then
+      echo "skipped $key: past BUDGET_S or CALL_S"
+      echo "$key" >> "$unfinished"
       continue
     fi
     el "$key (GPU ${CUDA_VISIBLE_DEVICES:-all})"
-    run_key "$key"
+    if ! run_key "$key" || { [[ $key == *:* ]] && ! measured "$key"; }; then
+      echo "$key" >> "$unfinished"
+    fi
     pack
   done
 }
@@ -84,3 +112,7 @@ for gpu in $(seq 0 $((${GPUS:-1} - 1))); do
 done
 wait
 el done
+if [ -s "$unfinished" ]; then
+  echo "not measured: $(sort -u "$unfinished" | paste -sd " ")"
+  exit 4
+fi

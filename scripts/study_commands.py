@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from decodecliff.study import paths
-from decodecliff.study.runs import plan_calls, point_seconds
+from decodecliff.study.runs import MEASURED_STATUS, plan_calls, point_seconds, point_status
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = [
@@ -74,8 +74,16 @@ def result_of(name: str) -> str:
 
 
 def missing(commands: Path, run: Path) -> list[str]:
+    """The keys of ``commands`` with no result in ``run``: no file, or a point that failed."""
     keys = [line.split("\t")[0] for line in commands.read_text().splitlines() if line]
-    return [k for k in keys if not (run / result_of(k)).is_file()]
+    return [k for k in keys if not measured(run, k)]
+
+
+def measured(run: Path, key: str) -> bool:
+    result = run / result_of(key)
+    if not result.is_file():
+        return False
+    return ":" not in key or point_status(result.read_bytes()) in MEASURED_STATUS
 
 
 def calls(keys: list[str], like: Path, call_s: float) -> str:

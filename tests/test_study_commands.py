@@ -49,13 +49,17 @@ def test_the_h200_commands_are_the_configs_every_point() -> None:
 
 def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path) -> None:
     commands = tmp_path / "cmds.txt"
-    commands.write_text("bench_engine\tx\nbuild_kernel\tx\na-p1:1024\tx\na-p1:2048\tx\n")
-    (tmp_path / "run" / "sweep" / "a-p1").mkdir(parents=True)
-    (tmp_path / "run" / "sweep" / "a-p1" / "ctx1024.json").write_text("{}")
+    keys = ["bench_engine", "build_kernel", "a-p1:1024", "a-p1:2048", "a-p1:4096", "a-p1:8192"]
+    commands.write_text("".join(f"{k}\tx\n" for k in keys))
+    sweep = tmp_path / "run" / "sweep" / "a-p1"
+    sweep.mkdir(parents=True)
+    (sweep / "ctx1024.json").write_text('{"status": "ok"}')
+    (sweep / "ctx4096.json").write_text('{"status": "failed", "reason": "server died"}')
+    (sweep / "ctx8192.json").write_text('{"status": "skipped"}')  # the rule's result all the same
     (tmp_path / "run" / "build").mkdir()
     (tmp_path / "run" / "build" / "build.json").write_text("{}")
     missing = study_commands().missing(commands, tmp_path / "run")
-    assert missing == ["bench_engine", "a-p1:2048"]
+    assert missing == ["bench_engine", "a-p1:2048", "a-p1:4096"]
 
 
 def fake_runner(tmp_path: Path) -> Path:
@@ -65,15 +69,25 @@ def fake_runner(tmp_path: Path) -> Path:
     shutil.copy(RUNNER, tmp_path / "scripts")
     (tmp_path / "scripts" / "gpu_env.sh").write_text("")
     (tmp_path / "results").mkdir()
-    log = "results/logs/sweep/{0}.log"
+    log = "results/logs/sweep/{0}/ctx1.log"
     lines = ["build_kernel\tmkdir -p results/build > results/logs/build/build.log 2>&1"]
-    for name in "abc":
-        write = f"echo gpu=${{CUDA_VISIBLE_DEVICES:-}} > results/sweep/{name}.json"
-        lines.append(
-            f"{name}:1\t{{ sleep 1; mkdir -p results/sweep; {write}; }} > {log.format(name)}"
-        )
+    for name, status in (("a", "ok"), ("b", "ok"), ("c", "ok"), ("d", "failed")):
+        fields = '{"status": "%s", "gpu": "%s"}'
+        point = f"printf '{fields}' {status} \"${{CUDA_VISIBLE_DEVICES:-}}\""
+        write = f"mkdir -p results/sweep/{name}; {point} > {POINT.format(name)}"
+        lines.append(f"{name}:1\t{{ echo run; sleep 1; {write}; }} > {log.format(name)}")
+    lines.append(f"slow:1\t{{ echo started; sleep 60; }} > {log.format('slow')}")
     (tmp_path / "cmds.txt").write_text("\n".join(lines) + "\n")
     return tmp_path
+
+
+POINT = "results/sweep/{0}/ctx1.json"
+
+
+def point_of(tree: Path, name: str) -> dict:
+    import json
+
+    return json.loads((tree / POINT.format(name)).read_text())
 
 
 def run(tree: Path, *keys: str, **env: str) -> subprocess.CompletedProcess:
@@ -92,25 +106,52 @@ def test_keys_spread_over_the_gpus_and_what_they_wrote_comes_back(tmp_path: Path
     done = run(tree, "a:1", "b:1", "c:1", GPUS="2")
     assert done.returncode == 0, done.stderr
     assert "build_kernel: rc 0" in done.stdout  # the rule's build first
-    gpus = {(tree / f"results/sweep/{n}.json").read_text().strip() for n in "abc"}
-    assert gpus == {"gpu=0", "gpu=1"}
+    assert {point_of(tree, n)["gpu"] for n in "abc"} == {"0", "1"}
     assert "[gpu 0] == " in done.stdout and "[gpu 1] == " in done.stdout
     with tarfile.open(tree / "out" / "study.tar") as tar:
         names = set(tar.getnames())
-    assert {"./sweep/a.json", "./sweep/c.json", "./logs/sweep/b.log"} <= {
+    assert {"./sweep/a/ctx1.json", "./sweep/c/ctx1.json", "./logs/sweep/b/ctx1.log"} <= {
         n if n.startswith("./") else f"./{n}" for n in names
     }
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
+def test_a_call_names_what_it_did_not_measure_and_measures_nothing_twice(tmp_path) -> None:
+    tree = fake_runner(tmp_path)
+    done = run(tree, "a:1", "a:1", "d:1")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stdout.count("a:1: rc 0") == 1  # a key given twice runs once
+    assert done.stdout.rstrip().endswith("not measured: d:1")  # its point records a failure
+    # the same machine at the same commit, called again: the point it holds is not measured again
+    (tree / "results/logs/sweep/a/ctx1.log").write_text("the earlier call's\n")
+    done = run(tree, "a:1", "b:1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a:1: measured on this machine already" in done.stdout
+    assert (tree / "results/logs/sweep/a/ctx1.log").read_text() == "the earlier call's\n"
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
+def test_a_key_still_running_at_the_call_s_limit_is_stopped_and_packed(tmp_path) -> None:
+    tree = fake_runner(tmp_path)
+    done = run(tree, "slow:1", "a:1", CALL_S="11")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "slow:1: stopped at CALL_S (11 s)" in done.stdout
+    assert "skipped a:1: past BUDGET_S or CALL_S" in done.stdout  # under 10 s left
+    assert "not measured: a:1 slow:1" in done.stdout
+    with tarfile.open(tree / "out" / "study.tar") as tar:
+        log = tar.extractfile("logs/sweep/slow/ctx1.log").read()
+    assert log == b"started\n"  # what the stopped key wrote comes back
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
 def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path) -> None:
     tree = fake_runner(tmp_path)
     done = run(tree, "a:1", "nope:9", "b:1", BUDGET_S="-1")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 4, done.stderr
     assert "skipped a:1: past BUDGET_S" in done.stdout
-    assert not (tree / "results/sweep/a.json").exists()
+    assert not (tree / POINT.format("a")).exists()
     done = run(tree, "nope:9")
-    assert "no command for nope:9" in done.stdout
+    assert "no command for nope:9" in done.stdout and done.returncode == 4
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
@@ -127,7 +168,7 @@ def test_a_call_on_another_gpu_than_required_measures_nothing(tmp_path: Path) ->
     assert "not an H200 (REQUIRE_GPU): nothing measured" in done.stdout
     assert not (tree / "results/build").exists() and not (tree / "out/study.tar").exists()
     done = run(tree, "a:1", REQUIRE_GPU="H100", PATH=path)
-    assert done.returncode == 0 and (tree / "results/sweep/a.json").exists()
+    assert done.returncode == 0 and point_of(tree, "a")["status"] == "ok"
 
 
 def _tar(path: Path, files: dict[str, str], inner: bool = False) -> Path:
@@ -208,6 +249,43 @@ def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_p
     assert not (run / "sweep/custom-p1/ctx11000.json").exists()
     assert runs.main(["merge", str(call), "--into", str(run)]) == 1
     assert "nothing written" in capsys.readouterr().err
+
+
+def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_place(tmp_path):
+    import json
+
+    from decodecliff.study import runs
+
+    def point(status: str, n: int) -> str:
+        return json.dumps({"env": {"git": "abc1234"}, "status": status, "reason": f"try {n}"})
+
+    run, key = tmp_path / "run", "sweep/s/ctx1.json"
+    log = "logs/sweep/s/ctx1.log"
+    runs.merge_calls([_tar(tmp_path / "a.tar", {key: point("failed", 1), log: "died"})], run)
+    assert json.loads((run / key).read_text())["status"] == "failed"  # the key's only attempt
+    # measured again: the ok point and its log take the failed one's place, which is kept
+    merge = runs.merge_calls([_tar(tmp_path / "b.tar", {key: point("ok", 2), log: "ok"})], run)
+    assert set(merge.replaced) == {key, log} and len(merge.filed) == 2
+    assert json.loads((run / key).read_text())["status"] == "ok"
+    assert (run / log).read_text() == "ok"
+    filed = sorted(str(p.relative_to(run)) for p in (run / "failed").rglob("*.*"))
+    assert [f.rsplit("-", 1)[0] for f in filed] == [
+        "failed/logs/sweep/s/ctx1",
+        "failed/sweep/s/ctx1",
+    ]
+    # a later failure never displaces it, and a key cut short (a log, no point) is filed too
+    later = {key: point("failed", 3), log: "died again", "logs/sweep/s/ctx2.log": "started"}
+    runs.merge_calls([_tar(tmp_path / "c.tar", later)], run)
+    assert json.loads((run / key).read_text())["status"] == "ok"
+    assert not (run / "logs/sweep/s/ctx2.log").exists()
+    assert len(list((run / "failed").rglob("*.*"))) == 5
+    again = runs.merge_calls([tmp_path / "a.tar", tmp_path / "c.tar"], run)  # nothing new
+    assert not again.added and not again.replaced and not again.filed
+    assert "2 failed attempts, each measured again or still missing: try 1; try 3" in runs.describe(
+        run
+    )
+    with pytest.raises(ValueError, match="other bytes"):  # two results: the publisher decides
+        runs.merge_calls([_tar(tmp_path / "d.tar", {key: point("ok", 4)})], run)
 
 
 def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_path) -> None:
@@ -323,6 +401,18 @@ def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tm
     merge = runs.merge_calls([_tar(tmp_path / "b.tar", later)], run)
     assert set(merge.added) == {"sweep/s/ctx2.json"} and "build/build.json" in merge.unchanged
     assert json.loads((run / "build/build.json").read_text())["env"]["host"] == "a"
+    # a rebuild lists the kernels in the order nvcc's threads ended: the same build
+    kernels = [{"kernel": "k1", "arch": 90}, {"kernel": "k2", "arch": 120}]
+    ordered = [
+        json.loads(record(h)) | {"kernels": k} for h, k in (("a", kernels), ("b", kernels[::-1]))
+    ]
+    runs.merge_calls(
+        [_tar(tmp_path / "k1.tar", {"build/build.json": json.dumps(ordered[0])})], tmp_path / "k"
+    )
+    merge = runs.merge_calls(
+        [_tar(tmp_path / "k2.tar", {"build/build.json": json.dumps(ordered[1])})], tmp_path / "k"
+    )
+    assert "build/build.json" in merge.unchanged
     other = json.dumps({"ok": False, "env": {"git": "abc1234", "host": "c"}})
     with pytest.raises(ValueError, match=r"other bytes for 1 file.*build/build\.json"):
         runs.merge_calls([_tar(tmp_path / "c.tar", {"build/build.json": other})], run)
@@ -388,7 +478,7 @@ def test_what_a_run_lacks_is_packed_into_calls_by_an_earlier_run_s_times(tmp_pat
     commands = tmp_path / "cmds.txt"
     commands.write_text("".join(f"{k}\tx\n" for k in keys))
     (tmp_path / "run/sweep/e").mkdir(parents=True)
-    (tmp_path / "run/sweep/e/ctx1.json").write_text("{}")
+    (tmp_path / "run/sweep/e/ctx1.json").write_text('{"status": "ok"}')
     main = study_commands().main
     assert main(["--missing", str(commands), str(tmp_path / "run"), "--like", str(earlier),
                  "--call-s", "402"]) == 0  # fmt: skip

@@ -16,20 +16,26 @@ server on the machine, so a folder is filled by merging, not by copying over:
 * a server log (``sweep/SERVER/server-SERVER.log``) gains the launches it lacks (each begins
   with a ``==== launch`` line, which names its time), and a launch a later call brings back
   longer (the same launch, logged further) is taken whole;
+* a point that records a failure (a server that died, a timeout, a call cut short: ``status``
+  neither ok nor skipped) never displaces what the folder holds, and an ok point displaces a
+  failed one: the failed attempt is filed under ``failed/`` (its path, a hash of its bytes), with
+  its rule log, so the key counts as missing until measured and its failures stay on record; a
+  rule log that came back without its point (a key cut short) is filed there too;
 * a file it holds with other bytes (a point measured twice, another build record, a launch
   logged otherwise), a measurement of another commit or on another GPU, or a path that is not
   a file in the folder stops the merge before anything is written: which measurement stands is
   the publisher's decision;
 * a tar with no study files, or a name that would land outside the folder, is refused;
 * the build's logs come from the call that recorded the build (``build/build.json``): a later
-  call's rebuild of the same commit, whose record must match, writes logs that differ only in
-  temporary names;
+  call's rebuild of the same commit, whose record must match (but for the machine and the order
+  in which nvcc's threads listed the kernels), writes logs that differ only in temporary names;
 * the build's marker files and libraries are not results and are left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import re
@@ -42,6 +48,9 @@ from pathlib import Path, PurePosixPath
 
 BUILD_RECORD = "build/build.json"
 POINT = re.compile(r"^sweep/[^/]+/ctx\d+\.json$")  # paths.point_file, under results/
+RULE_LOG = re.compile(r"^logs/sweep/[^/]+/ctx\d+\.log$")  # the sweep_point rule's log
+FAILED = "failed"  # attempts that gave no key its result, kept on record
+MEASURED_STATUS = ("ok", "skipped")  # a point's status where the point is the key's result
 SERVER_LOG = re.compile(r"^sweep/[^/]+/server-[^/]+\.log$")
 LEFT_OUT = re.compile(r"(^build/\.built-by-rule-|\.so$)")
 LAUNCH = re.compile(r"(?=\n==== launch )")  # the server writes a blank line before each
@@ -53,8 +62,19 @@ class Merge:
 
     added: dict[str, bytes] = field(default_factory=dict)
     extended: dict[str, bytes] = field(default_factory=dict)  # server logs: the whole new text
+    replaced: dict[str, bytes] = field(default_factory=dict)  # failed points and their logs
+    filed: dict[str, bytes] = field(default_factory=dict)  # failed attempts, under failed/
     unchanged: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+
+    def writes(self) -> dict[str, bytes]:
+        return {**self.added, **self.extended, **self.replaced, **self.filed}
+
+    def holds(self, name: str, run_dir: Path) -> bytes | None:
+        """The bytes ``name`` has once this merge is written (None: no such file)."""
+        if (data := self.writes().get(name)) is not None:
+            return data
+        return (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
 
 
 def study_files(tar_path: Path) -> dict[str, bytes]:
@@ -109,14 +129,67 @@ def merged_log(have: str, new: str) -> str | None:
     return have + sep + "".join(extra) if extra else have
 
 
+def point_status(data: bytes) -> str | None:
+    """A point file's ``status``; None where the bytes are no JSON object with one."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    status = doc.get("status") if isinstance(doc, dict) else None
+    return status if isinstance(status, str) else None
+
+
+def failed_point(data: bytes) -> bool:
+    """Whether a point file records a failed attempt (a status, neither ok nor skipped)."""
+    return point_status(data) not in (None, *MEASURED_STATUS)
+
+
+def _rule_log(point: str) -> str:
+    return f"logs/{point.removesuffix('.json')}.log"
+
+
+def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge) -> None:
+    """Keep a failed attempt's file under failed/, named by its path and bytes."""
+    stem, dot, suffix = name.rpartition(".")
+    filed = f"{FAILED}/{stem}-{hashlib.sha256(data).hexdigest()[:8]}{dot}{suffix}"
+    if merge.holds(filed, run_dir) == data:
+        merge.unchanged.append(filed)
+    else:
+        merge.filed[filed] = data
+
+
+def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict[str, bytes]:
+    """Take the failed attempts and the points that replace them out of ``files`` into
+    ``merge``; the files left merge by the usual rules."""
+    files = dict(files)
+    for point in sorted(n for n in files if POINT.match(n)):
+        log = _rule_log(point)
+        have, new = merge.holds(point, run_dir), files[point]
+        if have is None or have == new:
+            continue
+        if failed_point(new):  # a failure never displaces what the folder holds
+            for name in (point, log):
+                if name in files:
+                    _file_away(name, files.pop(name), run_dir, merge)
+        elif failed_point(have) and point_status(new) in MEASURED_STATUS:
+            for name in (point, log):
+                if (old := merge.holds(name, run_dir)) is not None:
+                    _file_away(name, old, run_dir, merge)
+                if name in files:  # added earlier in this merge, or on disk already
+                    target = merge.added if name in merge.added else merge.replaced
+                    target[name] = files.pop(name)
+    for log in sorted(n for n in files if RULE_LOG.match(n)):
+        point = log.removeprefix("logs/").removesuffix(".log") + ".json"
+        if point not in files and merge.holds(log, run_dir) != files[log]:
+            _file_away(log, files.pop(log), run_dir, merge)  # a key cut short: no point came back
+    return files
+
+
 def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = None) -> Merge:
     """What writing ``files`` into ``run_dir`` would do (nothing is written)."""
     merge = merge or Merge()
-    for name, data in sorted(files.items()):
-        dest = run_dir / name
-        have = merge.added.get(name, merge.extended.get(name))
-        if have is None and dest.is_file():
-            have = dest.read_bytes()
+    for name, data in sorted(_sort_attempts(files, run_dir, merge).items()):
+        have = merge.holds(name, run_dir)
         if have is None and not _free(run_dir, name):
             merge.conflicts.append(f"{name} (a folder, or under a file)")
             continue
@@ -150,7 +223,10 @@ def _same_build(have: bytes, new: bytes) -> bool:
         return False
     if not isinstance(mine, dict) or not isinstance(theirs, dict):
         return False
-    mine.pop("env", None), theirs.pop("env", None)
+    for record in (mine, theirs):
+        record.pop("env", None)
+        if isinstance(record.get("kernels"), list):  # in the order nvcc's threads ended
+            record["kernels"].sort(key=lambda k: json.dumps(k, sort_keys=True))
     return mine == theirs
 
 
@@ -161,7 +237,7 @@ def _free(run_dir: Path, name: str) -> bool:
 
 
 STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
-MEASURED_DIRS = STUDY_DIRS[1:]  # what was measured on the GPU
+MEASURED_DIRS = (*STUDY_DIRS[1:], FAILED)  # what was measured (or attempted) on the GPU
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike
 
 
@@ -196,7 +272,7 @@ def _held(
     files = [f for d in dirs for f in (run_dir / d).rglob("*.json") if f.is_file()]
     held = {str(f.relative_to(run_dir)): f.read_bytes() for f in files}
     found: dict[str, str] = {}
-    added = {n: d for n, d in merge.added.items() if n.split("/")[0] in dirs}
+    added = {n: d for n, d in merge.writes().items() if n.split("/")[0] in dirs}
     for name, data in {**held, **added}.items():
         if (value := read(data)) is not None:
             found.setdefault(value, name)
@@ -214,7 +290,7 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
         plan_merge(files, run_dir, merge)
     # the build is the commit's whatever GPU compiled it (_same_build): its records have no say
     # in the GPU the measurements were taken on
-    checks = (("commit", commit_of, STUDY_DIRS), ("GPU", gpu_of, MEASURED_DIRS))
+    checks = (("commit", commit_of, (*STUDY_DIRS, FAILED)), ("GPU", gpu_of, MEASURED_DIRS))
     for what, read, dirs in checks:
         if len(found := _held(run_dir, merge, read, dirs)) > 1:
             raise ValueError(
@@ -228,7 +304,7 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
             f"{run_dir} holds other bytes for {len(names)} file(s) (nothing written): "
             + ", ".join(names)
         )
-    for name, data in {**merge.added, **merge.extended}.items():
+    for name, data in merge.writes().items():
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).write_bytes(data)
     return merge
@@ -277,6 +353,14 @@ def describe(run_dir: Path) -> str:
                 f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
                 f"{failed} failed |"
             )
+    if failed := sorted((run_dir / FAILED).rglob("*.json")):
+        docs = [_read(f) for f in failed]
+        commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
+        reasons = sorted({str(d.get("reason") or d.get("status")) for d in docs})
+        rows.append(
+            f"| `{FAILED}/` | {commits} | - | {len(docs)} failed attempts, each measured again "
+            f"or still missing: {'; '.join(reasons)} |"
+        )
     for server_dir in sorted((run_dir / "sweep").glob("*/")):
         points = _point_files(server_dir)
         docs = [_read(f) for _, f in points]
@@ -346,10 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, tarfile.TarError, OSError) as exc:
         print(f"runs: {exc}", file=sys.stderr)
         return 1
-    points = [n for n in merge.added if POINT.match(n)]
+    points = [n for n in {**merge.added, **merge.replaced} if POINT.match(n)]
+    failed = [n for n in merge.filed if n.endswith(".json")]
     print(
-        f"{args.into}: {len(merge.added)} files added ({len(points)} sweep points), "
-        f"{len(merge.extended)} server logs extended, {len(set(merge.unchanged))} unchanged"
+        f"{args.into}: {len(merge.added)} files added, {len(merge.replaced)} replaced "
+        f"({len(points)} sweep points), {len(merge.extended)} server logs extended, "
+        f"{len(failed)} failed points filed under {FAILED}/, {len(set(merge.unchanged))} unchanged"
     )
     return 0
 
