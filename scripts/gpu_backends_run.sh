@@ -141,13 +141,15 @@ for lim in (0, 102400):
       [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
     short-ragged)  # ragged batches of four: the plan beside set split counts, FlashInfer, another's
       have_model || continue
-      RAGGED="--contexts 1024 4096 16384 185000 --modes decode chain16 --page-sizes 1 --heads 8 64
-        --batch 4 --ragged --max-seconds-per-point 30"
-      LD_PRELOAD=$SHIM timeout 240 $SM --custom-variants auto --custom-splits 8 16 32 66 132 \
+      # RAGGED_CONTEXTS, RAGGED_HEADS and RAGGED_SPLITS replace the part's grid
+      RAGGED="--contexts ${RAGGED_CONTEXTS:-1024 4096 16384 185000} --modes decode chain16
+        --page-sizes 1 --heads ${RAGGED_HEADS:-8 64} --batch 4 --ragged --max-seconds-per-point 30"
+      LD_PRELOAD=$SHIM timeout 360 $SM --custom-variants auto \
+        --custom-splits ${RAGGED_SPLITS:-8 16 32 66 132} \
         $RAGGED --out "$OUT/short-ragged.json" > "$OUT/bench_short-ragged.log" 2>&1; echo "rc $?"
       if [ -n "${PLAN_BEFORE:-}" ]; then  # auto as another tree's host code plans it, same library
         DECODECLIFF_GIT_REV=${PLAN_BEFORE_REV:-$DECODECLIFF_GIT_REV+plan-before} \
-        LD_PRELOAD=$SHIM PYTHONPATH=/tmp/site:$PWD/.sgl:$PLAN_BEFORE timeout 120 python3 -m \
+        LD_PRELOAD=$SHIM PYTHONPATH=/tmp/site:$PWD/.sgl:$PLAN_BEFORE timeout 180 python3 -m \
           decodecliff.cli ${SM#decodecliff } --backends custom --custom-variants auto $RAGGED \
           --out "$OUT/short-ragged-before.json" > "$OUT/bench_short-ragged-before.log" 2>&1
         echo "rc $?"

@@ -55,6 +55,7 @@ MIN_TOKENS_PER_SHORT_SPLIT = 32
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
 RAGGED_EVEN_WAVES = 2
+RAGGED_SHARE_WAVES = 1  # the waves of split slots a ragged batch's tokens are shared over
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
@@ -198,9 +199,9 @@ def _ragged_splits(
         cap = min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // even_floor)
         return max(1, cap), 0, None
     split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sm_ctas)
-    # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound) must
-    # not multiply the grid; the kernel lengthens the splits to cover the rest
-    num_splits = min(max_splits, ctas, math.ceil(longest / split_tokens))
+    # at most the shared waves per request: a max_kv_len hint far above the lengths (an upper
+    # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
+    num_splits = min(max_splits, RAGGED_SHARE_WAVES * ctas, math.ceil(longest / split_tokens))
     busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     return num_splits, split_tokens, busy
 
@@ -217,7 +218,7 @@ def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas:
     """Tokens per split of a ragged batch: its tokens shared by ``ctas`` less one partial split a
     request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``) where those splits would be
     short (the short-context rule of ``_even_splits``) and the SMs hold 8 slots a request too."""
-    tokens = math.ceil(total_kv_len / (ctas - batch_size))
+    tokens = math.ceil(total_kv_len / (RAGGED_SHARE_WAVES * ctas - batch_size))
     if sm_ctas >= RAGGED_SLOTS_PER_REQUEST * batch_size and tokens < SHORT_SPLIT_BELOW:
         return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_ctas - batch_size)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
