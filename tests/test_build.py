@@ -14,6 +14,9 @@ from decodecliff.kernels import abi, build, sass, sm120_model
 from decodecliff.kernels.custom import (
     RAGGED_BELOW,
     RAGGED_EVEN_WAVES,
+    RAGGED_LONG_SLOTS_PER_REQUEST,
+    RAGGED_LONG_SPLIT,
+    RAGGED_SLOTS_PER_REQUEST,
     auto_plan,
     auto_variant,
     load_library,
@@ -342,8 +345,9 @@ def test_a_ragged_batch_on_too_few_slots_a_wave_is_split_evenly():
 
 def test_a_ragged_batch_shares_by_tokens_from_8_slots_a_request():
     """The boundary of the even split: a wave of exactly 8 slots a request shares by tokens, one
-    slot fewer splits evenly; the short-context share needs 8 slots a request of the SMs too."""
-    lens = [185_000, 138_750, 92_500, 46_250]
+    slot fewer splits evenly; the short-context share needs 8 slots a request of the SMs too.
+    (Shared splits of 1,652 tokens: under RAGGED_LONG_SPLIT, where 8-15 slots split evenly.)"""
+    lens = [18_500, 13_875, 9_250, 4_625]
     # 8 heads of decode, v4: one row tile, so ctas_per_wave is the wave's slots
     at = plan_launch(8, 1, max(lens), 4, 32, 1024, None, sum(lens), sms=132)
     below = plan_launch(8, 1, max(lens), 4, 31, 1024, None, sum(lens), sms=132)
@@ -354,6 +358,30 @@ def test_a_ragged_batch_shares_by_tokens_from_8_slots_a_request():
     few_sms = plan_launch(8, 1, 1024, 4, 264, 1024, None, sum(short), sms=31)
     assert with_sms.split_tokens == 92  # 2,560 tokens over 32 - 4 SMs
     assert few_sms.split_tokens == 256  # the wave's share, floored as at long contexts
+
+
+def test_a_ragged_batch_of_long_splits_under_16_slots_a_request_splits_evenly():
+    """Where a wave holds 8-15 slots a request and the shared splits would be long, each request is
+    split evenly in 16 (two waves): chain16 at 16 heads over four requests (8.25 slots) and at 8
+    heads over eight, as measured; at 16k the splits are short and stay shared."""
+
+    def plan(heads: int, batch: int, ctx: int) -> tuple[int, int]:
+        lens = [ctx * (batch - i) // batch for i in range(batch)]
+        p = plan_launch(heads, 16, ctx, batch, 132, 1024, None, sum(lens), 64, 132)
+        return p.num_splits, p.split_tokens
+
+    for heads, batch in ((16, 4), (8, 8)):
+        assert plan(heads, batch, 65_536) == plan(heads, batch, 185_000) == (16, 0)
+        assert plan(heads, batch, 16_384)[1] in range(1, RAGGED_LONG_SPLIT)  # shared, short
+    assert plan(8, 4, 185_000) == (25, 7460)  # 16.5 slots a request: shared, however long
+    # the boundary: shared splits of RAGGED_LONG_SPLIT - 1 tokens stay shared
+    total = (33 - 4) * (RAGGED_LONG_SPLIT - 1)  # 4 requests over 33 slots a row tile
+    at = plan_launch(16, 16, total // 2, 4, 132, 1024, None, total, 64, 132)
+    over = plan_launch(16, 16, total // 2, 4, 132, 1024, None, total + 29, 64, 132)
+    assert at.split_tokens == RAGGED_LONG_SPLIT - 1 and (over.split_tokens, over.num_splits) == (
+        0,
+        16,
+    )
 
 
 def test_a_ragged_batchs_splits_fit_its_plan_whatever_the_lengths():
@@ -374,13 +402,19 @@ def test_a_ragged_batchs_splits_fit_its_plan_whatever_the_lengths():
         chunks = [-(-c // 16) * 16 for c in chunks]
         busy = sum(-(-n // c) for n, c in zip(lens, chunks, strict=True))
         assert busy <= (plan.busy_splits or batch * plan.num_splits), (lens, plan)
-        if 8 * batch <= wave // plan.row_tiles:  # one wave, where it holds 8 slots a request
+        slots = wave // plan.row_tiles
+        if plan.split_tokens:  # shared over one wave: 8 slots a request, 16 for long splits
+            assert slots >= RAGGED_SLOTS_PER_REQUEST * batch, (lens, plan)
+            long = plan.split_tokens >= RAGGED_LONG_SPLIT
+            assert not long or slots >= RAGGED_LONG_SLOTS_PER_REQUEST * batch, (lens, plan)
             assert plan.row_tiles * busy <= wave, (heads, q_len, lens, plan)
-        else:  # split evenly, at most 8 a request and RAGGED_EVEN_WAVES waves
-            assert plan.split_tokens == 0 and plan.busy_splits is None, (lens, plan)
-            waves = RAGGED_EVEN_WAVES * (wave // plan.row_tiles)
-            assert plan.num_splits == 1 or batch * plan.num_splits <= waves, (lens, plan)
-            assert plan.num_splits <= 8, (lens, plan)
+        else:  # split evenly, at most 8 (16 beside long splits) a request, in two waves
+            assert plan.busy_splits is None, (lens, plan)
+            assert plan.num_splits == 1 or batch * plan.num_splits <= RAGGED_EVEN_WAVES * slots
+            few = slots < RAGGED_SLOTS_PER_REQUEST * batch
+            most = RAGGED_SLOTS_PER_REQUEST if few else RAGGED_LONG_SLOTS_PER_REQUEST
+            assert few or slots < RAGGED_LONG_SLOTS_PER_REQUEST * batch, (lens, plan)
+            assert plan.num_splits <= most, (lens, plan)
 
 
 def test_v5_is_planned_in_its_own_64_row_ctas():

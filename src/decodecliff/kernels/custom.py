@@ -22,6 +22,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,11 +52,17 @@ MIN_TOKENS_PER_SHORT_SPLIT = 32
 # 64 heads of chain16, 8 v5 CTAs a wave, over four requests had left half the wave idle, and 4
 # even splits a request (two waves) were the fastest of 2-16 at 4k-16k in both builds, ahead of 8
 # (four waves) by 15% and 6%, and within 3% of 8, in either order, at 64k-185k (notes/kernel.md,
-# "Two waves of even splits").
+# "Two waves of even splits"). Where the wave holds under 16 slots a request and the shared
+# splits would be long (RAGGED_LONG_SPLIT tokens), each request is split evenly in up to 16 in two
+# waves too: chain16 at 16 heads over four requests and at 8 heads over eight (8.25 slots a
+# request) took 6-9% less at 64k-185k (5,085+ tokens a shared split) and 1-2% more at 16k (1,271
+# and 1,413), where even splits at any length were up to 71% slower at 1k (notes/kernel.md,
+# "Sixteen slots a request where the splits are long").
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
+RAGGED_LONG_SLOTS_PER_REQUEST = 16
+RAGGED_LONG_SPLIT = 4096  # between the 1,413 tokens where even splits lost and the 5,085 they won
 RAGGED_EVEN_WAVES = 2
-RAGGED_SHARE_WAVES = 1  # the waves of split slots a ragged batch's tokens are shared over
 # name -> the kernel's template parameter. v5 runs 64-row CTAs (V5_ROWS): it is planned in those.
 VARIANTS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "v5": 5}
 # "auto" (notes/kernel.md, "v5 merged", "v5 with the refill among the MMAs" and "auto's v5
@@ -189,21 +196,31 @@ def _ragged_splits(
     fewer CTAs than the wave holds: the splits of any lengths that sum to ``total_kv_len`` then fit
     one wave (their count is at most total / split + batch). That idles at most an eighth of the
     wave while it holds RAGGED_SLOTS_PER_REQUEST slots a request; where it holds fewer (many row
-    tiles or requests), each request is split evenly in that many, fewer where that would take
-    over RAGGED_EVEN_WAVES waves (one a request where the batch alone takes more) or cut the
-    longest request's splits below ``even_floor`` tokens, and the CTAs of unequal lengths balance
-    across the SMs as they finish.
+    tiles or requests), or fewer than RAGGED_LONG_SLOTS_PER_REQUEST over shared splits of
+    RAGGED_LONG_SPLIT tokens or more, each request is split evenly instead (``_even_ragged``).
     """
+    even = partial(_even_ragged, longest, batch_size, ctas, max_splits, even_floor)
     if ctas < RAGGED_SLOTS_PER_REQUEST * batch_size:  # too few slots: each request split evenly
-        waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
-        cap = min(RAGGED_SLOTS_PER_REQUEST, waves_cap, max_splits, longest // even_floor)
-        return max(1, cap), 0, None
+        return even(RAGGED_SLOTS_PER_REQUEST)
     split_tokens = _ragged_split_tokens(total_kv_len, batch_size, ctas, sm_ctas)
-    # at most the shared waves per request: a max_kv_len hint far above the lengths (an upper
-    # bound) must not multiply the grid; the kernel lengthens the splits to cover the rest
-    num_splits = min(max_splits, RAGGED_SHARE_WAVES * ctas, math.ceil(longest / split_tokens))
+    if ctas < RAGGED_LONG_SLOTS_PER_REQUEST * batch_size and split_tokens >= RAGGED_LONG_SPLIT:
+        return even(RAGGED_LONG_SLOTS_PER_REQUEST)
+    # at most one wave per request: a max_kv_len hint far above the lengths (an upper bound) must
+    # not multiply the grid; the kernel lengthens the splits to cover the rest
+    num_splits = min(max_splits, ctas, math.ceil(longest / split_tokens))
     busy = min(batch_size * num_splits, math.ceil(total_kv_len / split_tokens) + batch_size)
     return num_splits, split_tokens, busy
+
+
+def _even_ragged(
+    longest: int, batch_size: int, ctas: int, max_splits: int, even_floor: int, most: int
+) -> tuple[int, int, None]:
+    """Each request of a ragged batch split evenly in up to ``most``, fewer where that would take
+    over RAGGED_EVEN_WAVES waves (one a request where the batch alone takes more) or cut the
+    longest request's splits below ``even_floor`` tokens; the CTAs of unequal lengths balance
+    across the SMs as they finish."""
+    waves_cap = RAGGED_EVEN_WAVES * ctas // batch_size
+    return max(1, min(most, waves_cap, max_splits, longest // even_floor)), 0, None
 
 
 def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
@@ -218,7 +235,7 @@ def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas:
     """Tokens per split of a ragged batch: its tokens shared by ``ctas`` less one partial split a
     request (see ``plan_launch``), or by one CTA an SM (``sm_ctas``) where those splits would be
     short (the short-context rule of ``_even_splits``) and the SMs hold 8 slots a request too."""
-    tokens = math.ceil(total_kv_len / (RAGGED_SHARE_WAVES * ctas - batch_size))
+    tokens = math.ceil(total_kv_len / (ctas - batch_size))
     if sm_ctas >= RAGGED_SLOTS_PER_REQUEST * batch_size and tokens < SHORT_SPLIT_BELOW:
         return max(MIN_TOKENS_PER_SHORT_SPLIT, math.ceil(total_kv_len / (sm_ctas - batch_size)))
     return max(MIN_TOKENS_PER_SPLIT, tokens)
