@@ -141,8 +141,8 @@ for lim in (0, 102400):
       [ -s "$OUT/short-splits.json" ] && python3 "$here/fastest_custom.py" "$OUT/short-splits.json" ;;
     short-ragged)  # ragged batches of four: the plan beside set split counts, FlashInfer, another's
       have_model || continue
-      # RAGGED_CONTEXTS, RAGGED_HEADS, RAGGED_BATCH and RAGGED_SPLITS replace the part's grid
-      RAGGED="--contexts ${RAGGED_CONTEXTS:-1024 4096 16384 185000} --modes decode chain16
+      # RAGGED_CONTEXTS, RAGGED_MODES, RAGGED_HEADS, RAGGED_BATCH and RAGGED_SPLITS: another grid
+      RAGGED="--contexts ${RAGGED_CONTEXTS:-1024 4096 16384 185000} --modes ${RAGGED_MODES:-decode chain16}
         --page-sizes 1 --heads ${RAGGED_HEADS:-8 64} --batch ${RAGGED_BATCH:-4} --ragged
         --max-seconds-per-point 30"
       LD_PRELOAD=$SHIM timeout 360 $SM --custom-variants auto \
