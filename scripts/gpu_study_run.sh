@@ -40,9 +40,9 @@ run_key() {
   log=$(grep -oE '> results/logs/[^ ]+' <<< "$cmd" | tail -n 1)
   log=${log#> }
   mkdir -p "$(dirname "$log")"
-  timeout --kill-after=20 "$(left)" bash -c "$cmd"
+  timeout --kill-after=20 "$(($(left) > 1 ? $(left) : 1))" bash -c "$cmd"  # 0 would be no limit
   rc=$?
-  [ $rc = 124 ] && echo "$1: stopped at CALL_S ($CALL_S s)"
+  [ $rc = 124 ] || [ $rc = 137 ] && echo "$1: stopped at CALL_S ($CALL_S s)"
   echo "$1: rc $rc"
   tail -n 2 "$log"
   return $rc

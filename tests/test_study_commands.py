@@ -118,9 +118,9 @@ def test_keys_spread_over_the_gpus_and_what_they_wrote_comes_back(tmp_path: Path
 @pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
 def test_a_call_names_what_it_did_not_measure_and_measures_nothing_twice(tmp_path) -> None:
     tree = fake_runner(tmp_path)
-    done = run(tree, "a:1", "a:1", "d:1")
+    done = run(tree, "d:1", "a:1", "d:1")
     assert done.returncode == 4, done.stdout + done.stderr
-    assert done.stdout.count("a:1: rc 0") == 1  # a key given twice runs once
+    assert done.stdout.count("d:1: rc 0") == 1  # a key given twice runs once, failed or not
     assert done.stdout.rstrip().endswith("not measured: d:1")  # its point records a failure
     # the same machine at the same commit, called again: the point it holds is not measured again
     (tree / "results/logs/sweep/a/ctx1.log").write_text("the earlier call's\n")
@@ -133,9 +133,9 @@ def test_a_call_names_what_it_did_not_measure_and_measures_nothing_twice(tmp_pat
 @pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
 def test_a_key_still_running_at_the_call_s_limit_is_stopped_and_packed(tmp_path) -> None:
     tree = fake_runner(tmp_path)
-    done = run(tree, "slow:1", "a:1", CALL_S="11")
+    done = run(tree, "slow:1", "a:1", CALL_S="15")
     assert done.returncode == 4, done.stdout + done.stderr
-    assert "slow:1: stopped at CALL_S (11 s)" in done.stdout
+    assert "slow:1: stopped at CALL_S (15 s)" in done.stdout
     assert "skipped a:1: past BUDGET_S or CALL_S" in done.stdout  # under 10 s left
     assert "not measured: a:1 slow:1" in done.stdout
     with tarfile.open(tree / "out" / "study.tar") as tar:
@@ -273,6 +273,7 @@ def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_
         "failed/logs/sweep/s/ctx1",
         "failed/sweep/s/ctx1",
     ]
+    assert len({f.rsplit("-", 1)[1].split(".")[0] for f in filed}) == 1  # one attempt's pair
     # a later failure never displaces it, and a key cut short (a log, no point) is filed too
     later = {key: point("failed", 3), log: "died again", "logs/sweep/s/ctx2.log": "started"}
     runs.merge_calls([_tar(tmp_path / "c.tar", later)], run)
@@ -281,9 +282,11 @@ def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_
     assert len(list((run / "failed").rglob("*.*"))) == 5
     again = runs.merge_calls([tmp_path / "a.tar", tmp_path / "c.tar"], run)  # nothing new
     assert not again.added and not again.replaced and not again.filed
-    assert "2 failed attempts, each measured again or still missing: try 1; try 3" in runs.describe(
-        run
+    described = runs.describe(run)
+    assert "2 failed points kept apart (their keys measured again, or failed again): try 1; " in (
+        described
     )
+    assert "try 3; 1 logs of keys cut short before their point" in described
     with pytest.raises(ValueError, match="other bytes"):  # two results: the publisher decides
         runs.merge_calls([_tar(tmp_path / "d.tar", {key: point("ok", 4)})], run)
 

@@ -55,9 +55,9 @@ MIN_TOKENS_PER_SHORT_SPLIT = 32
 # "Two waves of even splits"). Where the wave holds under 16 slots a request and the shared
 # splits would be long (RAGGED_LONG_SPLIT tokens), each request is split evenly in up to 16 in two
 # waves too: chain16 at 16 heads over four requests and at 8 heads over eight (8.25 slots a
-# request) took 6-9% less at 64k-185k (5,085+ tokens a shared split) and 1-2% more at 16k (1,271
-# and 1,413), where even splits at any length were up to 71% slower at 1k (notes/kernel.md,
-# "Sixteen slots a request where the splits are long").
+# request) took 6-9% less at 64k-185k (5,085+ tokens a shared split) and 1-2% more at 16k (1,272
+# and 1,413), and 16 even splits at 1k took up to 71% more, so shorter splits stay shared
+# (notes/kernel.md, "Sixteen slots a request where the splits are long").
 RAGGED_BELOW = 7 / 8
 RAGGED_SLOTS_PER_REQUEST = 8
 RAGGED_LONG_SLOTS_PER_REQUEST = 16

@@ -148,10 +148,11 @@ def _rule_log(point: str) -> str:
     return f"logs/{point.removesuffix('.json')}.log"
 
 
-def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge) -> None:
-    """Keep a failed attempt's file under failed/, named by its path and bytes."""
+def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge, attempt: bytes) -> None:
+    """Keep a failed attempt's file under failed/, named by its path and a hash of the attempt
+    (its point's bytes, so a point and its log pair up; a log's own where no point came back)."""
     stem, dot, suffix = name.rpartition(".")
-    filed = f"{FAILED}/{stem}-{hashlib.sha256(data).hexdigest()[:8]}{dot}{suffix}"
+    filed = f"{FAILED}/{stem}-{hashlib.sha256(attempt).hexdigest()[:8]}{dot}{suffix}"
     if merge.holds(filed, run_dir) == data:
         merge.unchanged.append(filed)
     else:
@@ -170,18 +171,19 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
         if failed_point(new):  # a failure never displaces what the folder holds
             for name in (point, log):
                 if name in files:
-                    _file_away(name, files.pop(name), run_dir, merge)
+                    _file_away(name, files.pop(name), run_dir, merge, new)
         elif failed_point(have) and point_status(new) in MEASURED_STATUS:
             for name in (point, log):
                 if (old := merge.holds(name, run_dir)) is not None:
-                    _file_away(name, old, run_dir, merge)
+                    _file_away(name, old, run_dir, merge, have)
                 if name in files:  # added earlier in this merge, or on disk already
                     target = merge.added if name in merge.added else merge.replaced
                     target[name] = files.pop(name)
     for log in sorted(n for n in files if RULE_LOG.match(n)):
         point = log.removeprefix("logs/").removesuffix(".log") + ".json"
-        if point not in files and merge.holds(log, run_dir) != files[log]:
-            _file_away(log, files.pop(log), run_dir, merge)  # a key cut short: no point came back
+        if point not in files and (data := files[log]) != merge.holds(log, run_dir):
+            files.pop(log)
+            _file_away(log, data, run_dir, merge, data)  # a key cut short: no point came back
     return files
 
 
@@ -339,6 +341,13 @@ def _point_files(server_dir: Path) -> list[tuple[int, Path]]:
     return sorted((int(f.stem[3:]), f) for f in files if f.stem[3:].isdigit())
 
 
+def _filed_point(log: Path) -> Path:
+    """The point filed beside a filed rule log (failed/logs/sweep/S/ctxN-H.log: sweep/S/...)."""
+    parts = log.with_suffix(".json").parts
+    i = parts.index("logs")
+    return Path(*parts[:i], *parts[i + 1 :])
+
+
 def describe(run_dir: Path) -> str:
     """A markdown table of what ``run_dir`` holds: one row per bench and per swept server."""
     if not run_dir.is_dir():
@@ -353,13 +362,15 @@ def describe(run_dir: Path) -> str:
                 f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
                 f"{failed} failed |"
             )
-    if failed := sorted((run_dir / FAILED).rglob("*.json")):
-        docs = [_read(f) for f in failed]
+    docs = [_read(f) for f in sorted((run_dir / FAILED).rglob("*.json"))]
+    cut = [f for f in (run_dir / FAILED).rglob("*.log") if not _filed_point(f).is_file()]
+    if docs or cut:
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
         reasons = sorted({str(d.get("reason") or d.get("status")) for d in docs})
         rows.append(
-            f"| `{FAILED}/` | {commits} | - | {len(docs)} failed attempts, each measured again "
-            f"or still missing: {'; '.join(reasons)} |"
+            f"| `{FAILED}/` | {commits or '-'} | - | {len(docs)} failed points kept apart (their "
+            f"keys measured again, or failed again): {'; '.join(reasons) or '-'}; {len(cut)} "
+            "logs of keys cut short before their point |"
         )
     for server_dir in sorted((run_dir / "sweep").glob("*/")):
         points = _point_files(server_dir)
