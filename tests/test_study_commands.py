@@ -291,6 +291,18 @@ def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_
         runs.merge_calls([_tar(tmp_path / "d.tar", {key: point("ok", 4)})], run)
 
 
+def test_filed_logs_pair_with_their_points_wherever_the_run_folder_lies(tmp_path) -> None:
+    from decodecliff.study import runs
+
+    run = tmp_path / "logs" / "run"  # a folder named like the rule logs' above the run folder
+    (run / "failed/sweep/s").mkdir(parents=True)
+    (run / "failed/logs/sweep/s").mkdir(parents=True)
+    (run / "failed/sweep/s/ctx1-aaaa.json").write_text('{"env": {"git": "a"}, "status": "failed"}')
+    (run / "failed/logs/sweep/s/ctx1-aaaa.log").write_text("its log")
+    (run / "failed/logs/sweep/s/ctx2-bbbb.log").write_text("cut short")
+    assert "1 logs of keys cut short" in runs.describe(run)
+
+
 def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_path) -> None:
     from decodecliff.study import runs
 

@@ -148,6 +148,11 @@ def _rule_log(point: str) -> str:
     return f"logs/{point.removesuffix('.json')}.log"
 
 
+def _point_of(log: str) -> str:
+    """The point a rule log belongs to (logs/sweep/S/ctxN.log: sweep/S/ctxN.json)."""
+    return log.removeprefix("logs/").removesuffix(".log") + ".json"
+
+
 def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge, attempt: bytes) -> None:
     """Keep a failed attempt's file under failed/, named by its path and a hash of the attempt
     (its point's bytes, so a point and its log pair up; a log's own where no point came back)."""
@@ -180,8 +185,7 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
                     target = merge.added if name in merge.added else merge.replaced
                     target[name] = files.pop(name)
     for log in sorted(n for n in files if RULE_LOG.match(n)):
-        point = log.removeprefix("logs/").removesuffix(".log") + ".json"
-        if point not in files and (data := files[log]) != merge.holds(log, run_dir):
+        if _point_of(log) not in files and (data := files[log]) != merge.holds(log, run_dir):
             files.pop(log)
             _file_away(log, data, run_dir, merge, data)  # a key cut short: no point came back
     return files
@@ -341,13 +345,6 @@ def _point_files(server_dir: Path) -> list[tuple[int, Path]]:
     return sorted((int(f.stem[3:]), f) for f in files if f.stem[3:].isdigit())
 
 
-def _filed_point(log: Path) -> Path:
-    """The point filed beside a filed rule log (failed/logs/sweep/S/ctxN-H.log: sweep/S/...)."""
-    parts = log.with_suffix(".json").parts
-    i = parts.index("logs")
-    return Path(*parts[:i], *parts[i + 1 :])
-
-
 def describe(run_dir: Path) -> str:
     """A markdown table of what ``run_dir`` holds: one row per bench and per swept server."""
     if not run_dir.is_dir():
@@ -362,8 +359,10 @@ def describe(run_dir: Path) -> str:
                 f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
                 f"{failed} failed |"
             )
-    docs = [_read(f) for f in sorted((run_dir / FAILED).rglob("*.json"))]
-    cut = [f for f in (run_dir / FAILED).rglob("*.log") if not _filed_point(f).is_file()]
+    filed = run_dir / FAILED
+    docs = [_read(f) for f in sorted(filed.rglob("*.json"))]
+    logs = [f.relative_to(filed).as_posix() for f in filed.rglob("*.log")]
+    cut = [log for log in logs if not (filed / _point_of(log)).is_file()]  # no point beside it
     if docs or cut:
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
         reasons = sorted({str(d.get("reason") or d.get("status")) for d in docs})
