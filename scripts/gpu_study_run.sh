@@ -34,13 +34,14 @@ el() { echo "== $(($(date +%s) - T0)) s: $*"; }
 left() { echo $((CALL_S - ($(date +%s) - T0))); }
 command_of() { awk -F'\t' -v k="$1" '$1 == k { print $2 }' "$commands"; }
 run_key() {
-  local cmd log rc
+  local cmd log rc limit
   cmd=$(command_of "$1")
   [ -n "$cmd" ] || { echo "no command for $1 in $commands"; return 1; }
   log=$(grep -oE '> results/logs/[^ ]+' <<< "$cmd" | tail -n 1)
   log=${log#> }
   mkdir -p "$(dirname "$log")"
-  timeout --kill-after=20 "$(($(left) > 1 ? $(left) : 1))" bash -c "$cmd"  # 0 would be no limit
+  limit=$(left)
+  timeout --kill-after=20 "$((limit > 1 ? limit : 1))" bash -c "$cmd"  # 0 would be no limit
   rc=$?
   [ $rc = 124 ] || [ $rc = 137 ] && echo "$1: stopped at CALL_S ($CALL_S s)"
   echo "$1: rc $rc"
