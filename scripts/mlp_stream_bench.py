@@ -1,0 +1,215 @@
+"""The persistent MLP kernel (kernels/csrc/mlp_stream.cu) checked and timed beside cuBLAS (GPU).
+
+    python scripts/mlp_stream_bench.py --out DIR [--layers 8] [--repeats 30]
+
+Builds the kernel for this GPU (with and without the down weights' prefetch across the grid
+barrier), checks it against float64 on random data (outputs poisoned with NaN first, two calls
+bit-identical, the counters left ready: a second call gives the same), over several shapes, row
+counts and grids, then times one layer's MLP at Kimi K2's rank shapes (16 rows, hidden 7168,
+inter 2304) as the engine runs it with cuBLAS (gate|up GEMM, silu * up, down GEMM; weights [K, N]
+and [N, K]) and as the one kernel, each over ``--layers`` layers of distinct weights captured in a
+CUDA graph (the L2 flushed before each replay), beside the floor: the weights' bytes at the
+measured copy rate. Prints a table; writes ``mlp_stream.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from decodecliff import envinfo
+from decodecliff.bench import roofline, timing
+from decodecliff.engine import fused
+from decodecliff.kernels.build import CSRC, find_nvcc
+
+PTR, INT = ctypes.c_void_p, ctypes.c_int
+SIGNATURE = [PTR] * 8 + [INT] * 4 + [PTR]
+
+
+def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    name = "libmlp_stream" + "".join(f"_{d.lower()}" for d in defines) + ".so"
+    lib = out / name
+    cmd = [find_nvcc(), "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+           "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-I", str(CSRC), "-o", str(lib),
+           str(CSRC / "mlp_stream.cu"), *(f"-D{d}" for d in defines)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    (out / f"{lib.stem}.log").write_text(done.stdout + done.stderr)
+    if done.returncode:
+        sys.exit(f"nvcc failed: {done.stderr[-2000:]}")
+    handle = ctypes.CDLL(str(lib))
+    handle.dcmlp_mlp.argtypes, handle.dcmlp_mlp.restype = SIGNATURE, INT
+    handle.dcmlp_partial_bytes.argtypes, handle.dcmlp_partial_bytes.restype = (
+        [INT] * 3,
+        ctypes.c_longlong,
+    )
+    handle.dcmlp_counter_ints.argtypes, handle.dcmlp_counter_ints.restype = [INT] * 2, INT
+    return handle
+
+
+class Mlp:
+    """The kernel's call with its workspace for one (hidden, inter, grid)."""
+
+    def __init__(self, lib: ctypes.CDLL, hidden: int, inter: int, grid: int, dev: torch.device):
+        self.lib, self.hidden, self.inter, self.grid = lib, hidden, inter, grid
+        nbytes = lib.dcmlp_partial_bytes(hidden, inter, grid)
+        self.partials = torch.full((nbytes // 4,), float("nan"), device=dev)  # never read unset
+        self.counters = torch.zeros(
+            lib.dcmlp_counter_ints(hidden, inter), dtype=torch.int32, device=dev
+        )
+
+    def __call__(self, x, w_gu, w_down, residual, h, y) -> None:
+        rc = self.lib.dcmlp_mlp(
+            x.data_ptr(), w_gu.data_ptr(), w_down.data_ptr(),
+            None if residual is None else residual.data_ptr(), h.data_ptr(), y.data_ptr(),
+            self.partials.data_ptr(), self.counters.data_ptr(), x.shape[0], self.hidden,
+            self.inter, self.grid, torch.cuda.current_stream().cuda_stream,
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"dcmlp_mlp: cudaError {rc}")
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def check(lib, dev, hidden, inter, rows, grid, with_residual, seed) -> dict:
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=dev) * scale).bfloat16()  # noqa: E731
+    x = rnd(rows, hidden)
+    w_gu = rnd(2 * inter, hidden, scale=hidden**-0.5)
+    w_down = rnd(hidden, inter, scale=inter**-0.5)
+    residual = rnd(rows, hidden) if with_residual else None
+    mlp = Mlp(lib, hidden, inter, grid, dev)
+    outs = []
+    for _ in range(3):  # the third call: the counters were left ready by the second
+        h = torch.full((rows, inter), float("nan"), device=dev, dtype=torch.bfloat16)
+        y = torch.full((rows, hidden), float("nan"), device=dev, dtype=torch.bfloat16)
+        mlp(x, w_gu, w_down, residual, h, y)
+        torch.cuda.synchronize()
+        outs.append((h.clone(), y.clone()))
+    h, y = outs[0]
+    g = x.double() @ w_gu.double().t()
+    h_ref = torch.nn.functional.silu(g[:, :inter]) * g[:, inter:]
+    # y from the kernel's own h: the down GEMM checked apart from h's rounding
+    y_ref = h.double() @ w_down.double().t() + (0 if residual is None else residual.double())
+    identical = all(torch.equal(a, outs[0][0]) and torch.equal(b, outs[0][1]) for a, b in outs[1:])
+    result = {
+        "hidden": hidden, "inter": inter, "rows": rows, "grid": grid,
+        "residual": with_residual, "h_rel_err": rel_err(h, h_ref), "y_rel_err": rel_err(y, y_ref),
+        "nan": bool(h.isnan().any() or y.isnan().any()), "identical": identical,
+        "counters_zero": bool((mlp.counters[:-1] == 0).all()),
+    }  # fmt: skip
+    result["ok"] = (
+        not result["nan"] and identical and result["counters_zero"]
+        and result["h_rel_err"] < 1e-2 and result["y_rel_err"] < 1e-2
+    )  # fmt: skip
+    return result
+
+
+def time_layers(lib, dev, layers, repeats, grid, copy_gbs) -> list[dict]:
+    hidden, inter, rows = 7168, 2304, 16
+    gen = torch.Generator(device=dev).manual_seed(1)
+    ws = [
+        ((torch.randn(2 * inter, hidden, generator=gen, device=dev) * hidden**-0.5).bfloat16(),
+         (torch.randn(hidden, inter, generator=gen, device=dev) * inter**-0.5).bfloat16())
+        for _ in range(layers)
+    ]  # fmt: skip
+    kn = [(a.t().contiguous(), b.t().contiguous()) for a, b in ws]
+    x = torch.randn(rows, hidden, device=dev).bfloat16()
+    h = torch.empty(rows, inter, device=dev, dtype=torch.bfloat16)
+    y = torch.empty(rows, hidden, device=dev, dtype=torch.bfloat16)
+    nbytes = sum(a.numel() + b.numel() for a, b in ws[:1]) * 2
+
+    def cublas(weights, transposed):
+        def step():
+            for a, b in weights:
+                act = fused.silu_mul(x @ (a.t() if transposed else a))
+                torch.mm(act, b.t() if transposed else b, out=y)
+
+        return step
+
+    def ours(kernel):
+        def step():
+            for a, b in ws:
+                kernel(x, a, b, None, h, y)
+
+        return step
+
+    runs = {"cublas [K, N]": cublas(kn, False), "cublas [N, K]": cublas(ws, True)}
+    for label, handle in lib.items():
+        for g in grid:
+            runs[f"{label} grid {g}"] = ours(Mlp(handle, hidden, inter, g, dev))
+    rows_out = []
+    for label, step in runs.items():
+        times = timing.graph_times_ms(step, repeats, warmup=2)
+        us = statistics.median(times) * 1e3 / layers
+        floor = nbytes / (copy_gbs * 1e9) * 1e6
+        rows_out.append(
+            {"impl": label, "us_per_layer": us, "floor_us": floor, "x_floor": us / floor}
+        )
+    return rows_out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    libs = {
+        "stream": build(args.out),
+        "stream, no prefetch": build(args.out, ("DCMLP_NO_PREFETCH",)),
+    }
+    lib = libs["stream"]
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    per_sm = lib.dcmlp_ctas_per_sm()
+    checks = []
+    for hidden, inter, rows, grid, res in [
+        (7168, 2304, 16, sms, True), (7168, 2304, 5, sms, False), (7168, 2304, 16, 2 * sms, True),
+        (512, 256, 16, sms, True), (512, 256, 3, 7, True), (1024, 384, 16, 1, True),
+        (7168, 2304, 16, 97, False),
+    ]:  # fmt: skip
+        if grid > sms * per_sm:
+            continue
+        checks.append(check(lib, dev, hidden, inter, rows, grid, res, seed=len(checks)))
+        c = checks[-1]
+        print(
+            f"check h={hidden} i={inter} rows={rows} grid={grid}: ok={c['ok']} "
+            f"h_err={c['h_rel_err']:.2e} y_err={c['y_rel_err']:.2e} identical={c['identical']}"
+        )
+    ceil = {"copy_gbs": roofline.copy_bandwidth_gbs(dev)}
+    grids = [sms] + ([2 * sms] if per_sm >= 2 else [])
+    timed = (
+        time_layers(libs, dev, args.layers, args.repeats, grids, ceil["copy_gbs"])
+        if all(c["ok"] for c in checks)
+        else []
+    )
+    print(f"copy rate {ceil['copy_gbs']:.0f} GB/s; {per_sm} CTAs an SM; one layer's MLP, 16 rows:")
+    for r in timed:
+        print(
+            f"  {r['impl']:<32} {r['us_per_layer']:7.1f} us  floor {r['floor_us']:5.1f}"
+            f"  {r['x_floor']:.2f}x"
+        )
+    record = {
+        "env": envinfo.collect(), "ceilings": ceil, "checks": checks, "timed": timed,
+        "layers": args.layers, "repeats": args.repeats,
+    }  # fmt: skip
+    (args.out / "mlp_stream.json").write_text(json.dumps(record, indent=1))
+    sys.exit(0 if checks and all(c["ok"] for c in checks) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+// A layer's MLP at a verify step's few rows as one persistent kernel:
+//   h = silu(x Wg^T) * (x Wu^T),  y = h Wd^T (+ residual)
+// At 16 rows both GEMMs are streams of their weights (99 MB a layer at Kimi K2's rank shapes), and
+// each kernel of its own pays a few microseconds to fill the memory pipe and drain it. Here one CTA
+// an SM streams its share of the gate|up weights, then, before it waits for every CTA's h at the
+// one grid barrier, already issues the loads of its first down-projection tiles (no weight depends
+// on an activation), so the pipe stays full across the two GEMMs.
+//
+// Each GEMM is split "stream-K": its 64-row x 128-column weight chunks, ordered row block by row
+// block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams the same bytes.
+// A run that ends inside a row block leaves a partial 16 x 64 sum in the workspace; the CTA that
+// completes a block (counted on an arrival counter) sums the block's partials in CTA order (the
+// result does not depend on which CTA came last) and applies the epilogue: silu(gate) * up for the
+// gate|up blocks, whose 64 rows are 32 gate rows and the 32 up rows of the same columns, and the
+// residual add for the down blocks. It resets the counter, so the workspace is ready for the next
+// call, in a CUDA graph too.
+//
+// sm_80, sm_90 and sm_120 alike: cp.async, ldmatrix and mma.sync; 80 KB of shared memory a CTA.
+// The grid must be co-resident (one CTA an SM, as mlp_stream_grid gives): the barrier waits for
+// every CTA.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "mla_ptx.cuh"
+
+namespace dcmlp {
+using namespace dcmla;
+
+constexpr int kRows = 16;     // one m16 tile of activation rows
+constexpr int kTileN = 64;    // weight rows a chunk (4 warps x 16)
+constexpr int kTileK = 128;   // columns a chunk: 256 B a row, 16 chunks of 16 B
+constexpr int kStages = 4;    // cp.async ring depth
+constexpr int kThreads = 128;
+constexpr int kWBytes = kTileN * kTileK * 2;
+constexpr int kABytes = kRows * kTileK * 2;
+constexpr int kStageBytes = kWBytes + kABytes;
+constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB: under sm_120's 99 KB a block
+constexpr int kPartial = kRows * kTileN;           // floats of one partial block
+
+// One GEMM of the two: out rows of `w` ([n, k] row-major) against `a` ([rows, k] row-major).
+struct Gemm {
+  const __nv_bfloat16* w;
+  const __nv_bfloat16* a;
+  int n, k;           // n: weight rows (a multiple of 64), k: a multiple of 128
+  int gated;          // 1: rows [0, n/2) gate, [n/2, n) up; a block takes 32 of each
+  int* arrivals;      // [n / 64], zero between calls
+};
+
+struct Run {  // this CTA's chunks of one GEMM: [begin, end) of blocks x k-chunks
+  int begin, end, kchunks;
+};
+
+__device__ __forceinline__ Run run_of(int cta, int grid, int blocks, int kchunks) {
+  long long total = static_cast<long long>(blocks) * kchunks;
+  return {static_cast<int>(total * cta / grid), static_cast<int>(total * (cta + 1) / grid),
+          kchunks};
+}
+
+// The CTA whose run holds chunk c: the smallest b with end(b) > c.
+__device__ __forceinline__ int cta_of(long long c, int grid, long long total) {
+  return static_cast<int>(((c + 1) * grid + total - 1) / total) - 1;
+}
+
+// The weight row a chunk's row r reads: gate|up blocks interleave 32 gate and 32 up rows.
+__device__ __forceinline__ int weight_row(const Gemm& g, int block, int r) {
+  if (!g.gated) return block * kTileN + r;
+  int half = g.n / 2;
+  return (r < kTileN / 2 ? 0 : half - kTileN / 2) + block * (kTileN / 2) + r;
+}
+
+// A 16 B piece (row, piece) of a tile at byte offset: XOR-swizzled by row so that ldmatrix's 8 rows
+// at one column land in 8 bank groups (a row is 256 B, a multiple of 128 B).
+__device__ __forceinline__ uint32_t swizzled(int row, int piece) {
+  return row * (kTileK * 2) + ((piece ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ void load_weights(const Gemm& g, int c, uint32_t stage) {
+  int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
+#pragma unroll
+  for (int i = 0; i < kTileN * 16 / kThreads; ++i) {
+    int idx = threadIdx.x + i * kThreads, row = idx >> 4, piece = idx & 15;
+    const __nv_bfloat16* src = g.w + static_cast<size_t>(weight_row(g, block, row)) * g.k + k0;
+    cp_async16(stage + swizzled(row, piece), src + piece * 8, 16);
+  }
+}
+
+__device__ __forceinline__ void load_rows(const Gemm& g, int c, int rows, uint32_t stage) {
+  int k0 = (c % (g.k / kTileK)) * kTileK;
+#pragma unroll
+  for (int i = 0; i < kRows * 16 / kThreads; ++i) {
+    int idx = threadIdx.x + i * kThreads, row = idx >> 4, piece = idx & 15;
+    int r = row < rows ? row : 0;  // rows past the batch read row 0 as zeros
+    cp_async16(stage + kWBytes + swizzled(row, piece),
+               g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
+  }
+}
+
+// acc[j] += A (16 x 128) * W rows [16 warp + 8 j, +8)^T for the chunk in `stage`.
+__device__ __forceinline__ void mma_chunk(uint32_t stage, float (&acc)[2][4]) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int a_row = lane & 15, a_half = lane >> 4;
+  int w_row = warp * 16 + ((lane >> 4) << 3) + (lane & 7), w_half = (lane >> 3) & 1;
+#pragma unroll
+  for (int ks = 0; ks < kTileK / 16; ++ks) {
+    uint32_t a[4], b[4];
+    ldmatrix_x4(stage + kWBytes + swizzled(a_row, 2 * ks + a_half), a);
+    ldmatrix_x4(stage + swizzled(w_row, 2 * ks + w_half), b);
+    mma_bf16(acc[0], a, b[0], b[1]);
+    mma_bf16(acc[1], a, b[2], b[3]);
+  }
+}
+
+// This CTA's partial sums of one block into its workspace slot (row-major 16 x 64).
+__device__ __forceinline__ void store_partial(float* slot, float (&acc)[2][4]) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    int col = warp * 16 + j * 8 + 2 * (lane & 3), row = lane >> 2;
+    *reinterpret_cast<float2*>(slot + row * kTileN + col) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(slot + (row + 8) * kTileN + col) =
+        make_float2(acc[j][2], acc[j][3]);
+    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  }
+}
+
+struct Epilogue {
+  __nv_bfloat16* out;              // gated: h [rows, n/2]; else y [rows, n]
+  const __nv_bfloat16* residual;   // added to y where given
+  int rows, ld;
+};
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+
+// The block's full sums, from the partials of the CTAs whose runs cover it (in CTA order), through
+// the epilogue. Thread t owns row t / 8 and 8 of the 64 columns.
+__device__ void finish_block(const Gemm& g, int block, int grid, int segs, const float* partials,
+                             const Epilogue& e) {
+  int kchunks = g.k / kTileK;
+  long long total = static_cast<long long>(g.n / kTileN) * kchunks;
+  long long first = static_cast<long long>(block) * kchunks;
+  int lo = cta_of(first, grid, total), hi = cta_of(first + kchunks - 1, grid, total);
+  int row = threadIdx.x >> 3, col = (threadIdx.x & 7) * 8;
+  if (g.gated) col = (threadIdx.x & 7) * 4;  // 4 gate and the same 4 up columns
+  float sum[8] = {};
+  for (int b = lo; b <= hi; ++b) {
+    int seg = block - static_cast<int>(total * b / grid / kchunks);
+    const float* p = partials + (static_cast<size_t>(b) * segs + seg) * kPartial + row * kTileN;
+    float4 v0 = __ldcg(reinterpret_cast<const float4*>(p + col));
+    float4 v1 = __ldcg(reinterpret_cast<const float4*>(p + col + (g.gated ? kTileN / 2 : 4)));
+    sum[0] += v0.x, sum[1] += v0.y, sum[2] += v0.z, sum[3] += v0.w;
+    sum[4] += v1.x, sum[5] += v1.y, sum[6] += v1.z, sum[7] += v1.w;
+  }
+  if (row >= e.rows) return;
+  if (g.gated) {  // h[row, 32 block + col + i] = silu(gate) * up
+    __nv_bfloat16* dst = e.out + static_cast<size_t>(row) * e.ld + block * (kTileN / 2) + col;
+    uint2 packed = {pack_bf16x2(silu(sum[0]) * sum[4], silu(sum[1]) * sum[5]),
+                    pack_bf16x2(silu(sum[2]) * sum[6], silu(sum[3]) * sum[7])};
+    *reinterpret_cast<uint2*>(dst) = packed;
+    return;
+  }
+  size_t at = static_cast<size_t>(row) * e.ld + block * kTileN + col;
+  if (e.residual) {
+    uint4 r = *reinterpret_cast<const uint4*>(e.residual + at);
+    const __nv_bfloat162* rh = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(rh[i]);
+      sum[2 * i] += f.x, sum[2 * i + 1] += f.y;
+    }
+  }
+  uint4 packed = {pack_bf16x2(sum[0], sum[1]), pack_bf16x2(sum[2], sum[3]),
+                  pack_bf16x2(sum[4], sum[5]), pack_bf16x2(sum[6], sum[7])};
+  *reinterpret_cast<uint4*>(e.out + at) = packed;
+}
+
+// The partial of `block` is stored; count its chunks, and finish the block if they complete it.
+__device__ void arrive(const Gemm& g, int block, int chunks, int grid, int segs, float* partials,
+                       const Epilogue& e) {
+  __shared__ int last;
+  __threadfence();  // this CTA's partial before its count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int before = atomicAdd(&g.arrivals[block], chunks);
+    last = before + chunks == g.k / kTileK;
+    if (last) g.arrivals[block] = 0;  // every chunk has arrived: ready for the next call
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the others' partials, after their counts
+  finish_block(g, block, grid, segs, partials, e);
+}
+
+// Stream this CTA's run of `g`. The first kStages - 1 chunks' loads are already committed as
+// groups (weights and rows together, or weights first and rows after: see the kernel).
+__device__ void stream(const Gemm& g, const Run& run, int rows, int grid, int segs,
+                       float* partials, const Epilogue& e, uint32_t smem) {
+  float acc[2][4] = {};
+  int cta = blockIdx.x, seg = 0, chunks = 0;
+  int first_block = run.begin / run.kchunks;
+  for (int c = run.begin; c < run.end; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    int next = c + kStages - 1, i = c - run.begin;
+    if (next < run.end) {
+      uint32_t stage = smem + ((i + kStages - 1) % kStages) * kStageBytes;
+      load_weights(g, next, stage);
+      load_rows(g, next, rows, stage);
+    }
+    cp_async_commit();
+    mma_chunk(smem + (i % kStages) * kStageBytes, acc);
+    ++chunks;
+    int block = c / run.kchunks;
+    if (c + 1 == run.end || (c + 1) / run.kchunks != block) {
+      seg = block - first_block;
+      store_partial(partials + (static_cast<size_t>(cta) * segs + seg) * kPartial, acc);
+      arrive(g, block, chunks, grid, segs, partials, e);
+      chunks = 0;
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free for the next GEMM's loads
+}
+
+// Every CTA of the grid arrives; none leaves before all have. bar[0] counts, bar[1] is the
+// generation: the last to arrive resets the count and moves the generation on.
+__device__ void grid_barrier(unsigned* bar, unsigned grid) {
+  __threadfence();  // this CTA's h before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned gen = *reinterpret_cast<volatile unsigned*>(bar + 1);
+    __threadfence();
+    if (atomicAdd(bar, 1u) == grid - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      unsigned now;
+      do {
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];\n" : "=r"(now) : "l"(bar + 1) : "memory");
+      } while (now == gen);
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mlp_stream_kernel(Gemm up, Gemm down, Epilogue ep_up, Epilogue ep_down, int rows, int segs,
+                      float* partials, unsigned* barrier) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  uint32_t smem = smem_addr(smem_raw);
+  int grid = gridDim.x;
+  Run run_up = run_of(blockIdx.x, grid, up.n / kTileN, up.k / kTileK);
+  Run run_down = run_of(blockIdx.x, grid, down.n / kTileN, down.k / kTileK);
+
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (run_up.begin + s < run_up.end) {
+      load_weights(up, run_up.begin + s, smem + s * kStageBytes);
+      load_rows(up, run_up.begin + s, rows, smem + s * kStageBytes);
+    }
+    cp_async_commit();
+  }
+  stream(up, run_up, rows, grid, segs, partials, ep_up, smem);
+
+  // The down weights do not wait for h: their first chunks stream in while the grid meets
+  // (DCMLP_NO_PREFETCH, for the measurement: they wait at the barrier too).
+#ifndef DCMLP_NO_PREFETCH
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (run_down.begin + s < run_down.end)
+      load_weights(down, run_down.begin + s, smem + s * kStageBytes);
+    cp_async_commit();
+  }
+#endif
+  grid_barrier(barrier, grid);
+  for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
+    if (run_down.begin + s < run_down.end) {
+#ifdef DCMLP_NO_PREFETCH
+      load_weights(down, run_down.begin + s, smem + s * kStageBytes);
+#endif
+      load_rows(down, run_down.begin + s, rows, smem + s * kStageBytes);
+    }
+    cp_async_commit();
+  }
+  stream(down, run_down, rows, grid, segs, partials, ep_down, smem);
+}
+
+int segments(int blocks, int kchunks, int grid) {
+  long long total = static_cast<long long>(blocks) * kchunks;
+  long long longest = (total + grid - 1) / grid;
+  return static_cast<int>((longest + kchunks - 2) / kchunks) + 1;  // blocks a run can touch
+}
+
+}  // namespace dcmlp
+
+extern "C" {
+
+// CTAs of the kernel an SM can hold at once (0 on an error): the grid may have this many an SM.
+int dcmlp_ctas_per_sm() {
+  int per_sm = 0;
+  if (cudaFuncSetAttribute(dcmlp::mlp_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           dcmlp::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dcmlp::mlp_stream_kernel,
+                                                    dcmlp::kThreads, dcmlp::kSmemBytes) != cudaSuccess)
+    return 0;
+  return per_sm;
+}
+
+// Bytes of the float workspace of partial sums; the int workspace holds hidden / 64 + 2 * inter
+// / 64 + 2 zeroed ints (the two GEMMs' arrival counters and the barrier), kept between calls.
+long long dcmlp_partial_bytes(int hidden, int inter, int grid) {
+  int segs = dcmlp::segments(2 * inter / dcmlp::kTileN, hidden / dcmlp::kTileK, grid);
+  int segs_down = dcmlp::segments(hidden / dcmlp::kTileN, inter / dcmlp::kTileK, grid);
+  if (segs_down > segs) segs = segs_down;
+  return static_cast<long long>(grid) * segs * dcmlp::kPartial * sizeof(float);
+}
+
+int dcmlp_counter_ints(int hidden, int inter) {
+  return hidden / dcmlp::kTileN + 2 * inter / dcmlp::kTileN + 2;
+}
+
+// y[rows, hidden] = (silu(x Wg^T) * (x Wu^T)) Wd^T (+ residual), h[rows, inter] kept.
+// x: [rows, hidden]; w_gate_up: [2 inter, hidden] (gate rows, then up rows); w_down: [hidden,
+// inter]; all bf16 row-major. rows <= 16, hidden and inter multiples of 128. Returns a
+// cudaError_t (cudaErrorInvalidValue for shapes it does not take).
+int dcmlp_mlp(const void* x, const void* w_gate_up, const void* w_down, const void* residual,
+              void* h, void* y, void* partials, void* counters, int rows, int hidden, int inter,
+              int grid, void* stream) {
+  using namespace dcmlp;
+  if (rows < 1 || rows > kRows || hidden % kTileK || inter % kTileK || grid < 1)
+    return cudaErrorInvalidValue;
+  int* ints = static_cast<int*>(counters);
+  Gemm up{static_cast<const __nv_bfloat16*>(w_gate_up), static_cast<const __nv_bfloat16*>(x),
+          2 * inter, hidden, 1, ints};
+  Gemm down{static_cast<const __nv_bfloat16*>(w_down), static_cast<const __nv_bfloat16*>(h),
+            hidden, inter, 0, ints + 2 * inter / kTileN};
+  Epilogue ep_up{static_cast<__nv_bfloat16*>(h), nullptr, rows, inter};
+  Epilogue ep_down{static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(residual),
+                   rows, hidden};
+  int segs = segments(2 * inter / kTileN, hidden / kTileK, grid);
+  int segs_down = segments(hidden / kTileN, inter / kTileK, grid);
+  if (segs_down > segs) segs = segs_down;
+  unsigned* barrier = reinterpret_cast<unsigned*>(ints + 2 * inter / kTileN + hidden / kTileN);
+  cudaError_t err = cudaFuncSetAttribute(mlp_stream_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  mlp_stream_kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      up, down, ep_up, ep_down, rows, segs, static_cast<float*>(partials), barrier);
+  return cudaGetLastError();
+}
+
+}  // extern "C"
