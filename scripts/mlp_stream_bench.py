@@ -51,6 +51,8 @@ def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
         [INT] * 3,
         ctypes.c_longlong,
     )
+    if hasattr(handle, "dcmlp_read_stamps"):
+        handle.dcmlp_read_stamps.argtypes = [PTR]
     handle.dcmlp_counter_ints.argtypes, handle.dcmlp_counter_ints.restype = [INT] * 2, INT
     return handle
 
@@ -146,7 +148,7 @@ def time_layers(lib, dev, layers, repeats, grid, copy_gbs) -> list[dict]:
 
     runs = {"cublas [K, N]": cublas(kn, False), "cublas [N, K]": cublas(ws, True)}
     for label, handle in lib.items():
-        for g in grid:
+        for g in (grid, 2 * grid)[: handle.dcmlp_ctas_per_sm()]:  # co-resident grids only
             runs[f"{label} grid {g}"] = ours(Mlp(handle, hidden, inter, g, dev))
     rows_out = []
     for label, step in runs.items():
@@ -159,6 +161,32 @@ def time_layers(lib, dev, layers, repeats, grid, copy_gbs) -> list[dict]:
     return rows_out
 
 
+def stamps(lib: ctypes.CDLL, dev: torch.device, grid: int) -> dict:
+    """Each CTA's clock at start, gate|up done, barrier passed and end, one layer (us, medians
+    and extremes over CTAs, from the earliest start)."""
+    hidden, inter, rows = 7168, 2304, 16
+    x = torch.randn(rows, hidden, device=dev).bfloat16()
+    w_gu = (torch.randn(2 * inter, hidden, device=dev) * hidden**-0.5).bfloat16()
+    w_down = (torch.randn(hidden, inter, device=dev) * inter**-0.5).bfloat16()
+    h = torch.empty(rows, inter, device=dev, dtype=torch.bfloat16)
+    y = torch.empty(rows, hidden, device=dev, dtype=torch.bfloat16)
+    mlp = Mlp(lib, hidden, inter, grid, dev)
+    flush = torch.empty(2**28, dtype=torch.uint8, device=dev)
+    for _ in range(3):
+        flush.zero_()  # the weights come from memory, as in the step
+        mlp(x, w_gu, w_down, None, h, y)
+    torch.cuda.synchronize()
+    host = (ctypes.c_ulonglong * (4096 * 4))()
+    assert lib.dcmlp_read_stamps(host) == 0
+    t = torch.tensor(list(host), dtype=torch.float64).view(4096, 4)[:grid]
+    t = (t - t[:, 0].min()) / 1e3
+    q = lambda v: {"min": float(v.min()), "median": float(v.median()), "max": float(v.max())}  # noqa: E731
+    return {
+        "start": q(t[:, 0]), "gate_up_done": q(t[:, 1]), "barrier_passed": q(t[:, 2]),
+        "end": q(t[:, 3]), "barrier_wait": q(t[:, 2] - t[:, 1]), "down": q(t[:, 3] - t[:, 2]),
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -166,46 +194,71 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument(
+        "--variants", nargs="+", default=["base", "DCMLP_NO_PREFETCH"],
+        help="builds to check and time: defines joined by +, or base",
+    )  # fmt: skip
+    ap.add_argument("--profile", action="store_true", help="only call the first variant 5 times")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
-    libs = {
-        "stream": build(args.out),
-        "stream, no prefetch": build(args.out, ("DCMLP_NO_PREFETCH",)),
-    }
-    lib = libs["stream"]
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    libs = {
+        v: build(args.out, tuple(d for d in v.split("+") if d != "base")) for v in args.variants
+    }
+    if args.profile:
+        first = next(iter(libs.values()))
+        gen = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(16, 7168, device=dev, generator=gen).bfloat16()
+        w_gu = torch.randn(4608, 7168, device=dev, generator=gen).bfloat16() * 0.01
+        w_down = torch.randn(7168, 2304, device=dev, generator=gen).bfloat16() * 0.02
+        h, y = x.new_empty(16, 2304), x.new_empty(16, 7168)
+        mlp = Mlp(first, 7168, 2304, sms, dev)
+        for _ in range(5):
+            mlp(x, w_gu, w_down, None, h, y)
+        torch.cuda.synchronize()
+        return
+    lib = next(iter(libs.values()))
     per_sm = lib.dcmlp_ctas_per_sm()
     checks = []
     for hidden, inter, rows, grid, res in [
         (7168, 2304, 16, sms, True), (7168, 2304, 5, sms, False), (7168, 2304, 16, 2 * sms, True),
-        (512, 256, 16, sms, True), (512, 256, 3, 7, True), (1024, 384, 16, 1, True),
+        (512, 256, 16, sms, True), (512, 256, 3, 7, True), (1024, 768, 16, 1, True),
         (7168, 2304, 16, 97, False),
     ]:  # fmt: skip
-        if grid > sms * per_sm:
-            continue
-        checks.append(check(lib, dev, hidden, inter, rows, grid, res, seed=len(checks)))
-        c = checks[-1]
-        print(
-            f"check h={hidden} i={inter} rows={rows} grid={grid}: ok={c['ok']} "
-            f"h_err={c['h_rel_err']:.2e} y_err={c['y_rel_err']:.2e} identical={c['identical']}"
-        )
+        for name, handle in libs.items():
+            if (
+                grid > sms * handle.dcmlp_ctas_per_sm()
+                or inter % handle.dcmlp_tile_k()
+                or (name != args.variants[0] and grid != sms)
+            ):
+                continue
+            c = check(handle, dev, hidden, inter, rows, grid, res, seed=len(checks))
+            checks.append({"variant": name, **c})
+            print(
+                f"check {name} h={hidden} i={inter} rows={rows} grid={grid}: ok={c['ok']} "
+                f"h_err={c['h_rel_err']:.2e} y_err={c['y_rel_err']:.2e} identical={c['identical']}"
+            )
     ceil = {"copy_gbs": roofline.copy_bandwidth_gbs(dev)}
-    grids = [sms] + ([2 * sms] if per_sm >= 2 else [])
     timed = (
-        time_layers(libs, dev, args.layers, args.repeats, grids, ceil["copy_gbs"])
-        if all(c["ok"] for c in checks)
+        time_layers(libs, dev, args.layers, args.repeats, sms, ceil["copy_gbs"])
+        if all(c["ok"] for c in checks if c["hidden"] == 7168)  # the timed shape's checks
         else []
     )
     print(f"copy rate {ceil['copy_gbs']:.0f} GB/s; {per_sm} CTAs an SM; one layer's MLP, 16 rows:")
     for r in timed:
         print(
-            f"  {r['impl']:<32} {r['us_per_layer']:7.1f} us  floor {r['floor_us']:5.1f}"
+            f"  {r['impl']:<40} {r['us_per_layer']:7.1f} us  floor {r['floor_us']:5.1f}"
             f"  {r['x_floor']:.2f}x"
         )
+    stamped = {}
+    for name, handle in libs.items():
+        if "DCMLP_STAMPS" in name:
+            stamped[name] = stamps(handle, dev, sms)
+            print(f"stamps {name} (us from the first CTA's start): {json.dumps(stamped[name])}")
     record = {
         "env": envinfo.collect(), "ceilings": ceil, "checks": checks, "timed": timed,
-        "layers": args.layers, "repeats": args.repeats,
+        "stamps": stamped, "layers": args.layers, "repeats": args.repeats,
     }  # fmt: skip
     (args.out / "mlp_stream.json").write_text(json.dumps(record, indent=1))
     sys.exit(0 if checks and all(c["ok"] for c in checks) else 1)

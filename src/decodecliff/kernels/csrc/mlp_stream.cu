@@ -28,16 +28,38 @@
 namespace dcmlp {
 using namespace dcmla;
 
-constexpr int kRows = 16;     // one m16 tile of activation rows
-constexpr int kTileN = 64;    // weight rows a chunk (4 warps x 16)
-constexpr int kTileK = 128;   // columns a chunk: 256 B a row, 16 chunks of 16 B
-constexpr int kStages = 4;    // cp.async ring depth
+constexpr int kRows = 16;  // one m16 tile of activation rows
+#ifndef DCMLP_TILE_N
+#define DCMLP_TILE_N 64
+#endif
+constexpr int kTileN = DCMLP_TILE_N;      // weight rows a chunk: 64 or 32
+constexpr int kTileK = 8192 / kTileN;     // columns a chunk: a 16 KB tile of weights
+constexpr int kPieces = kTileK / 8;       // 16 B pieces of a tile row
+#ifndef DCMLP_STAGES
+#define DCMLP_STAGES 4
+#endif
+constexpr int kStages = DCMLP_STAGES;     // cp.async ring depth
 constexpr int kThreads = 128;
+constexpr int kWarpsN = kTileN / 16;      // warps over a chunk's rows (16 each: two n8 tiles)
+constexpr int kWarpsK = 4 / kWarpsN;      // and over its columns (128 each)
 constexpr int kWBytes = kTileN * kTileK * 2;
 constexpr int kABytes = kRows * kTileK * 2;
 constexpr int kStageBytes = kWBytes + kABytes;
-constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB: under sm_120's 99 KB a block
-constexpr int kPartial = kRows * kTileN;           // floats of one partial block
+constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB (64 x 128, 4 stages), 96 KB (32 x 256)
+static_assert(kTileN == 64 || kTileN == 32, "a chunk is 64 or 32 weight rows");
+
+#ifdef DCMLP_STAMPS  // for the measurement: each CTA's clock at its start, A done, barrier passed, end
+__device__ unsigned long long stamps[4096][4];
+__device__ __forceinline__ void stamp(int at) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (threadIdx.x == 0 && blockIdx.x < 4096) stamps[blockIdx.x][at] = t;
+}
+#else
+__device__ __forceinline__ void stamp(int) {}
+#endif
+constexpr int kPartial = kRows * kTileN * kWarpsK;  // floats of one run's sums of a block:
+                                                    // one 16 x kTileN slot a column warp
 
 // One GEMM of the two: out rows of `w` ([n, k] row-major) against `a` ([rows, k] row-major).
 struct Gemm {
@@ -63,7 +85,8 @@ __device__ __forceinline__ int cta_of(long long c, int grid, long long total) {
   return static_cast<int>(((c + 1) * grid + total - 1) / total) - 1;
 }
 
-// The weight row a chunk's row r reads: gate|up blocks interleave 32 gate and 32 up rows.
+// The weight row a chunk's row r reads: a gate|up block is kTileN / 2 gate rows, then the up
+// rows of the same columns.
 __device__ __forceinline__ int weight_row(const Gemm& g, int block, int r) {
   if (!g.gated) return block * kTileN + r;
   int half = g.n / 2;
@@ -71,53 +94,67 @@ __device__ __forceinline__ int weight_row(const Gemm& g, int block, int r) {
 }
 
 // A 16 B piece (row, piece) of a tile at byte offset: XOR-swizzled by row so that ldmatrix's 8 rows
-// at one column land in 8 bank groups (a row is 256 B, a multiple of 128 B).
+// at one column land in 8 bank groups (a row is a multiple of 128 B).
 __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
   return row * (kTileK * 2) + ((piece ^ (row & 7)) << 4);
+}
+
+// 16 B global -> shared; DCMLP_L2_256: the L2 fetches the 256 B around it from memory at once.
+__device__ __forceinline__ void copy16(uint32_t dst, const void* src, int src_bytes) {
+#ifdef DCMLP_L2_256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+#else
+  cp_async16(dst, src, src_bytes);
+#endif
 }
 
 __device__ __forceinline__ void load_weights(const Gemm& g, int c, uint32_t stage) {
   int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
 #pragma unroll
-  for (int i = 0; i < kTileN * 16 / kThreads; ++i) {
-    int idx = threadIdx.x + i * kThreads, row = idx >> 4, piece = idx & 15;
+  for (int i = 0; i < kTileN * kPieces / kThreads; ++i) {
+    int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
     const __nv_bfloat16* src = g.w + static_cast<size_t>(weight_row(g, block, row)) * g.k + k0;
-    cp_async16(stage + swizzled(row, piece), src + piece * 8, 16);
+    copy16(stage + swizzled(row, piece), src + piece * 8, 16);
   }
 }
 
 __device__ __forceinline__ void load_rows(const Gemm& g, int c, int rows, uint32_t stage) {
   int k0 = (c % (g.k / kTileK)) * kTileK;
 #pragma unroll
-  for (int i = 0; i < kRows * 16 / kThreads; ++i) {
-    int idx = threadIdx.x + i * kThreads, row = idx >> 4, piece = idx & 15;
+  for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
+    int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
     int r = row < rows ? row : 0;  // rows past the batch read row 0 as zeros
-    cp_async16(stage + kWBytes + swizzled(row, piece),
-               g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
+    copy16(stage + kWBytes + swizzled(row, piece),
+           g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
   }
 }
 
-// acc[j] += A (16 x 128) * W rows [16 warp + 8 j, +8)^T for the chunk in `stage`.
+// Warp (wn, wk) = (warp % kWarpsN, warp / kWarpsN): acc[j] += A (16 x 128 columns from 128 wk) *
+// W rows [16 wn + 8 j, +8)^T for the chunk in `stage`.
 __device__ __forceinline__ void mma_chunk(uint32_t stage, float (&acc)[2][4]) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int wn = warp % kWarpsN, piece0 = (warp / kWarpsN) * 16;
   int a_row = lane & 15, a_half = lane >> 4;
-  int w_row = warp * 16 + ((lane >> 4) << 3) + (lane & 7), w_half = (lane >> 3) & 1;
+  int w_row = wn * 16 + ((lane >> 4) << 3) + (lane & 7), w_half = (lane >> 3) & 1;
 #pragma unroll
-  for (int ks = 0; ks < kTileK / 16; ++ks) {
+  for (int ks = 0; ks < 8; ++ks) {
     uint32_t a[4], b[4];
-    ldmatrix_x4(stage + kWBytes + swizzled(a_row, 2 * ks + a_half), a);
-    ldmatrix_x4(stage + swizzled(w_row, 2 * ks + w_half), b);
+    ldmatrix_x4(stage + kWBytes + swizzled(a_row, piece0 + 2 * ks + a_half), a);
+    ldmatrix_x4(stage + swizzled(w_row, piece0 + 2 * ks + w_half), b);
     mma_bf16(acc[0], a, b[0], b[1]);
     mma_bf16(acc[1], a, b[2], b[3]);
   }
 }
 
-// This CTA's partial sums of one block into its workspace slot (row-major 16 x 64).
-__device__ __forceinline__ void store_partial(float* slot, float (&acc)[2][4]) {
+// This CTA's sums of one block into its workspace slots: warp (wn, wk) writes columns
+// [16 wn, +16) of slot wk (row-major 16 x kTileN); the finisher adds the kWarpsK slots.
+__device__ __forceinline__ void store_partial(float* slots, float (&acc)[2][4]) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* slot = slots + (warp / kWarpsN) * kRows * kTileN;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    int col = warp * 16 + j * 8 + 2 * (lane & 3), row = lane >> 2;
+    int col = (warp % kWarpsN) * 16 + j * 8 + 2 * (lane & 3), row = lane >> 2;
     *reinterpret_cast<float2*>(slot + row * kTileN + col) = make_float2(acc[j][0], acc[j][1]);
     *reinterpret_cast<float2*>(slot + (row + 8) * kTileN + col) =
         make_float2(acc[j][2], acc[j][3]);
@@ -133,46 +170,51 @@ struct Epilogue {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
-// The block's full sums, from the partials of the CTAs whose runs cover it (in CTA order), through
-// the epilogue. Thread t owns row t / 8 and 8 of the 64 columns.
+__device__ __forceinline__ void add4(float (&sum)[4], const float* p) {
+  float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+  sum[0] += v.x, sum[1] += v.y, sum[2] += v.z, sum[3] += v.w;
+}
+
+// The block's full sums, from the slots of the CTAs whose runs cover it (in CTA order, then
+// column warp), through the epilogue; each thread takes 4 output columns of a row at a time.
 __device__ void finish_block(const Gemm& g, int block, int grid, int segs, const float* partials,
                              const Epilogue& e) {
   int kchunks = g.k / kTileK;
   long long total = static_cast<long long>(g.n / kTileN) * kchunks;
   long long first = static_cast<long long>(block) * kchunks;
   int lo = cta_of(first, grid, total), hi = cta_of(first + kchunks - 1, grid, total);
-  int row = threadIdx.x >> 3, col = (threadIdx.x & 7) * 8;
-  if (g.gated) col = (threadIdx.x & 7) * 4;  // 4 gate and the same 4 up columns
-  float sum[8] = {};
-  for (int b = lo; b <= hi; ++b) {
-    int seg = block - static_cast<int>(total * b / grid / kchunks);
-    const float* p = partials + (static_cast<size_t>(b) * segs + seg) * kPartial + row * kTileN;
-    float4 v0 = __ldcg(reinterpret_cast<const float4*>(p + col));
-    float4 v1 = __ldcg(reinterpret_cast<const float4*>(p + col + (g.gated ? kTileN / 2 : 4)));
-    sum[0] += v0.x, sum[1] += v0.y, sum[2] += v0.z, sum[3] += v0.w;
-    sum[4] += v1.x, sum[5] += v1.y, sum[6] += v1.z, sum[7] += v1.w;
-  }
-  if (row >= e.rows) return;
-  if (g.gated) {  // h[row, 32 block + col + i] = silu(gate) * up
-    __nv_bfloat16* dst = e.out + static_cast<size_t>(row) * e.ld + block * (kTileN / 2) + col;
-    uint2 packed = {pack_bf16x2(silu(sum[0]) * sum[4], silu(sum[1]) * sum[5]),
-                    pack_bf16x2(silu(sum[2]) * sum[6], silu(sum[3]) * sum[7])};
-    *reinterpret_cast<uint2*>(dst) = packed;
-    return;
-  }
-  size_t at = static_cast<size_t>(row) * e.ld + block * kTileN + col;
-  if (e.residual) {
-    uint4 r = *reinterpret_cast<const uint4*>(e.residual + at);
-    const __nv_bfloat162* rh = reinterpret_cast<const __nv_bfloat162*>(&r);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float2 f = __bfloat1622float2(rh[i]);
-      sum[2 * i] += f.x, sum[2 * i + 1] += f.y;
+  int width = g.gated ? kTileN / 2 : kTileN;  // output columns of the block
+  for (int item = threadIdx.x; item < kRows * width / 4; item += kThreads) {
+    int row = item / (width / 4), col = (item % (width / 4)) * 4;
+    float sum[4] = {}, up[4] = {};
+    for (int b = lo; b <= hi; ++b) {
+      long long begin = total * b / grid;
+      if (begin == total * (b + 1) / grid) continue;  // an empty run (fewer chunks than CTAs)
+      int seg = block - static_cast<int>(begin / kchunks);
+      const float* p = partials + (static_cast<size_t>(b) * segs + seg) * kPartial;
+      for (int wk = 0; wk < kWarpsK; ++wk) {
+        const float* q = p + wk * kRows * kTileN + row * kTileN + col;
+        add4(sum, q);
+        if (g.gated) add4(up, q + kTileN / 2);
+      }
     }
+    if (row >= e.rows) continue;
+    if (g.gated) {  // h[row, block kTileN / 2 + col + i] = silu(gate) * up
+      __nv_bfloat16* dst = e.out + static_cast<size_t>(row) * e.ld + block * width + col;
+      *reinterpret_cast<uint2*>(dst) = {pack_bf16x2(silu(sum[0]) * up[0], silu(sum[1]) * up[1]),
+                                        pack_bf16x2(silu(sum[2]) * up[2], silu(sum[3]) * up[3])};
+      continue;
+    }
+    size_t at = static_cast<size_t>(row) * e.ld + block * width + col;
+    if (e.residual) {
+      uint2 r = *reinterpret_cast<const uint2*>(e.residual + at);
+      float2 lo2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+      float2 hi2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+      sum[0] += lo2.x, sum[1] += lo2.y, sum[2] += hi2.x, sum[3] += hi2.y;
+    }
+    *reinterpret_cast<uint2*>(e.out + at) = {pack_bf16x2(sum[0], sum[1]),
+                                             pack_bf16x2(sum[2], sum[3])};
   }
-  uint4 packed = {pack_bf16x2(sum[0], sum[1]), pack_bf16x2(sum[2], sum[3]),
-                  pack_bf16x2(sum[4], sum[5]), pack_bf16x2(sum[6], sum[7])};
-  *reinterpret_cast<uint4*>(e.out + at) = packed;
 }
 
 // The partial of `block` is stored; count its chunks, and finish the block if they complete it.
@@ -251,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   uint32_t smem = smem_addr(smem_raw);
   int grid = gridDim.x;
+  stamp(0);
   Run run_up = run_of(blockIdx.x, grid, up.n / kTileN, up.k / kTileK);
   Run run_down = run_of(blockIdx.x, grid, down.n / kTileN, down.k / kTileK);
 
@@ -262,6 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
   }
   stream(up, run_up, rows, grid, segs, partials, ep_up, smem);
+  stamp(1);
 
   // The down weights do not wait for h: their first chunks stream in while the grid meets
   // (DCMLP_NO_PREFETCH, for the measurement: they wait at the barrier too).
@@ -273,6 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #endif
   grid_barrier(barrier, grid);
+  stamp(2);
   for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
     if (run_down.begin + s < run_down.end) {
 #ifdef DCMLP_NO_PREFETCH
@@ -283,6 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
   }
   stream(down, run_down, rows, grid, segs, partials, ep_down, smem);
+  stamp(3);
 }
 
 int segments(int blocks, int kchunks, int grid) {
@@ -315,6 +361,15 @@ long long dcmlp_partial_bytes(int hidden, int inter, int grid) {
   return static_cast<long long>(grid) * segs * dcmlp::kPartial * sizeof(float);
 }
 
+#ifdef DCMLP_STAMPS
+int dcmlp_read_stamps(void* host) {
+  return cudaMemcpyFromSymbol(host, dcmlp::stamps, sizeof(dcmlp::stamps));
+}
+#endif
+
+// hidden and inter must be multiples of this (the columns of a chunk).
+int dcmlp_tile_k() { return dcmlp::kTileK; }
+
 int dcmlp_counter_ints(int hidden, int inter) {
   return hidden / dcmlp::kTileN + 2 * inter / dcmlp::kTileN + 2;
 }
@@ -329,6 +384,16 @@ int dcmlp_mlp(const void* x, const void* w_gate_up, const void* w_down, const vo
   using namespace dcmlp;
   if (rows < 1 || rows > kRows || hidden % kTileK || inter % kTileK || grid < 1)
     return cudaErrorInvalidValue;
+  // every CTA must be resident at once, or the barrier waits for ever
+  static int capacity = -1;
+  if (capacity < 0) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return cudaErrorInvalidDevice;
+    capacity = sms * dcmlp_ctas_per_sm();
+  }
+  if (grid > capacity) return cudaErrorCooperativeLaunchTooLarge;
   int* ints = static_cast<int*>(counters);
   Gemm up{static_cast<const __nv_bfloat16*>(w_gate_up), static_cast<const __nv_bfloat16*>(x),
           2 * inter, hidden, 1, ints};
