@@ -210,12 +210,15 @@ def test_a_run_folder_is_filled_from_calls_by_merging(tmp_path: Path) -> None:
     (run / LOG).write_text(launch(1))
     (run / "build/build.json").write_text("{build}")
     (run / "build/ptxas.log").write_text("ptxas /tmp/a")
+    (run / "logs/build").mkdir(parents=True)
+    (run / "logs/build/build_kernel.log").write_text("k1\nk2")
     first = {
         "sweep/custom-p1/ctx1024.json": "{1k}",  # the same bytes: left alone
         "sweep/custom-p1/ctx64000.json": "{64k}",
         LOG: launch(1) + launch(2),
         "build/build.json": "{build}",
         "build/ptxas.log": "ptxas /tmp/b",  # the same build's log, another temporary name
+        "logs/build/build_kernel.log": "k2\nk1",  # its rule's log, the kernels in another order
         "build/.built-by-rule-abc": "",
         "build/lib.so": "ELF",
     }
@@ -228,6 +231,7 @@ def test_a_run_folder_is_filled_from_calls_by_merging(tmp_path: Path) -> None:
     assert (run / "sweep/custom-p1/ctx64000.json").read_text() == "{64k}"
     assert (run / "sweep/custom-p1/ctx128000.json").read_text() == "{128k}"
     assert (run / "build/ptxas.log").read_text() == "ptxas /tmp/a"
+    assert (run / "logs/build/build_kernel.log").read_text() == "k1\nk2"
     assert not (run / "build/.built-by-rule-abc").exists() and not (run / "build/lib.so").exists()
     assert set(merge.added) == {"sweep/custom-p1/ctx64000.json", "sweep/custom-p1/ctx128000.json"}
     again = runs.merge_calls([tmp_path / "c2.tar"], run)  # a second unpacking changes nothing

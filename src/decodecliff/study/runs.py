@@ -26,9 +26,10 @@ server on the machine, so a folder is filled by merging, not by copying over:
   a file in the folder stops the merge before anything is written: which measurement stands is
   the publisher's decision;
 * a tar with no study files, or a name that would land outside the folder, is refused;
-* the build's logs come from the call that recorded the build (``build/build.json``): a later
-  call's rebuild of the same commit, whose record must match (but for the machine and the order
-  in which nvcc's threads listed the kernels), writes logs that differ only in temporary names;
+* the build's logs (``build/`` and the rule's ``logs/build/``) come from the call that recorded
+  the build (``build/build.json``): a later call's rebuild of the same commit, whose record must
+  match (but for the machine and the order in which nvcc's threads listed the kernels), writes
+  logs that differ only in temporary names and that order;
 * the build's marker files and libraries are not results and are left out.
 """
 
@@ -200,7 +201,7 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
             merge.conflicts.append(f"{name} (a folder, or under a file)")
             continue
         recorded = BUILD_RECORD in merge.added or (run_dir / BUILD_RECORD).is_file()
-        if name.startswith("build/") and name != BUILD_RECORD and have is not None and recorded:
+        if name.startswith(BUILD_LOGS) and name != BUILD_RECORD and have is not None and recorded:
             merge.unchanged.append(name)  # the recorded build's own log stands
         elif have is None:
             merge.added[name] = data
@@ -242,6 +243,7 @@ def _free(run_dir: Path, name: str) -> bool:
     return not dest.exists() and not any(p.is_file() for p in dest.parents)
 
 
+BUILD_LOGS = ("build/", "logs/build/")  # the build's own files and its rule's log
 STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
 MEASURED_DIRS = (*STUDY_DIRS[1:], FAILED)  # what was measured (or attempted) on the GPU
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike

@@ -1,12 +1,15 @@
 #!/bin/bash
-# The five device calls of run 7fe4732, in order, on one NVIDIA H200 (carry .whl .sgl), from the
+# The device calls of run 7fe4732, in order, on NVIDIA H200s (carry .whl .sgl), from the
 # repository root of 7fe4732:
 #   v5-patches/  call 1: the one-barrier patch against v5 as landed
 #   sm120/       call 2: the issue-24 table (sm120) and the ragged batch (sm120-more)
 #   calls 3-5:   the study's first keys, merged into ../ (python -m decodecliff.study.runs merge;
 #                call 5 wrote its study.tar into $OUT itself, without the wrapping tar)
-#   bash run.sh 1|2|3|4|5
-call=${1:?call 1..5}
+#   calls 6-8:   a later lease; the runner of main at 7d04547 (unchanged to 3447786), copied to .run/
+#                and sent beside the tree of 7fe4732 (carry .whl .sgl .run); the runner's keys
+#                past BUDGET_S (call 8: the sm120 pair) were not started and are measured later
+#   bash run.sh 1|...|8
+call=${1:?call 1..8}
 study=scripts/study-h200.txt
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 REAL=$OUT; export OUT=/tmp/o$call; mkdir -p $OUT; trap 'tar -C /tmp -cf $REAL/x.tar o$call' EXIT
@@ -23,4 +26,11 @@ case $call in
 5) BUDGET_S=230 bash scripts/gpu_study_run.sh 7fe4732 $study $(keys 32000 custom-graph-p1 \
      flashinfer-graph-p1 flashinfer-fa3-graph-p1 custom-sm120-graph-p1 flashinfer-sm120-graph-p1 \
      custom-p1 custom-defrag-p1) ;;
+6) REQUIRE_GPU=H200 BUDGET_S=420 CALL_S=560 bash .run/gpu_study_run.sh 7fe4732 $study \
+     triton-graph-p1:185000 custom-graph-p1:185000 ;;
+7) REQUIRE_GPU=H200 BUDGET_S=420 CALL_S=560 bash .run/gpu_study_run.sh 7fe4732 $study \
+     triton-p1:185000 custom-defrag-p1:185000 custom-p1:64000 ;;
+8) REQUIRE_GPU=H200 BUDGET_S=140 CALL_S=215 bash .run/gpu_study_run.sh 7fe4732 $study \
+     $(keys 64000 custom-graph-p1 flashinfer-graph-p1 flashinfer-fa3-graph-p1 \
+     custom-sm120-graph-p1 flashinfer-sm120-graph-p1) ;;
 esac
