@@ -68,7 +68,10 @@ class Mlp:
             lib.dcmlp_counter_ints(hidden, inter), dtype=torch.int32, device=dev
         )
 
-    def __call__(self, x, w_gu, w_down, residual, h, y) -> None:
+    def __call__(
+        self, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
+        residual: torch.Tensor | None, h: torch.Tensor, y: torch.Tensor,
+    ) -> None:  # fmt: skip
         rc = self.lib.dcmlp_mlp(
             x.data_ptr(), w_gu.data_ptr(), w_down.data_ptr(),
             None if residual is None else residual.data_ptr(), h.data_ptr(), y.data_ptr(),
@@ -83,7 +86,10 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def check(lib, dev, hidden, inter, rows, grid, with_residual, seed) -> dict:
+def check(
+    lib: ctypes.CDLL, dev: torch.device, hidden: int, inter: int, rows: int, grid: int,
+    with_residual: bool, seed: int,
+) -> dict:  # fmt: skip
     gen = torch.Generator(device=dev).manual_seed(seed)
     rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=dev) * scale).bfloat16()  # noqa: E731
     x = rnd(rows, hidden)
@@ -117,7 +123,10 @@ def check(lib, dev, hidden, inter, rows, grid, with_residual, seed) -> dict:
     return result
 
 
-def time_layers(lib, dev, layers, repeats, grid, copy_gbs) -> list[dict]:
+def time_layers(
+    libs: dict[str, ctypes.CDLL], dev: torch.device, layers: int, repeats: int, grid: int,
+    copy_gbs: float,
+) -> list[dict]:  # fmt: skip
     hidden, inter, rows = 7168, 2304, 16
     gen = torch.Generator(device=dev).manual_seed(1)
     ws = [
@@ -147,7 +156,7 @@ def time_layers(lib, dev, layers, repeats, grid, copy_gbs) -> list[dict]:
         return step
 
     runs = {"cublas [K, N]": cublas(kn, False), "cublas [N, K]": cublas(ws, True)}
-    for label, handle in lib.items():
+    for label, handle in libs.items():
         for g in (grid, 2 * grid)[: handle.dcmlp_ctas_per_sm()]:  # co-resident grids only
             runs[f"{label} grid {g}"] = ours(Mlp(handle, hidden, inter, g, dev))
     rows_out = []

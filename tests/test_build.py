@@ -551,3 +551,25 @@ def test_build_options_are_checked_before_nvcc_runs(tmp_path, capsys):
         build.cli(["--out", str(tmp_path / "file")])
     assert "is a file, not a folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # nvcc builds three architectures
+@needs_nvcc
+@pytest.mark.parametrize("tile", [64, 32])
+def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tmp_path, tile):
+    """kernels/csrc/mlp_stream.cu (measured in notes/engine.md, not in the engine) has sm_120, sm_90
+    and sm_80 SASS in both chunk shapes, and a ring too deep for sm_120's 99 KB does not build."""
+    nvcc, source = build.find_nvcc(), str(build.CSRC / "mlp_stream.cu")
+
+    def compile_(lib, archs, *defines):
+        cmd = build.nvcc_command(nvcc, archs, lib)[:-1] + [source]  # this source, not the MLA one
+        return subprocess.run(cmd + [f"-D{d}" for d in defines], capture_output=True, text=True)
+
+    lib = tmp_path / "mlp.so"
+    done = compile_(lib, [120, 90, 80], f"DCMLP_TILE_N={tile}")
+    assert done.returncode == 0, done.stderr
+    cuobjdump = build.find_tool("cuobjdump")
+    if cuobjdump is not None:
+        assert build.sass_archs(cuobjdump, lib) == [80, 90, 120]
+    deep = compile_(tmp_path / "deep.so", [120], f"DCMLP_TILE_N={tile}", "DCMLP_STAGES=5")
+    assert deep.returncode != 0 and "99 KB" in deep.stderr

@@ -6,18 +6,24 @@
 // one grid barrier, already issues the loads of its first down-projection tiles (no weight depends
 // on an activation), so the pipe stays full across the two GEMMs.
 //
-// Each GEMM is split "stream-K": its 64-row x 128-column weight chunks, ordered row block by row
-// block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams the same bytes.
-// A run that ends inside a row block leaves a partial 16 x 64 sum in the workspace; the CTA that
-// completes a block (counted on an arrival counter) sums the block's partials in CTA order (the
-// result does not depend on which CTA came last) and applies the epilogue: silu(gate) * up for the
-// gate|up blocks, whose 64 rows are 32 gate rows and the 32 up rows of the same columns, and the
+// Measured, not in the engine: slower than cuBLAS's three launches on the H100 and the H200, its
+// CTAs' equal shares finishing microseconds apart (notes/engine.md, "One persistent kernel for the
+// MLP"). scripts/mlp_stream_bench.py builds, checks and times it; the build options
+// (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS) are what it compared.
+//
+// Each GEMM is split "stream-K": its weight chunks (64 rows x 128 columns, or 32 x 256), ordered
+// row block by row block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams
+// the same bytes. A run that ends inside a row block leaves partial sums in the workspace; the CTA
+// that completes a block (counted on an arrival counter) sums the block's partials in CTA order
+// (the result does not depend on which CTA came last) and applies the epilogue: silu(gate) * up
+// for the gate|up blocks, whose rows are gate rows and the up rows of the same columns, and the
 // residual add for the down blocks. It resets the counter, so the workspace is ready for the next
 // call, in a CUDA graph too.
 //
-// sm_80, sm_90 and sm_120 alike: cp.async, ldmatrix and mma.sync; 80 KB of shared memory a CTA.
-// The grid must be co-resident (one CTA an SM, as mlp_stream_grid gives): the barrier waits for
-// every CTA.
+// sm_80, sm_90 and sm_120 alike: cp.async, ldmatrix and mma.sync; 80 KB of shared memory a CTA
+// (96 KB with 32 x 256 chunks), checked against sm_120's 99 KB at compile time. The grid must be
+// co-resident (at most dcmlp_ctas_per_sm() CTAs an SM; dcmlp_mlp refuses more): the barrier waits
+// for every CTA.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +53,9 @@ constexpr int kABytes = kRows * kTileK * 2;
 constexpr int kStageBytes = kWBytes + kABytes;
 constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB (64 x 128, 4 stages), 96 KB (32 x 256)
 static_assert(kTileN == 64 || kTileN == 32, "a chunk is 64 or 32 weight rows");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+static_assert(kSmemBytes + 256 <= 101376, "sm_120 gives a block 99 KB of shared memory");
+#endif
 
 #ifdef DCMLP_STAMPS  // for the measurement: each CTA's clock at its start, A done, barrier passed, end
 __device__ unsigned long long stamps[4096][4];
