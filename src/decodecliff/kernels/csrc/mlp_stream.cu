@@ -9,7 +9,8 @@
 // Measured, not in the engine: slower than cuBLAS's three launches on the H100 and the H200, its
 // CTAs' equal shares finishing microseconds apart (notes/engine.md, "One persistent kernel for the
 // MLP"). scripts/mlp_stream_bench.py builds, checks and times it; the build options
-// (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS) are what it compared.
+// (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS) are what it compared,
+// and DCMLP_BULK (the ring filled by bulk copies of whole rows, sm_90 and later) is the next to be.
 //
 // Each GEMM is split "stream-K": its weight chunks (64 rows x 128 columns, or 32 x 256), ordered
 // row block by row block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams
@@ -40,7 +41,7 @@ constexpr int kRows = 16;  // one m16 tile of activation rows
 #endif
 constexpr int kTileN = DCMLP_TILE_N;      // weight rows a chunk: 64 or 32
 constexpr int kTileK = 8192 / kTileN;     // columns a chunk: a 16 KB tile of weights
-constexpr int kPieces = kTileK / 8;       // 16 B pieces of a tile row
+[[maybe_unused]] constexpr int kPieces = kTileK / 8;  // 16 B pieces of a tile row
 #ifndef DCMLP_STAGES
 #define DCMLP_STAGES 4
 #endif
@@ -48,8 +49,13 @@ constexpr int kStages = DCMLP_STAGES;     // cp.async ring depth
 constexpr int kThreads = 128;
 constexpr int kWarpsN = kTileN / 16;      // warps over a chunk's rows (16 each: two n8 tiles)
 constexpr int kWarpsK = 4 / kWarpsN;      // and over its columns (128 each)
-constexpr int kWBytes = kTileN * kTileK * 2;
-constexpr int kABytes = kRows * kTileK * 2;
+#ifdef DCMLP_BULK  // rows padded by 16 B (bulk copies cannot swizzle): 8 rows, 8 bank groups
+constexpr int kRowBytes = kTileK * 2 + 16;
+#else
+constexpr int kRowBytes = kTileK * 2;
+#endif
+constexpr int kWBytes = kTileN * kRowBytes;
+constexpr int kABytes = kRows * kRowBytes;
 constexpr int kStageBytes = kWBytes + kABytes;
 constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB (64 x 128, 4 stages), 96 KB (32 x 256)
 static_assert(kTileN == 64 || kTileN == 32, "a chunk is 64 or 32 weight rows");
@@ -102,12 +108,77 @@ __device__ __forceinline__ int weight_row(const Gemm& g, int block, int r) {
   return (r < kTileN / 2 ? 0 : half - kTileN / 2) + block * (kTileN / 2) + r;
 }
 
-// A 16 B piece (row, piece) of a tile at byte offset: XOR-swizzled by row so that ldmatrix's 8 rows
-// at one column land in 8 bank groups (a row is a multiple of 128 B).
+// A 16 B piece (row, piece) of a tile at byte offset. With 16 B copies the pieces are XOR-swizzled
+// by row, so that ldmatrix's 8 rows at one column land in 8 bank groups (a row is a multiple of
+// 128 B); bulk copies land rows whole, padded instead.
 __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
-  return row * (kTileK * 2) + ((piece ^ (row & 7)) << 4);
+#ifdef DCMLP_BULK
+  return row * kRowBytes + (piece << 4);
+#else
+  return row * kRowBytes + ((piece ^ (row & 7)) << 4);
+#endif
 }
 
+#ifdef DCMLP_BULK
+// The ring's slots are filled by bulk copies (sm_90 and sm_120: the copy engine), one a weight or
+// activation row, and each slot's mbarrier counts its bytes in. Warp 0 issues them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "DCMLP_BULK needs sm_90 or later (cp.async.bulk)"
+#endif
+struct Ring {
+  uint32_t smem, bars;  // the slots; kStages mbarriers of 8 B
+  uint32_t parity = 0;  // bit s: the phase the next wait of slot s waits for
+
+  __device__ uint32_t slot(int s) const { return smem + s * kStageBytes; }
+  __device__ uint32_t bar(int s) const { return bars + 8 * s; }
+  __device__ void init() {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar(s)));
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // activation rows past the batch are never copied: zeros, once
+    for (int i = threadIdx.x; i < kStages * kABytes / 16; i += kThreads) {
+      uint32_t at = slot(i / (kABytes / 16)) + kWBytes + (i % (kABytes / 16)) * 16;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0));
+    }
+    __syncthreads();
+  }
+  __device__ void copy_row(uint32_t dst, const void* src, int s) const {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        ::"r"(dst), "l"(src), "r"(kTileK * 2), "r"(bar(s)) : "memory");
+  }
+  // A chunk's weights into slot s, its mbarrier armed for them and the `rows` activation rows.
+  __device__ void weights(const Gemm& g, int c, int s, int rows) const {
+    if (threadIdx.x >= 32) return;
+    int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
+    if (threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar(s)),
+                   "r"((kTileN + rows) * kTileK * 2) : "memory");
+    __syncwarp();
+    for (int r = threadIdx.x; r < kTileN; r += 32)
+      copy_row(slot(s) + r * kRowBytes,
+               g.w + static_cast<size_t>(weight_row(g, block, r)) * g.k + k0, s);
+  }
+  __device__ void activations(const Gemm& g, int c, int s, int rows) const {
+    int k0 = (c % (g.k / kTileK)) * kTileK;
+    if (threadIdx.x < rows)
+      copy_row(slot(s) + kWBytes + threadIdx.x * kRowBytes,
+               g.a + static_cast<size_t>(threadIdx.x) * g.k + k0, s);
+  }
+  __device__ void commit() const {}
+  __device__ void wait(int s) {  // the chunk in slot s has landed
+    uint32_t phase = (parity >> s) & 1;
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n}\n" ::"r"(bar(s)), "r"(phase) : "memory");
+    parity ^= 1u << s;
+  }
+  __device__ void drain() const {}
+};
+#else
 // 16 B global -> shared; DCMLP_L2_256: the L2 fetches the 256 B around it from memory at once.
 __device__ __forceinline__ void copy16(uint32_t dst, const void* src, int src_bytes) {
 #ifdef DCMLP_L2_256
@@ -118,26 +189,38 @@ __device__ __forceinline__ void copy16(uint32_t dst, const void* src, int src_by
 #endif
 }
 
-__device__ __forceinline__ void load_weights(const Gemm& g, int c, uint32_t stage) {
-  int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
-#pragma unroll
-  for (int i = 0; i < kTileN * kPieces / kThreads; ++i) {
-    int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
-    const __nv_bfloat16* src = g.w + static_cast<size_t>(weight_row(g, block, row)) * g.k + k0;
-    copy16(stage + swizzled(row, piece), src + piece * 8, 16);
-  }
-}
+// The ring's slots are filled by every thread's 16 B copies, a commit group a chunk.
+struct Ring {
+  uint32_t smem, bars;
 
-__device__ __forceinline__ void load_rows(const Gemm& g, int c, int rows, uint32_t stage) {
-  int k0 = (c % (g.k / kTileK)) * kTileK;
+  __device__ uint32_t slot(int s) const { return smem + s * kStageBytes; }
+  __device__ void init() {}
+  __device__ void weights(const Gemm& g, int c, int s, int) const {
+    int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
 #pragma unroll
-  for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
-    int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
-    int r = row < rows ? row : 0;  // rows past the batch read row 0 as zeros
-    copy16(stage + kWBytes + swizzled(row, piece),
-           g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
+    for (int i = 0; i < kTileN * kPieces / kThreads; ++i) {
+      int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
+      const __nv_bfloat16* src = g.w + static_cast<size_t>(weight_row(g, block, row)) * g.k + k0;
+      copy16(slot(s) + swizzled(row, piece), src + piece * 8, 16);
+    }
   }
-}
+  __device__ void activations(const Gemm& g, int c, int s, int rows) const {
+    int k0 = (c % (g.k / kTileK)) * kTileK;
+#pragma unroll
+    for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
+      int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
+      int r = row < rows ? row : 0;  // rows past the batch read row 0 as zeros
+      copy16(slot(s) + kWBytes + swizzled(row, piece),
+             g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
+    }
+  }
+  __device__ void commit() const { cp_async_commit(); }
+  // The chunk in slot s has landed: groups complete in order, and the kStages - 2 after it may
+  // still be in flight.
+  __device__ void wait(int) const { cp_async_wait<kStages - 2>(); }
+  __device__ void drain() const { cp_async_wait<0>(); }
+};
+#endif
 
 // Warp (wn, wk) = (warp % kWarpsN, warp / kWarpsN): acc[j] += A (16 x 128 columns from 128 wk) *
 // W rows [16 wn + 8 j, +8)^T for the chunk in `stage`.
@@ -243,24 +326,23 @@ __device__ void arrive(const Gemm& g, int block, int chunks, int grid, int segs,
   finish_block(g, block, grid, segs, partials, e);
 }
 
-// Stream this CTA's run of `g`. The first kStages - 1 chunks' loads are already committed as
-// groups (weights and rows together, or weights first and rows after: see the kernel).
+// Stream this CTA's run of `g`. The first kStages - 1 chunks are already in the ring's first slots
+// (weights and rows together, or weights first and rows after: see the kernel).
 __device__ void stream(const Gemm& g, const Run& run, int rows, int grid, int segs,
-                       float* partials, const Epilogue& e, uint32_t smem) {
+                       float* partials, const Epilogue& e, Ring& ring) {
   float acc[2][4] = {};
   int cta = blockIdx.x, seg = 0, chunks = 0;
   int first_block = run.begin / run.kchunks;
   for (int c = run.begin; c < run.end; ++c) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
     int next = c + kStages - 1, i = c - run.begin;
+    ring.wait(i % kStages);
+    __syncthreads();  // every warp is done with the slot the next chunk takes
     if (next < run.end) {
-      uint32_t stage = smem + ((i + kStages - 1) % kStages) * kStageBytes;
-      load_weights(g, next, stage);
-      load_rows(g, next, rows, stage);
+      ring.weights(g, next, (i + kStages - 1) % kStages, rows);
+      ring.activations(g, next, (i + kStages - 1) % kStages, rows);
     }
-    cp_async_commit();
-    mma_chunk(smem + (i % kStages) * kStageBytes, acc);
+    ring.commit();
+    mma_chunk(ring.slot(i % kStages), acc);
     ++chunks;
     int block = c / run.kchunks;
     if (c + 1 == run.end || (c + 1) / run.kchunks != block) {
@@ -270,7 +352,7 @@ __device__ void stream(const Gemm& g, const Run& run, int rows, int grid, int se
       chunks = 0;
     }
   }
-  cp_async_wait<0>();
+  ring.drain();
   __syncthreads();  // the ring is free for the next GEMM's loads
 }
 
@@ -300,7 +382,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     mlp_stream_kernel(Gemm up, Gemm down, Epilogue ep_up, Epilogue ep_down, int rows, int segs,
                       float* partials, unsigned* barrier) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  uint32_t smem = smem_addr(smem_raw);
+  __shared__ __align__(8) unsigned long long bars[kStages];
+  Ring ring{smem_addr(smem_raw), smem_addr(bars)};
+  ring.init();
   int grid = gridDim.x;
   stamp(0);
   Run run_up = run_of(blockIdx.x, grid, up.n / kTileN, up.k / kTileK);
@@ -308,21 +392,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int s = 0; s < kStages - 1; ++s) {
     if (run_up.begin + s < run_up.end) {
-      load_weights(up, run_up.begin + s, smem + s * kStageBytes);
-      load_rows(up, run_up.begin + s, rows, smem + s * kStageBytes);
+      ring.weights(up, run_up.begin + s, s, rows);
+      ring.activations(up, run_up.begin + s, s, rows);
     }
-    cp_async_commit();
+    ring.commit();
   }
-  stream(up, run_up, rows, grid, segs, partials, ep_up, smem);
+  stream(up, run_up, rows, grid, segs, partials, ep_up, ring);
   stamp(1);
 
   // The down weights do not wait for h: their first chunks stream in while the grid meets
   // (DCMLP_NO_PREFETCH, for the measurement: they wait at the barrier too).
 #ifndef DCMLP_NO_PREFETCH
   for (int s = 0; s < kStages - 1; ++s) {
-    if (run_down.begin + s < run_down.end)
-      load_weights(down, run_down.begin + s, smem + s * kStageBytes);
-    cp_async_commit();
+    if (run_down.begin + s < run_down.end) ring.weights(down, run_down.begin + s, s, rows);
+    ring.commit();
   }
 #endif
   grid_barrier(barrier, grid);
@@ -330,13 +413,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
     if (run_down.begin + s < run_down.end) {
 #ifdef DCMLP_NO_PREFETCH
-      load_weights(down, run_down.begin + s, smem + s * kStageBytes);
+      ring.weights(down, run_down.begin + s, s, rows);
 #endif
-      load_rows(down, run_down.begin + s, rows, smem + s * kStageBytes);
+      ring.activations(down, run_down.begin + s, s, rows);
     }
-    cp_async_commit();
+    ring.commit();
   }
-  stream(down, run_down, rows, grid, segs, partials, ep_down, smem);
+  stream(down, run_down, rows, grid, segs, partials, ep_down, ring);
   stamp(3);
 }
 
