@@ -559,7 +559,7 @@ def test_build_options_are_checked_before_nvcc_runs(tmp_path, capsys):
 def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tmp_path, tile):
     """kernels/csrc/mlp_stream.cu (measured in notes/engine.md, not in the engine) has sm_120, sm_90
     and sm_80 SASS in both chunk shapes, a ring too deep for sm_120's 99 KB does not build, and
-    its bulk-copy ring builds for sm_120 and sm_90 only."""
+    its bulk-copy ring (with the queue of units) builds for sm_120 and sm_90 only."""
     nvcc, source = build.find_nvcc(), str(build.CSRC / "mlp_stream.cu")
 
     def compile_(lib, archs, *defines):
@@ -576,6 +576,13 @@ def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tm
     assert deep.returncode != 0 and "99 KB" in deep.stderr
     # the bulk copies' ring (sm_90 and later): rows padded, so 32 x 256 chunks fit three slots
     stages = "DCMLP_STAGES=4" if tile == 64 else "DCMLP_STAGES=3"
-    bulk = compile_(tmp_path / "bulk.so", [120, 90], f"DCMLP_TILE_N={tile}", "DCMLP_BULK", stages)
+    bulk = compile_(
+        tmp_path / "bulk.so",
+        [120, 90],
+        f"DCMLP_TILE_N={tile}",
+        "DCMLP_BULK",
+        stages,
+        "DCMLP_QUEUE=2",
+    )
     assert bulk.returncode == 0, bulk.stderr
     assert compile_(tmp_path / "old.so", [80], "DCMLP_BULK").returncode != 0  # no bulk copies

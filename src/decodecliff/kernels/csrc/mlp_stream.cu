@@ -10,13 +10,15 @@
 // CTAs' equal shares finishing microseconds apart (notes/engine.md, "One persistent kernel for the
 // MLP"). scripts/mlp_stream_bench.py builds, checks and times it; the build options
 // (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS) are what it compared,
-// and DCMLP_BULK (the ring filled by bulk copies of whole rows, sm_90 and later) is the next to be.
+// and DCMLP_BULK (the ring filled by bulk copies of whole rows, sm_90 and later) and DCMLP_QUEUE=U
+// (chunks handed out in units of U as CTAs ask, in place of equal runs) are the next to be.
 //
 // Each GEMM is split "stream-K": its weight chunks (64 rows x 128 columns, or 32 x 256), ordered
 // row block by row block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams
-// the same bytes. A run that ends inside a row block leaves partial sums in the workspace; the CTA
-// that completes a block (counted on an arrival counter) sums the block's partials in CTA order
-// (the result does not depend on which CTA came last) and applies the epilogue: silu(gate) * up
+// the same bytes (or, with DCMLP_QUEUE, in small units to whichever CTA asks next). A run that ends
+// inside a row block leaves partial sums in the workspace; the CTA that completes a block (counted
+// on an arrival counter) sums the block's partials in run order (the result does not depend on
+// which CTA took what or came last) and applies the epilogue: silu(gate) * up
 // for the gate|up blocks, whose rows are gate rows and the up rows of the same columns, and the
 // residual add for the down blocks. It resets the counter, so the workspace is ready for the next
 // call, in a CUDA graph too.
@@ -82,23 +84,85 @@ struct Gemm {
   const __nv_bfloat16* a;
   int n, k;           // n: weight rows (a multiple of 64), k: a multiple of 128
   int gated;          // 1: rows [0, n/2) gate, [n/2, n) up; a block takes 32 of each
-  int* arrivals;      // [n / 64], zero between calls
+  int* arrivals;      // [n / kTileN], zero between calls
+  int* queue;         // DCMLP_QUEUE: the count of units handed out past the first, zero between calls
 };
-
-struct Run {  // this CTA's chunks of one GEMM: [begin, end) of blocks x k-chunks
-  int begin, end, kchunks;
-};
-
-__device__ __forceinline__ Run run_of(int cta, int grid, int blocks, int kchunks) {
-  long long total = static_cast<long long>(blocks) * kchunks;
-  return {static_cast<int>(total * cta / grid), static_cast<int>(total * (cta + 1) / grid),
-          kchunks};
-}
 
 // The CTA whose run holds chunk c: the smallest b with end(b) > c.
 __device__ __forceinline__ int cta_of(long long c, int grid, long long total) {
   return static_cast<int>(((c + 1) * grid + total - 1) / total) - 1;
 }
+
+// Who sums which chunks, and where their partial sums of a block go. By default an owner is a CTA
+// and its run; with DCMLP_QUEUE=U an owner is a unit of U chunks, handed to whichever CTA asks
+// next (so fast SMs take more), its sums in two slots (a unit of at most a block's chunks touches
+// two blocks). Either way the finisher adds the owners' slots in owner order: the sums do not
+// depend on which CTA took what, or finished last.
+struct Parts {
+  long long total;  // chunks of the GEMM
+  int kchunks, grid, segs;
+
+  __device__ Parts(const Gemm& g, int grid_, int segs_)
+      : total(static_cast<long long>(g.n / kTileN) * (g.k / kTileK)),
+        kchunks(g.k / kTileK), grid(grid_), segs(segs_) {}
+#ifdef DCMLP_QUEUE
+  static constexpr int kUnit = DCMLP_QUEUE;
+  static_assert(kUnit >= 1, "a unit is one chunk or more");
+  __device__ int owner_of(long long c) const { return static_cast<int>(c / kUnit); }
+  __device__ long long first(int o) const { return static_cast<long long>(o) * kUnit; }
+  __device__ bool idle(int) const { return false; }
+  __device__ size_t slot(int o, int block) const {
+    return static_cast<size_t>(o) * 2 + (block - first(o) / kchunks);
+  }
+#else
+  __device__ int owner_of(long long c) const { return cta_of(c, grid, total); }
+  __device__ long long first(int o) const { return total * o / grid; }
+  __device__ bool idle(int o) const { return first(o) == total * (o + 1) / grid; }
+  __device__ size_t slot(int o, int block) const {
+    return static_cast<size_t>(o) * segs + (block - first(o) / kchunks);
+  }
+#endif
+};
+
+// Thread 0's source of this CTA's chunks, in order (-1: no more). With DCMLP_QUEUE a CTA starts
+// on the unit of its own index and asks the counter for the next one a unit ahead, so the atomic's
+// round trip is hidden behind the unit's loads; every CTA that had a unit asks once past the last,
+// and the asker of the last count resets the counter for the next call.
+struct Feed {
+  long long next = 0, end = 0;
+#ifdef DCMLP_QUEUE
+  int units = 0, grid = 0, ahead = 0;  // ahead: the counter's answer, read a unit later
+  bool asked = false;
+  int* counter = nullptr;
+
+  __device__ void take(const Parts& p, int unit) {
+    next = p.first(unit);
+    end = next + Parts::kUnit < p.total ? next + Parts::kUnit : p.total;
+    ahead = atomicAdd(counter, 1);
+    asked = true;
+  }
+  __device__ void start(const Gemm& g, const Parts& p) {
+    grid = p.grid, counter = g.queue;
+    units = static_cast<int>((p.total + Parts::kUnit - 1) / Parts::kUnit);
+    if (static_cast<int>(blockIdx.x) < units) take(p, blockIdx.x);
+  }
+  __device__ int pop(const Parts& p) {
+    if (next == end) {
+      if (!asked) return -1;
+      asked = false;
+      if (ahead == units - 1) atomicExch(counter, 0);  // the last count handed out
+      if (grid + ahead >= units) return -1;
+      take(p, grid + ahead);
+    }
+    return static_cast<int>(next++);
+  }
+#else
+  __device__ void start(const Gemm&, const Parts& p) {
+    next = p.first(blockIdx.x), end = p.first(blockIdx.x + 1);
+  }
+  __device__ int pop(const Parts&) { return next < end ? static_cast<int>(next++) : -1; }
+#endif
+};
 
 // The weight row a chunk's row r reads: a gate|up block is kTileN / 2 gate rows, then the up
 // rows of the same columns.
@@ -267,23 +331,19 @@ __device__ __forceinline__ void add4(float (&sum)[4], const float* p) {
   sum[0] += v.x, sum[1] += v.y, sum[2] += v.z, sum[3] += v.w;
 }
 
-// The block's full sums, from the slots of the CTAs whose runs cover it (in CTA order, then
-// column warp), through the epilogue; each thread takes 4 output columns of a row at a time.
-__device__ void finish_block(const Gemm& g, int block, int grid, int segs, const float* partials,
+// The block's full sums, from the slots of the owners of its chunks (in owner order, then column
+// warp), through the epilogue; each thread takes 4 output columns of a row at a time.
+__device__ void finish_block(const Gemm& g, int block, const Parts& parts, const float* partials,
                              const Epilogue& e) {
-  int kchunks = g.k / kTileK;
-  long long total = static_cast<long long>(g.n / kTileN) * kchunks;
-  long long first = static_cast<long long>(block) * kchunks;
-  int lo = cta_of(first, grid, total), hi = cta_of(first + kchunks - 1, grid, total);
+  long long first = static_cast<long long>(block) * parts.kchunks;
+  int lo = parts.owner_of(first), hi = parts.owner_of(first + parts.kchunks - 1);
   int width = g.gated ? kTileN / 2 : kTileN;  // output columns of the block
   for (int item = threadIdx.x; item < kRows * width / 4; item += kThreads) {
     int row = item / (width / 4), col = (item % (width / 4)) * 4;
     float sum[4] = {}, up[4] = {};
-    for (int b = lo; b <= hi; ++b) {
-      long long begin = total * b / grid;
-      if (begin == total * (b + 1) / grid) continue;  // an empty run (fewer chunks than CTAs)
-      int seg = block - static_cast<int>(begin / kchunks);
-      const float* p = partials + (static_cast<size_t>(b) * segs + seg) * kPartial;
+    for (int o = lo; o <= hi; ++o) {
+      if (parts.idle(o)) continue;  // an empty run (fewer chunks than CTAs)
+      const float* p = partials + parts.slot(o, block) * kPartial;
       for (int wk = 0; wk < kWarpsK; ++wk) {
         const float* q = p + wk * kRows * kTileN + row * kTileN + col;
         add4(sum, q);
@@ -310,7 +370,7 @@ __device__ void finish_block(const Gemm& g, int block, int grid, int segs, const
 }
 
 // The partial of `block` is stored; count its chunks, and finish the block if they complete it.
-__device__ void arrive(const Gemm& g, int block, int chunks, int grid, int segs, float* partials,
+__device__ void arrive(const Gemm& g, int block, int chunks, const Parts& parts, float* partials,
                        const Epilogue& e) {
   __shared__ int last;
   __threadfence();  // this CTA's partial before its count
@@ -323,32 +383,33 @@ __device__ void arrive(const Gemm& g, int block, int chunks, int grid, int segs,
   __syncthreads();
   if (!last) return;
   __threadfence();  // the others' partials, after their counts
-  finish_block(g, block, grid, segs, partials, e);
+  finish_block(g, block, parts, partials, e);
 }
 
-// Stream this CTA's run of `g`. The first kStages - 1 chunks are already in the ring's first slots
+// Stream this CTA's chunks of `g`. ids[] holds the chunk in each slot of the ring (-1: none),
+// written by thread 0 from the feed as it issues; the first kStages - 1 are already issued
 // (weights and rows together, or weights first and rows after: see the kernel).
-__device__ void stream(const Gemm& g, const Run& run, int rows, int grid, int segs,
-                       float* partials, const Epilogue& e, Ring& ring) {
+__device__ void stream(const Gemm& g, Feed& feed, const Parts& parts, int rows, float* partials,
+                       const Epilogue& e, Ring& ring, volatile int* ids) {
   float acc[2][4] = {};
-  int cta = blockIdx.x, seg = 0, chunks = 0;
-  int first_block = run.begin / run.kchunks;
-  for (int c = run.begin; c < run.end; ++c) {
-    int next = c + kStages - 1, i = c - run.begin;
+  int chunks = 0;
+  for (int i = 0;; ++i) {
+    int c = ids[i % kStages], issue = (i + kStages - 1) % kStages;
+    if (c < 0) break;
     ring.wait(i % kStages);
-    __syncthreads();  // every warp is done with the slot the next chunk takes
-    if (next < run.end) {
-      ring.weights(g, next, (i + kStages - 1) % kStages, rows);
-      ring.activations(g, next, (i + kStages - 1) % kStages, rows);
+    if (threadIdx.x == 0) ids[issue] = feed.pop(parts);
+    __syncthreads();  // every warp is done with the slot the next chunk takes, and sees its id
+    if (int next = ids[issue]; next >= 0) {
+      ring.weights(g, next, issue, rows);
+      ring.activations(g, next, issue, rows);
     }
     ring.commit();
     mma_chunk(ring.slot(i % kStages), acc);
     ++chunks;
-    int block = c / run.kchunks;
-    if (c + 1 == run.end || (c + 1) / run.kchunks != block) {
-      seg = block - first_block;
-      store_partial(partials + (static_cast<size_t>(cta) * segs + seg) * kPartial, acc);
-      arrive(g, block, chunks, grid, segs, partials, e);
+    int block = c / parts.kchunks, after = ids[(i + 1) % kStages];
+    if (after < 0 || after / parts.kchunks != block || parts.owner_of(after) != parts.owner_of(c)) {
+      store_partial(partials + parts.slot(parts.owner_of(c), block) * kPartial, acc);
+      arrive(g, block, chunks, parts, partials, e);
       chunks = 0;
     }
   }
@@ -378,48 +439,59 @@ __device__ void grid_barrier(unsigned* bar, unsigned grid) {
   __syncthreads();
 }
 
+// The first kStages - 1 chunk ids of a GEMM into ids[], from thread 0's feed.
+__device__ void first_ids(Feed& feed, const Gemm& g, const Parts& parts, volatile int* ids) {
+  if (threadIdx.x == 0) {
+    feed.start(g, parts);
+    for (int s = 0; s < kStages - 1; ++s) ids[s] = feed.pop(parts);
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     mlp_stream_kernel(Gemm up, Gemm down, Epilogue ep_up, Epilogue ep_down, int rows, int segs,
                       float* partials, unsigned* barrier) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[kStages];
+  __shared__ int ids[kStages];
   Ring ring{smem_addr(smem_raw), smem_addr(bars)};
   ring.init();
-  int grid = gridDim.x;
   stamp(0);
-  Run run_up = run_of(blockIdx.x, grid, up.n / kTileN, up.k / kTileK);
-  Run run_down = run_of(blockIdx.x, grid, down.n / kTileN, down.k / kTileK);
+  Parts parts_up(up, gridDim.x, segs), parts_down(down, gridDim.x, segs);
+  Feed feed;
 
+  first_ids(feed, up, parts_up, ids);
   for (int s = 0; s < kStages - 1; ++s) {
-    if (run_up.begin + s < run_up.end) {
-      ring.weights(up, run_up.begin + s, s, rows);
-      ring.activations(up, run_up.begin + s, s, rows);
+    if (ids[s] >= 0) {
+      ring.weights(up, ids[s], s, rows);
+      ring.activations(up, ids[s], s, rows);
     }
     ring.commit();
   }
-  stream(up, run_up, rows, grid, segs, partials, ep_up, ring);
+  stream(up, feed, parts_up, rows, partials, ep_up, ring, ids);
   stamp(1);
 
   // The down weights do not wait for h: their first chunks stream in while the grid meets
   // (DCMLP_NO_PREFETCH, for the measurement: they wait at the barrier too).
+  first_ids(feed, down, parts_down, ids);
 #ifndef DCMLP_NO_PREFETCH
   for (int s = 0; s < kStages - 1; ++s) {
-    if (run_down.begin + s < run_down.end) ring.weights(down, run_down.begin + s, s, rows);
+    if (ids[s] >= 0) ring.weights(down, ids[s], s, rows);
     ring.commit();
   }
 #endif
-  grid_barrier(barrier, grid);
+  grid_barrier(barrier, gridDim.x);
   stamp(2);
   for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
-    if (run_down.begin + s < run_down.end) {
+    if (ids[s] >= 0) {
 #ifdef DCMLP_NO_PREFETCH
-      ring.weights(down, run_down.begin + s, s, rows);
+      ring.weights(down, ids[s], s, rows);
 #endif
-      ring.activations(down, run_down.begin + s, s, rows);
+      ring.activations(down, ids[s], s, rows);
     }
     ring.commit();
   }
-  stream(down, run_down, rows, grid, segs, partials, ep_down, ring);
+  stream(down, feed, parts_down, rows, partials, ep_down, ring, ids);
   stamp(3);
 }
 
@@ -427,6 +499,31 @@ int segments(int blocks, int kchunks, int grid) {
   long long total = static_cast<long long>(blocks) * kchunks;
   long long longest = (total + grid - 1) / grid;
   return static_cast<int>((longest + kchunks - 2) / kchunks) + 1;  // blocks a run can touch
+}
+
+// Slots of partial sums a GEMM of `blocks` x `kchunks` chunks needs (each kPartial floats), and
+// the `segs` its kernel argument holds (the blocks a CTA's run can touch).
+long long slots(int blocks, int kchunks, int grid, int* segs) {
+  *segs = segments(blocks, kchunks, grid);
+#ifdef DCMLP_QUEUE
+  long long total = static_cast<long long>(blocks) * kchunks;
+  return 2 * ((total + DCMLP_QUEUE - 1) / DCMLP_QUEUE);
+#else
+  return static_cast<long long>(grid) * *segs;
+#endif
+}
+
+// The larger of the two GEMMs' needs, and the segs that covers both.
+long long workspace_slots(int hidden, int inter, int grid, int* segs) {
+  int segs_down = 0;
+  long long up = slots(2 * inter / kTileN, hidden / kTileK, grid, segs);
+  long long down = slots(hidden / kTileN, inter / kTileK, grid, &segs_down);
+  if (segs_down > *segs) *segs = segs_down;
+  long long most = up > down ? up : down;
+#ifndef DCMLP_QUEUE
+  most = static_cast<long long>(grid) * *segs;  // one segs for both GEMMs' slots
+#endif
+  return most;
 }
 
 }  // namespace dcmlp
@@ -444,13 +541,12 @@ int dcmlp_ctas_per_sm() {
   return per_sm;
 }
 
-// Bytes of the float workspace of partial sums; the int workspace holds hidden / 64 + 2 * inter
-// / 64 + 2 zeroed ints (the two GEMMs' arrival counters and the barrier), kept between calls.
+// Bytes of the float workspace of partial sums; the int workspace holds dcmlp_counter_ints zeroed
+// ints (the two GEMMs' arrival counters, the barrier's two and the two queue counters), which
+// every call leaves zero again.
 long long dcmlp_partial_bytes(int hidden, int inter, int grid) {
-  int segs = dcmlp::segments(2 * inter / dcmlp::kTileN, hidden / dcmlp::kTileK, grid);
-  int segs_down = dcmlp::segments(hidden / dcmlp::kTileN, inter / dcmlp::kTileK, grid);
-  if (segs_down > segs) segs = segs_down;
-  return static_cast<long long>(grid) * segs * dcmlp::kPartial * sizeof(float);
+  int segs = 0;
+  return dcmlp::workspace_slots(hidden, inter, grid, &segs) * dcmlp::kPartial * sizeof(float);
 }
 
 #ifdef DCMLP_STAMPS
@@ -462,8 +558,18 @@ int dcmlp_read_stamps(void* host) {
 // hidden and inter must be multiples of this (the columns of a chunk).
 int dcmlp_tile_k() { return dcmlp::kTileK; }
 
+// Chunks of a queue's unit (DCMLP_QUEUE; 0: equal runs). hidden and inter must hold this many
+// chunks or more.
+int dcmlp_queue_unit() {
+#ifdef DCMLP_QUEUE
+  return DCMLP_QUEUE;
+#else
+  return 0;
+#endif
+}
+
 int dcmlp_counter_ints(int hidden, int inter) {
-  return hidden / dcmlp::kTileN + 2 * inter / dcmlp::kTileN + 2;
+  return hidden / dcmlp::kTileN + 2 * inter / dcmlp::kTileN + 4;
 }
 
 // y[rows, hidden] = (silu(x Wg^T) * (x Wu^T)) Wd^T (+ residual), h[rows, inter] kept.
@@ -486,18 +592,22 @@ int dcmlp_mlp(const void* x, const void* w_gate_up, const void* w_down, const vo
     capacity = sms * dcmlp_ctas_per_sm();
   }
   if (grid > capacity) return cudaErrorCooperativeLaunchTooLarge;
+#ifdef DCMLP_QUEUE  // a unit may touch two blocks of a GEMM, no more
+  if (DCMLP_QUEUE > hidden / kTileK || DCMLP_QUEUE > inter / kTileK) return cudaErrorInvalidValue;
+#endif
   int* ints = static_cast<int*>(counters);
+  int* down_arrivals = ints + 2 * inter / kTileN;
+  unsigned* barrier = reinterpret_cast<unsigned*>(down_arrivals + hidden / kTileN);
+  int* queues = down_arrivals + hidden / kTileN + 2;
   Gemm up{static_cast<const __nv_bfloat16*>(w_gate_up), static_cast<const __nv_bfloat16*>(x),
-          2 * inter, hidden, 1, ints};
+          2 * inter, hidden, 1, ints, queues};
   Gemm down{static_cast<const __nv_bfloat16*>(w_down), static_cast<const __nv_bfloat16*>(h),
-            hidden, inter, 0, ints + 2 * inter / kTileN};
+            hidden, inter, 0, down_arrivals, queues + 1};
   Epilogue ep_up{static_cast<__nv_bfloat16*>(h), nullptr, rows, inter};
   Epilogue ep_down{static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(residual),
                    rows, hidden};
-  int segs = segments(2 * inter / kTileN, hidden / kTileK, grid);
-  int segs_down = segments(hidden / kTileN, inter / kTileK, grid);
-  if (segs_down > segs) segs = segs_down;
-  unsigned* barrier = reinterpret_cast<unsigned*>(ints + 2 * inter / kTileN + hidden / kTileN);
+  int segs = 0;
+  workspace_slots(hidden, inter, grid, &segs);
   cudaError_t err = cudaFuncSetAttribute(mlp_stream_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
