@@ -247,8 +247,8 @@ def main() -> None:
             if (
                 grid > sms * handle.dcmlp_ctas_per_sm()
                 or inter % handle.dcmlp_tile_k()
-                or handle.dcmlp_queue_unit() > inter // handle.dcmlp_tile_k()  # a unit: 2 blocks
-                or (name != args.variants[0] and grid != sms)
+                or handle.dcmlp_queue_unit() > min(hidden, inter) // handle.dcmlp_tile_k()
+                or (name != args.variants[0] and grid not in (sms, 2 * sms))  # the timed grids
             ):
                 continue
             c = check(handle, dev, hidden, inter, rows, grid, res, seed=len(checks))

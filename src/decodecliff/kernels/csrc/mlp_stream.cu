@@ -198,14 +198,15 @@ struct Ring {
   __device__ void init() {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar(s)));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar(s)) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // activation rows past the batch are never copied: zeros, once
     for (int i = threadIdx.x; i < kStages * kABytes / 16; i += kThreads) {
       uint32_t at = slot(i / (kABytes / 16)) + kWBytes + (i % (kABytes / 16)) * 16;
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0));
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
     }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // before the copies' writes
     __syncthreads();
   }
   __device__ void copy_row(uint32_t dst, const void* src, int s) const {
@@ -481,6 +482,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #endif
   grid_barrier(barrier, gridDim.x);
+#ifdef DCMLP_BULK  // h was stored by other CTAs' threads; the copy engine reads it through another
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // proxy
+#endif
   stamp(2);
   for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
     if (ids[s] >= 0) {
@@ -580,18 +584,16 @@ int dcmlp_mlp(const void* x, const void* w_gate_up, const void* w_down, const vo
               void* h, void* y, void* partials, void* counters, int rows, int hidden, int inter,
               int grid, void* stream) {
   using namespace dcmlp;
-  if (rows < 1 || rows > kRows || hidden % kTileK || inter % kTileK || grid < 1)
+  if (rows < 1 || rows > kRows || hidden < kTileK || inter < kTileK || hidden % kTileK ||
+      inter % kTileK || grid < 1)
     return cudaErrorInvalidValue;
   // every CTA must be resident at once, or the barrier waits for ever
-  static int capacity = -1;
-  if (capacity < 0) {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return cudaErrorInvalidDevice;
-    capacity = sms * dcmlp_ctas_per_sm();
-  }
-  if (grid > capacity) return cudaErrorCooperativeLaunchTooLarge;
+  int device = 0, sms = 0, per_sm = dcmlp_ctas_per_sm();
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      per_sm < 1)
+    return cudaErrorInvalidDevice;
+  if (grid > sms * per_sm) return cudaErrorCooperativeLaunchTooLarge;
 #ifdef DCMLP_QUEUE  // a unit may touch two blocks of a GEMM, no more
   if (DCMLP_QUEUE > hidden / kTileK || DCMLP_QUEUE > inter / kTileK) return cudaErrorInvalidValue;
 #endif
