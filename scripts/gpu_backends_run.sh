@@ -4,7 +4,7 @@
 #   scripts/gpu_backends_run.sh COMMIT PART [PART ...]          (carry: .whl .sgl)
 #   PART: contract | kernels | fidelity | engine | sm120 | sm120-more | short-splits
 #         | short-ragged | ragged-v5 | ragged-v5-tree | engine-sm120 | engine-pdl | engine-gemms | engine-l2 | engine-fused
-#         | profile-sm120 | v5-patches
+#         | profile-sm120 | profile-ragged | v5-patches
 #   (a study's points and benches at one commit: gpu_study_run.sh; the GPU tests: gpu_tests.sh)
 #
 # contract: the backend contract's tests on the GPU; kernels: the baseline, SGLang's kernels,
@@ -46,6 +46,9 @@
 # skips the tests; FUSED_RUNS names the GEMM paths to run, in order);
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
+# profile-ragged: the same for v4 (auto's pick there) in this GPU's build on a ragged decode batch
+# of four at 185k, 8 and 16 heads, its own plan (splits shared by tokens) beside 132 splits, which
+# measured 10-12% faster (notes/kernel.md, "Sixteen slots a request where the splits are long");
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
 # of patch names joined by +, "base" for the tree as it is) applied in turn, built, checked
 # against float64 and the planted masks in both builds and timed in both builds at 185k
@@ -231,6 +234,9 @@ for lim in (0, 102400):
           --out "$OUT/$name.json" > "$OUT/bench_$name.log" 2>&1
         echo "$i: $gemm rc $?"; grep -E "step .* ms|failed|kernels, span" "$OUT/bench_$name.log"
       done ;;
+    profile-ragged)  # Nsight Compute of v4 on a ragged decode batch: its plan against 132 splits
+      OUT=$OUT/profile timeout 400 bash "$here/profile_kernels.sh" v4:185000:1:8:batch=4 \
+        v4:185000:1:8:batch=4:splits=132 v4:185000:1:16:batch=4 v4:185000:1:16:batch=4:splits=132 ;;
     profile-sm120)  # Nsight Compute of v5 and v4 as they run on sm_120's per-SM budget
       OUT=$OUT/profile SM120_MODEL=1 timeout 400 bash "$here/profile_kernels.sh" \
         v5:185000:16:8 v4:185000:16:8 v5:185000:64:8:tree ;;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of the custom kernel's variants at the study's main shapes (one GPU call).
-#   OUT=dir scripts/profile_kernels.sh "v1:185000:16:8" "v2:185000:1:8" ...   (variant:ctx:L:heads[:tree])
+#   OUT=dir scripts/profile_kernels.sh "v1:185000:16:8" "auto:185000:1:8:batch=4:splits=132" ...
+#   (VARIANT:SHAPE, SHAPE as `decodecliff check-kernel --launch` takes it:
+#    CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree][:batch=B][:splits=S])
 #   SM120_MODEL=1: the sm_120-model library (sm_120's registers and 100 KB per SM, on this GPU)
 # InstructionStats and SourceCounters give the executed instructions and where warps stall: the
 # dynamic side of the static loop counts build-kernel records (kernels/sass.py). Each report is
@@ -18,9 +20,8 @@ SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerSta
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats
   --section InstructionStats --section SourceCounters --print-details all"
 for spec in "$@"; do
-  IFS=: read -r v ctx L H tree <<< "$spec"
-  shape="$ctx:$L:$H"; [ "${tree:-}" = tree ] && shape="$shape:tree"
-  name="${v}_${ctx}_L${L}_H${H}${tree:+_tree}"
+  v=${spec%%:*} shape=${spec#*:}
+  name="${v}_$(tr ':=' '__' <<< "$shape")"
   "$NCU" --clock-control none -k regex:mla_attn --launch-skip 1 --launch-count 1 $SECTIONS \
     -f -o "$OUT/ncu_$name" \
     python3 -m decodecliff.cli check-kernel --variants "$v" --launch "$shape" --launches 3 \

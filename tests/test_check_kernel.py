@@ -33,6 +33,7 @@ def test_options_and_their_defaults() -> None:
     args = ck.parse_args(["--launch", "185000:64:8:64:tree", "--launches", "1"])
     assert args.launch == {
         "kv_lens": [185000], "q_len": 64, "heads": 8, "page_size": 64, "tree": True,
+        "num_splits": None,
     }  # fmt: skip
 
 
@@ -73,14 +74,23 @@ def test_on_a_cpu_it_fails_at_once_with_a_clear_message(tmp_path: Path) -> None:
         ("1024:16:8", ([1024], 16, 8, 1, False)),
         ("1024:1:64:16", ([1024], 1, 64, 16, False)),
         ("300:64:8:tree", ([300], 64, 8, 1, True)),
+        ("1000:1:8:batch=4", ([1000, 750, 500, 250], 1, 8, 1, False)),
+        ("1000:16:8:64:tree:splits=7", ([1000], 16, 8, 64, True)),
     ],
 )
 def test_parse_shape(text: str, shape: tuple) -> None:
     parsed = ck.parse_shape(text)
     assert tuple(parsed[k] for k in ("kv_lens", "q_len", "heads", "page_size", "tree")) == shape
+    assert parsed["num_splits"] == (7 if "splits" in text else None)
 
 
-@pytest.mark.parametrize("text", ["1024:16", "a:16:8", "8:16:8", "1024:16:0", "1024:16:8:1:2"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1024:16", "a:16:8", "8:16:8", "1024:16:0", "1024:16:8:1:2", "1024:16:8:batch=0",
+        "1024:16:8:splits=x", "1024:16:8:split=4",
+    ],
+)  # fmt: skip
 def test_parse_shape_refuses(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="CTX:Q_LEN:HEADS"):
         ck.parse_shape(text)

@@ -40,6 +40,7 @@ from ..kernels.custom import VARIANTS
 from ..kernels.registry import get_backend
 from ..kernels.synthetic import relative_error
 from . import core, roofline
+from .kernels import kv_lengths
 from .timing import sync
 
 DEFAULT_VARIANTS = ["v1", "v2", "v3", "v4"]
@@ -162,24 +163,39 @@ def timing_points(quick: bool, grid: bool = False) -> list[tuple]:
     return points
 
 
+SHAPE_FORMAT = "CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree][:batch=B][:splits=S]"
+
+
 def parse_shape(text: str) -> dict:
-    """CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree] (e.g. 185000:16:8 or 185000:64:8:64:tree) as the
-    arguments of random_batch."""
+    """CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree][:batch=B][:splits=S] (e.g. 185000:16:8,
+    185000:64:8:64:tree or 185000:1:8:batch=4:splits=132) as the arguments of random_batch, and
+    ``num_splits`` (None: the kernel's plan). batch=B is a ragged batch of B requests, ctx down to
+    ctx / B (as bench-kernels --ragged lays it out)."""
     parts = text.split(":")
-    tree = parts[-1] == "tree"
+    options = dict(p.split("=", 1) for p in parts if "=" in p)
+    parts = [p for p in parts if "=" not in p]
+    tree = bool(parts) and parts[-1] == "tree"
     numbers = parts[:-1] if tree else parts
     try:
         values = [int(p) for p in numbers]
+        batch, splits = int(options.pop("batch", 1)), options.pop("splits", None)
+        splits = None if splits is None else int(splits)
     except ValueError:
-        values = []
-    if len(values) not in (3, 4) or min(values) < 1 or values[0] < values[1]:
+        values, batch, splits = [], 1, None
+    if (
+        len(values) not in (3, 4) or min(values) < 1 or values[0] < values[1] or options
+        or batch < 1 or (splits is not None and splits < 1)
+    ):  # fmt: skip
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree] with positive numbers and "
-            "CTX >= Q_LEN"
+            f"{text!r} is not {SHAPE_FORMAT} with positive numbers and CTX >= Q_LEN"
         )
     ctx, q_len, heads = values[:3]
     page_size = values[3] if len(values) == 4 else 1
-    return {"kv_lens": [ctx], "q_len": q_len, "heads": heads, "page_size": page_size, "tree": tree}
+    kv_lens = kv_lengths(ctx, q_len, batch, ragged=True)
+    return {
+        "kv_lens": kv_lens, "q_len": q_len, "heads": heads, "page_size": page_size, "tree": tree,
+        "num_splits": splits,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,7 +573,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--launch",
         type=parse_shape,
-        metavar="CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree]",
+        metavar=SHAPE_FORMAT,
         default=None,
         help="only launch the first variant on this shape --launches times, for a profiler such "
         "as Nsight Compute (default: off, run the checks)",
@@ -580,8 +596,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def launch(shape: dict, variant: str, launches: int) -> int:
     """Launch one variant on one shape a few times, nothing else (what a profiler records)."""
+    shape = dict(shape)
+    splits = shape.pop("num_splits")
     batch = core.problem(**shape, device="cuda", seed=1)
-    step = custom(variant=variant).prepare(batch, batch.new_output())
+    step = custom(variant=variant, num_splits=splits).prepare(batch, batch.new_output())
     for _ in range(launches):
         step()
     sync(batch.device)
