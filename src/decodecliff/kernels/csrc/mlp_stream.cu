@@ -47,7 +47,7 @@ constexpr int kTileK = 8192 / kTileN;     // columns a chunk: a 16 KB tile of we
 #ifndef DCMLP_STAGES
 #define DCMLP_STAGES 4
 #endif
-constexpr int kStages = DCMLP_STAGES;     // cp.async ring depth
+constexpr int kStages = DCMLP_STAGES;     // slots of the ring of chunks
 constexpr int kThreads = 128;
 constexpr int kWarpsN = kTileN / 16;      // warps over a chunk's rows (16 each: two n8 tiles)
 constexpr int kWarpsK = 4 / kWarpsN;      // and over its columns (128 each)
@@ -75,15 +75,15 @@ __device__ __forceinline__ void stamp(int at) {
 #else
 __device__ __forceinline__ void stamp(int) {}
 #endif
-constexpr int kPartial = kRows * kTileN * kWarpsK;  // floats of one run's sums of a block:
+constexpr int kPartial = kRows * kTileN * kWarpsK;  // floats of an owner's sums of a block:
                                                     // one 16 x kTileN slot a column warp
 
 // One GEMM of the two: out rows of `w` ([n, k] row-major) against `a` ([rows, k] row-major).
 struct Gemm {
   const __nv_bfloat16* w;
   const __nv_bfloat16* a;
-  int n, k;           // n: weight rows (a multiple of 64), k: a multiple of 128
-  int gated;          // 1: rows [0, n/2) gate, [n/2, n) up; a block takes 32 of each
+  int n, k;           // n: weight rows (a multiple of kTileN), k: a multiple of kTileK
+  int gated;          // 1: rows [0, n/2) gate, [n/2, n) up; a block takes kTileN / 2 of each
   int* arrivals;      // [n / kTileN], zero between calls
   int* queue;         // DCMLP_QUEUE: the count of units handed out past the first, zero between calls
 };
