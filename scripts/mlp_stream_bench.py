@@ -27,20 +27,19 @@ import torch
 from decodecliff import envinfo
 from decodecliff.bench import roofline, timing
 from decodecliff.engine import fused
-from decodecliff.kernels.build import CSRC, find_nvcc
+from decodecliff.engine.config import PRESETS
+from decodecliff.kernels.build import CSRC, find_nvcc, nvcc_command
 
 PTR, INT = ctypes.c_void_p, ctypes.c_int
 SIGNATURE = [PTR] * 8 + [INT] * 4 + [PTR]
+KIMI = PRESETS["kimi-k2-tp8-rank"]  # the timed shape: its hidden and MLP widths, 16 rows
+HIDDEN, INTER, ROWS = KIMI.hidden, KIMI.mlp_dim, 16
 
 
 def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}"
-    name = "libmlp_stream" + "".join(f"_{d.lower()}" for d in defines) + ".so"
-    lib = out / name
-    cmd = [find_nvcc(), "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-           "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-I", str(CSRC), "-o", str(lib),
-           str(CSRC / "mlp_stream.cu"), *(f"-D{d}" for d in defines)]  # fmt: skip
+    lib = out / ("libmlp_stream" + "".join(f"_{d.lower()}" for d in defines) + ".so")
+    cmd = nvcc_command(find_nvcc(), [10 * major + minor], lib, defines, CSRC / "mlp_stream.cu")
     done = subprocess.run(cmd, capture_output=True, text=True)
     (out / f"{lib.stem}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
@@ -94,16 +93,24 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def check(
-    lib: ctypes.CDLL, dev: torch.device, hidden: int, inter: int, rows: int, grid: int,
-    with_residual: bool, seed: int,
-) -> dict:  # fmt: skip
+def random_mlp(
+    dev: torch.device, seed: int, hidden: int = HIDDEN, inter: int = INTER, rows: int = ROWS,
+    with_residual: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """x, the gate|up and down weights (scaled by 1 / sqrt(fan-in)) and a residual or None."""
     gen = torch.Generator(device=dev).manual_seed(seed)
     rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device=dev) * scale).bfloat16()  # noqa: E731
     x = rnd(rows, hidden)
     w_gu = rnd(2 * inter, hidden, scale=hidden**-0.5)
     w_down = rnd(hidden, inter, scale=inter**-0.5)
-    residual = rnd(rows, hidden) if with_residual else None
+    return x, w_gu, w_down, rnd(rows, hidden) if with_residual else None
+
+
+def check(
+    lib: ctypes.CDLL, dev: torch.device, hidden: int, inter: int, rows: int, grid: int,
+    with_residual: bool, seed: int,
+) -> dict:  # fmt: skip
+    x, w_gu, w_down, residual = random_mlp(dev, seed, hidden, inter, rows, with_residual)
     mlp = Mlp(lib, hidden, inter, grid, dev)
     outs = []
     for _ in range(3):  # the third call: the counters were left ready by the second
@@ -135,18 +142,11 @@ def time_layers(
     libs: dict[str, ctypes.CDLL], dev: torch.device, layers: int, repeats: int, grid: int,
     copy_gbs: float,
 ) -> list[dict]:  # fmt: skip
-    hidden, inter, rows = 7168, 2304, 16
-    gen = torch.Generator(device=dev).manual_seed(1)
-    ws = [
-        ((torch.randn(2 * inter, hidden, generator=gen, device=dev) * hidden**-0.5).bfloat16(),
-         (torch.randn(hidden, inter, generator=gen, device=dev) * inter**-0.5).bfloat16())
-        for _ in range(layers)
-    ]  # fmt: skip
+    ws = [random_mlp(dev, seed=1 + layer)[1:3] for layer in range(layers)]
     kn = [(a.t().contiguous(), b.t().contiguous()) for a, b in ws]
-    x = torch.randn(rows, hidden, device=dev).bfloat16()
-    h = torch.empty(rows, inter, device=dev, dtype=torch.bfloat16)
-    y = torch.empty(rows, hidden, device=dev, dtype=torch.bfloat16)
-    nbytes = sum(a.numel() + b.numel() for a, b in ws[:1]) * 2
+    x = random_mlp(dev, seed=0)[0]
+    h, y = x.new_empty(ROWS, INTER), x.new_empty(ROWS, HIDDEN)
+    floor = sum(w.numel() for w in ws[0]) * 2 / (copy_gbs * 1e9) * 1e6  # one layer's weights
 
     def cublas(weights, transposed):
         def step():
@@ -166,33 +166,34 @@ def time_layers(
     runs = {"cublas [K, N]": cublas(kn, False), "cublas [N, K]": cublas(ws, True)}
     for label, handle in libs.items():
         for g in (grid, 2 * grid)[: handle.dcmlp_ctas_per_sm()]:  # co-resident grids only
-            runs[f"{label} grid {g}"] = ours(Mlp(handle, hidden, inter, g, dev))
+            runs[f"{label} grid {g}"] = ours(Mlp(handle, HIDDEN, INTER, g, dev))
     rows_out = []
     for label, step in runs.items():
         times = timing.graph_times_ms(step, repeats, warmup=2)
         us = statistics.median(times) * 1e3 / layers
-        floor = nbytes / (copy_gbs * 1e9) * 1e6
         rows_out.append(
             {"impl": label, "us_per_layer": us, "floor_us": floor, "x_floor": us / floor}
         )
     return rows_out
 
 
+def cold_calls(lib: ctypes.CDLL, dev: torch.device, grid: int, calls: int) -> None:
+    """``calls`` calls of one layer at the timed shape, the L2 flushed before each (the weights
+    come from memory, as in the step)."""
+    x, w_gu, w_down, _ = random_mlp(dev, seed=0)
+    h, y = x.new_empty(ROWS, INTER), x.new_empty(ROWS, HIDDEN)
+    mlp = Mlp(lib, HIDDEN, INTER, grid, dev)
+    flush = torch.empty(2**28, dtype=torch.uint8, device=dev)
+    for _ in range(calls):
+        flush.zero_()
+        mlp(x, w_gu, w_down, None, h, y)
+    torch.cuda.synchronize()
+
+
 def stamps(lib: ctypes.CDLL, dev: torch.device, grid: int) -> dict:
     """Each CTA's clock at start, gate|up done, barrier passed and end, one layer (us, medians
     and extremes over CTAs, from the earliest start)."""
-    hidden, inter, rows = 7168, 2304, 16
-    x = torch.randn(rows, hidden, device=dev).bfloat16()
-    w_gu = (torch.randn(2 * inter, hidden, device=dev) * hidden**-0.5).bfloat16()
-    w_down = (torch.randn(hidden, inter, device=dev) * inter**-0.5).bfloat16()
-    h = torch.empty(rows, inter, device=dev, dtype=torch.bfloat16)
-    y = torch.empty(rows, hidden, device=dev, dtype=torch.bfloat16)
-    mlp = Mlp(lib, hidden, inter, grid, dev)
-    flush = torch.empty(2**28, dtype=torch.uint8, device=dev)
-    for _ in range(3):
-        flush.zero_()  # the weights come from memory, as in the step
-        mlp(x, w_gu, w_down, None, h, y)
-    torch.cuda.synchronize()
+    cold_calls(lib, dev, grid, 3)
     host = (ctypes.c_ulonglong * (4096 * 4))()
     assert lib.dcmlp_read_stamps(host) == 0
     t = torch.tensor(list(host), dtype=torch.float64).view(4096, 4)[:grid]
@@ -223,25 +224,16 @@ def main() -> None:
     libs = {
         v: build(args.out, tuple(d for d in v.split("+") if d != "base")) for v in args.variants
     }
-    if args.profile:
-        first = next(iter(libs.values()))
-        gen = torch.Generator(device=dev).manual_seed(0)
-        x = torch.randn(16, 7168, device=dev, generator=gen).bfloat16()
-        w_gu = torch.randn(4608, 7168, device=dev, generator=gen).bfloat16() * 0.01
-        w_down = torch.randn(7168, 2304, device=dev, generator=gen).bfloat16() * 0.02
-        h, y = x.new_empty(16, 2304), x.new_empty(16, 7168)
-        mlp = Mlp(first, 7168, 2304, sms, dev)
-        for _ in range(5):
-            mlp(x, w_gu, w_down, None, h, y)
-        torch.cuda.synchronize()
+    if args.profile:  # what Nsight Compute records: the first variant, nothing else timed
+        cold_calls(next(iter(libs.values())), dev, sms, 5)
         return
     lib = next(iter(libs.values()))
     per_sm = lib.dcmlp_ctas_per_sm()
     checks = []
     for hidden, inter, rows, grid, res in [
-        (7168, 2304, 16, sms, True), (7168, 2304, 5, sms, False), (7168, 2304, 16, 2 * sms, True),
-        (512, 256, 16, sms, True), (512, 256, 3, 7, True), (1024, 768, 16, 1, True),
-        (7168, 2304, 16, 97, False),
+        (HIDDEN, INTER, ROWS, sms, True), (HIDDEN, INTER, 5, sms, False),
+        (HIDDEN, INTER, ROWS, 2 * sms, True), (512, 256, 16, sms, True), (512, 256, 3, 7, True),
+        (1024, 768, 16, 1, True), (HIDDEN, INTER, ROWS, 97, False),
     ]:  # fmt: skip
         for name, handle in libs.items():
             if (
@@ -260,7 +252,7 @@ def main() -> None:
     ceil = {"copy_gbs": roofline.copy_bandwidth_gbs(dev)}
     timed = (
         time_layers(libs, dev, args.layers, args.repeats, sms, ceil["copy_gbs"])
-        if all(c["ok"] for c in checks if c["hidden"] == 7168)  # the timed shape's checks
+        if all(c["ok"] for c in checks if c["hidden"] == HIDDEN)  # the timed shape's checks
         else []
     )
     print(f"copy rate {ceil['copy_gbs']:.0f} GB/s; {per_sm} CTAs an SM; one layer's MLP, 16 rows:")

@@ -560,11 +560,11 @@ def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tm
     """kernels/csrc/mlp_stream.cu (measured in notes/engine.md, not in the engine) has sm_120, sm_90
     and sm_80 SASS in both chunk shapes, a ring too deep for sm_120's 99 KB does not build, and
     its bulk-copy ring (with the queue of units) builds for sm_120 and sm_90 only."""
-    nvcc, source = build.find_nvcc(), str(build.CSRC / "mlp_stream.cu")
+    nvcc, source = build.find_nvcc(), build.CSRC / "mlp_stream.cu"
 
     def compile_(lib, archs, *defines):
-        cmd = build.nvcc_command(nvcc, archs, lib)[:-1] + [source]  # this source, not the MLA one
-        return subprocess.run(cmd + [f"-D{d}" for d in defines], capture_output=True, text=True)
+        cmd = build.nvcc_command(nvcc, archs, lib, defines, source)
+        return subprocess.run(cmd, capture_output=True, text=True)
 
     lib = tmp_path / "mlp.so"
     done = compile_(lib, [120, 90, 80], f"DCMLP_TILE_N={tile}")

@@ -70,8 +70,14 @@ def find_tool(name: str) -> str | None:
 
 
 def nvcc_command(
-    nvcc: str, archs: list[int], lib: Path, defines: tuple[str, ...] = ()
+    nvcc: str,
+    archs: list[int],
+    lib: Path,
+    defines: tuple[str, ...] = (),
+    source: Path = SOURCE,
 ) -> list[str]:
+    """nvcc's command for a fat shared library of ``source`` (the MLA kernel, or another of
+    csrc/: the persistent MLP kernel's bench builds it the same way)."""
     cmd = [nvcc, "-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
     cmd += [f"-D{name}" for name in defines]
     cmd += ["--threads", "0"]  # one ptxas per architecture in parallel
@@ -79,7 +85,7 @@ def nvcc_command(
         cmd += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
     top = max(archs)
     cmd += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
-    return cmd + ["-I", str(CSRC), "-o", str(lib), str(SOURCE)]
+    return cmd + ["-I", str(CSRC), "-o", str(lib), str(source)]
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\d+)'")

@@ -48,6 +48,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 BUILD_RECORD = "build/build.json"
+BUILD_LOGS = ("build/", "logs/build/")  # the build's own files and its rule's log
 POINT = re.compile(r"^sweep/[^/]+/ctx\d+\.json$")  # paths.point_file, under results/
 RULE_LOG = re.compile(r"^logs/sweep/[^/]+/ctx\d+\.log$")  # the sweep_point rule's log
 FAILED = "failed"  # attempts that gave no key its result, kept on record
@@ -243,7 +244,6 @@ def _free(run_dir: Path, name: str) -> bool:
     return not dest.exists() and not any(p.is_file() for p in dest.parents)
 
 
-BUILD_LOGS = ("build/", "logs/build/")  # the build's own files and its rule's log
 STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
 MEASURED_DIRS = (*STUDY_DIRS[1:], FAILED)  # what was measured (or attempted) on the GPU
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike

@@ -172,6 +172,11 @@ __device__ __forceinline__ int weight_row(const Gemm& g, int block, int r) {
   return (r < kTileN / 2 ? 0 : half - kTileN / 2) + block * (kTileN / 2) + r;
 }
 
+// The first weight column of chunk c (its row block is c / (g.k / kTileK)).
+__device__ __forceinline__ int first_column(const Gemm& g, int c) {
+  return (c % (g.k / kTileK)) * kTileK;
+}
+
 // A 16 B piece (row, piece) of a tile at byte offset. With 16 B copies the pieces are XOR-swizzled
 // by row, so that ldmatrix's 8 rows at one column land in 8 bank groups (a row is a multiple of
 // 128 B); bulk copies land rows whole, padded instead.
@@ -217,7 +222,7 @@ struct Ring {
   // A chunk's weights into slot s, its mbarrier armed for them and the `rows` activation rows.
   __device__ void weights(const Gemm& g, int c, int s, int rows) const {
     if (threadIdx.x >= 32) return;
-    int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
+    int block = c / (g.k / kTileK), k0 = first_column(g, c);
     if (threadIdx.x == 0)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar(s)),
                    "r"((kTileN + rows) * kTileK * 2) : "memory");
@@ -227,7 +232,7 @@ struct Ring {
                g.w + static_cast<size_t>(weight_row(g, block, r)) * g.k + k0, s);
   }
   __device__ void activations(const Gemm& g, int c, int s, int rows) const {
-    int k0 = (c % (g.k / kTileK)) * kTileK;
+    int k0 = first_column(g, c);
     if (threadIdx.x < rows)
       copy_row(slot(s) + kWBytes + threadIdx.x * kRowBytes,
                g.a + static_cast<size_t>(threadIdx.x) * g.k + k0, s);
@@ -261,7 +266,7 @@ struct Ring {
   __device__ uint32_t slot(int s) const { return smem + s * kStageBytes; }
   __device__ void init() {}
   __device__ void weights(const Gemm& g, int c, int s, int) const {
-    int block = c / (g.k / kTileK), k0 = (c % (g.k / kTileK)) * kTileK;
+    int block = c / (g.k / kTileK), k0 = first_column(g, c);
 #pragma unroll
     for (int i = 0; i < kTileN * kPieces / kThreads; ++i) {
       int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
@@ -270,7 +275,7 @@ struct Ring {
     }
   }
   __device__ void activations(const Gemm& g, int c, int s, int rows) const {
-    int k0 = (c % (g.k / kTileK)) * kTileK;
+    int k0 = first_column(g, c);
 #pragma unroll
     for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
       int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
@@ -506,7 +511,8 @@ int segments(int blocks, int kchunks, int grid) {
 }
 
 // Slots of partial sums a GEMM of `blocks` x `kchunks` chunks needs (each kPartial floats), and
-// the `segs` its kernel argument holds (the blocks a CTA's run can touch).
+// the blocks a CTA's run can touch (`segs`; the kernel's argument is the larger of two GEMMs', and
+// grid x that is the larger of their equal runs' slots).
 long long slots(int blocks, int kchunks, int grid, int* segs) {
   *segs = segments(blocks, kchunks, grid);
 #ifdef DCMLP_QUEUE
@@ -523,11 +529,7 @@ long long workspace_slots(int hidden, int inter, int grid, int* segs) {
   long long up = slots(2 * inter / kTileN, hidden / kTileK, grid, segs);
   long long down = slots(hidden / kTileN, inter / kTileK, grid, &segs_down);
   if (segs_down > *segs) *segs = segs_down;
-  long long most = up > down ? up : down;
-#ifndef DCMLP_QUEUE
-  most = static_cast<long long>(grid) * *segs;  // one segs for both GEMMs' slots
-#endif
-  return most;
+  return up > down ? up : down;
 }
 
 }  // namespace dcmlp
