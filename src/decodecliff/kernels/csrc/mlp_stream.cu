@@ -124,6 +124,11 @@ struct Parts {
 #endif
 };
 
+// An id's flag: its chunk is the first of a new owner's (a queue's next unit), so the chunk
+// before it closes its owner's sums; the loop reads it instead of dividing 64-bit chunk indices.
+constexpr int kFirstOfOwner = 1 << 30;
+__device__ __forceinline__ int chunk_of(int id) { return id & ~kFirstOfOwner; }
+
 // Thread 0's source of this CTA's chunks, in order (-1: no more). With DCMLP_QUEUE a CTA starts
 // on the unit of its own index and asks the counter for the next one a unit ahead, so the atomic's
 // round trip is hidden behind the unit's loads; every CTA that had a unit asks once past the last,
@@ -147,14 +152,13 @@ struct Feed {
     if (static_cast<int>(blockIdx.x) < units) take(p, blockIdx.x);
   }
   __device__ int pop(const Parts& p) {
-    if (next == end) {
-      if (!asked) return -1;
-      asked = false;
-      if (ahead == units - 1) atomicExch(counter, 0);  // the last count handed out
-      if (grid + ahead >= units) return -1;
-      take(p, grid + ahead);
-    }
-    return static_cast<int>(next++);
+    if (next != end) return static_cast<int>(next++);
+    if (!asked) return -1;
+    asked = false;
+    if (ahead == units - 1) atomicExch(counter, 0);  // the last count handed out
+    if (grid + ahead >= units) return -1;
+    take(p, grid + ahead);
+    return static_cast<int>(next++) | kFirstOfOwner;
   }
 #else
   __device__ void start(const Gemm&, const Parts& p) {
@@ -395,25 +399,27 @@ __device__ void arrive(const Gemm& g, int block, int chunks, const Parts& parts,
 // Stream this CTA's chunks of `g`. ids[] holds the chunk in each slot of the ring (-1: none),
 // written by thread 0 from the feed as it issues; the first kStages - 1 are already issued
 // (weights and rows together, or weights first and rows after: see the kernel).
-__device__ void stream(const Gemm& g, Feed& feed, const Parts& parts, int rows, float* partials,
-                       const Epilogue& e, Ring& ring, volatile int* ids) {
+__device__ __forceinline__ void stream(const Gemm& g, Feed& feed, const Parts& parts, int rows,
+                                       float* partials, const Epilogue& e, Ring& ring,
+                                       volatile int* ids) {
   float acc[2][4] = {};
   int chunks = 0;
   for (int i = 0;; ++i) {
     int c = ids[i % kStages], issue = (i + kStages - 1) % kStages;
     if (c < 0) break;
+    c = chunk_of(c);
     ring.wait(i % kStages);
     if (threadIdx.x == 0) ids[issue] = feed.pop(parts);
     __syncthreads();  // every warp is done with the slot the next chunk takes, and sees its id
     if (int next = ids[issue]; next >= 0) {
-      ring.weights(g, next, issue, rows);
-      ring.activations(g, next, issue, rows);
+      ring.weights(g, chunk_of(next), issue, rows);
+      ring.activations(g, chunk_of(next), issue, rows);
     }
     ring.commit();
     mma_chunk(ring.slot(i % kStages), acc);
     ++chunks;
     int block = c / parts.kchunks, after = ids[(i + 1) % kStages];
-    if (after < 0 || after / parts.kchunks != block || parts.owner_of(after) != parts.owner_of(c)) {
+    if (after < 0 || (after & kFirstOfOwner) || after / parts.kchunks != block) {
       store_partial(partials + parts.slot(parts.owner_of(c), block) * kPartial, acc);
       arrive(g, block, chunks, parts, partials, e);
       chunks = 0;
@@ -446,7 +452,7 @@ __device__ void grid_barrier(unsigned* bar, unsigned grid) {
 }
 
 // The first kStages - 1 chunk ids of a GEMM into ids[], from thread 0's feed.
-__device__ void first_ids(Feed& feed, const Gemm& g, const Parts& parts, volatile int* ids) {
+__device__ __forceinline__ void first_ids(Feed& feed, const Gemm& g, const Parts& parts, volatile int* ids) {
   if (threadIdx.x == 0) {
     feed.start(g, parts);
     for (int s = 0; s < kStages - 1; ++s) ids[s] = feed.pop(parts);
@@ -469,8 +475,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   first_ids(feed, up, parts_up, ids);
   for (int s = 0; s < kStages - 1; ++s) {
     if (ids[s] >= 0) {
-      ring.weights(up, ids[s], s, rows);
-      ring.activations(up, ids[s], s, rows);
+      ring.weights(up, chunk_of(ids[s]), s, rows);
+      ring.activations(up, chunk_of(ids[s]), s, rows);
     }
     ring.commit();
   }
@@ -482,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   first_ids(feed, down, parts_down, ids);
 #ifndef DCMLP_NO_PREFETCH
   for (int s = 0; s < kStages - 1; ++s) {
-    if (ids[s] >= 0) ring.weights(down, ids[s], s, rows);
+    if (ids[s] >= 0) ring.weights(down, chunk_of(ids[s]), s, rows);
     ring.commit();
   }
 #endif
@@ -494,9 +500,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < kStages - 1; ++s) {  // groups in order: a chunk's rows land after its weights
     if (ids[s] >= 0) {
 #ifdef DCMLP_NO_PREFETCH
-      ring.weights(down, ids[s], s, rows);
+      ring.weights(down, chunk_of(ids[s]), s, rows);
 #endif
-      ring.activations(down, ids[s], s, rows);
+      ring.activations(down, chunk_of(ids[s]), s, rows);
     }
     ring.commit();
   }
