@@ -9,9 +9,9 @@
 // Measured, not in the engine: slower than cuBLAS's three launches on the H100 and the H200, its
 // CTAs' equal shares finishing microseconds apart (notes/engine.md, "One persistent kernel for the
 // MLP"). scripts/mlp_stream_bench.py builds, checks and times it; the build options
-// (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS) are what it compared,
-// and DCMLP_BULK (the ring filled by bulk copies of whole rows, sm_90 and later) and DCMLP_QUEUE=U
-// (chunks handed out in units of U as CTAs ask, in place of equal runs) are the next to be.
+// (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS, DCMLP_BULK: the ring
+// filled by bulk copies of whole rows, sm_90 and later; DCMLP_QUEUE=U: chunks handed out in units
+// of U as CTAs ask, in place of equal runs) are what it compared; the last two measured slower.
 //
 // Each GEMM is split "stream-K": its weight chunks (64 rows x 128 columns, or 32 x 256), ordered
 // row block by row block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams
