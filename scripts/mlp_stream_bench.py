@@ -56,6 +56,22 @@ def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     return handle
 
 
+def pack(w: torch.Tensor, tile_n: int, tile_k: int, gated: bool) -> torch.Tensor:
+    """``w`` [n, k] as a DCMLP_PACKED build reads it: chunk by chunk in streaming order (row
+    block, then column block), a gate|up block's rows its gate rows then the up rows of the same
+    columns, each chunk's 16 B pieces XOR-swizzled by row (dcmlp_packed in the kernel's source)."""
+    n, k = w.shape
+    if gated:  # [gate|up, block, row] -> [block, gate|up, row]
+        w = w[torch.arange(n, device=w.device).view(2, n // tile_n, tile_n // 2).transpose(0, 1)]
+        w = w.reshape(n, k)
+    chunks = w.view(n // tile_n, tile_n, k // tile_k, tile_k // 8, 8).transpose(1, 2)
+    row = torch.arange(tile_n, device=w.device).view(-1, 1)
+    piece = torch.arange(tile_k // 8, device=w.device).view(1, -1)
+    return (
+        chunks[:, :, row, piece ^ (row % 8)].contiguous().view(-1)
+    )  # stored[r, q] = w[r, q ^ r%8]
+
+
 class Mlp:
     """The kernel's call with its workspace for one (hidden, inter, grid)."""
 
@@ -66,6 +82,13 @@ class Mlp:
         self.counters = torch.zeros(
             lib.dcmlp_counter_ints(hidden, inter), dtype=torch.int32, device=dev
         )
+
+    def weights(self, w_gu: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The weights as this build reads them: packed where it was built DCMLP_PACKED."""
+        if not self.lib.dcmlp_packed():
+            return w_gu, w_down
+        tiles = self.lib.dcmlp_tile_n(), self.lib.dcmlp_tile_k()
+        return pack(w_gu, *tiles, gated=True), pack(w_down, *tiles, gated=False)
 
     def __call__(
         self, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
@@ -112,11 +135,12 @@ def check(
 ) -> dict:  # fmt: skip
     x, w_gu, w_down, residual = random_mlp(dev, seed, hidden, inter, rows, with_residual)
     mlp = Mlp(lib, hidden, inter, grid, dev)
+    w_in = mlp.weights(w_gu, w_down)
     outs = []
     for _ in range(3):  # the third call: the counters were left ready by the second
         h = torch.full((rows, inter), float("nan"), device=dev, dtype=torch.bfloat16)
         y = torch.full((rows, hidden), float("nan"), device=dev, dtype=torch.bfloat16)
-        mlp(x, w_gu, w_down, residual, h, y)
+        mlp(x, *w_in, residual, h, y)
         torch.cuda.synchronize()
         outs.append((h.clone(), y.clone()))
     h, y = outs[0]
@@ -157,8 +181,10 @@ def time_layers(
         return step
 
     def ours(kernel):
+        weights = [kernel.weights(a, b) for a, b in ws]
+
         def step():
-            for a, b in ws:
+            for a, b in weights:
                 kernel(x, a, b, None, h, y)
 
         return step
@@ -183,10 +209,11 @@ def cold_calls(lib: ctypes.CDLL, dev: torch.device, grid: int, calls: int) -> No
     x, w_gu, w_down, _ = random_mlp(dev, seed=0)
     h, y = x.new_empty(ROWS, INTER), x.new_empty(ROWS, HIDDEN)
     mlp = Mlp(lib, HIDDEN, INTER, grid, dev)
+    w_in = mlp.weights(w_gu, w_down)
     flush = torch.empty(2**28, dtype=torch.uint8, device=dev)
     for _ in range(calls):
         flush.zero_()
-        mlp(x, w_gu, w_down, None, h, y)
+        mlp(x, *w_in, None, h, y)
     torch.cuda.synchronize()
 
 

@@ -559,7 +559,8 @@ def test_build_options_are_checked_before_nvcc_runs(tmp_path, capsys):
 def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tmp_path, tile):
     """kernels/csrc/mlp_stream.cu (measured in notes/engine.md, not in the engine) has sm_120, sm_90
     and sm_80 SASS in both chunk shapes, a ring too deep for sm_120's 99 KB does not build, and
-    its bulk-copy ring (with the queue of units) builds for sm_120 and sm_90 only."""
+    its bulk-copy ring (with the queue of units) builds for sm_120 and sm_90 only, and its packed
+    weights build on either ring."""
     nvcc, source = build.find_nvcc(), build.CSRC / "mlp_stream.cu"
 
     def compile_(lib, archs, *defines):
@@ -586,3 +587,8 @@ def test_the_persistent_mlp_kernel_builds_for_sm_120_within_its_shared_memory(tm
     )
     assert bulk.returncode == 0, bulk.stderr
     assert compile_(tmp_path / "old.so", [80], "DCMLP_BULK").returncode != 0  # no bulk copies
+    # packed weights: a chunk one contiguous read, by 16 B copies or (sm_90+) one bulk copy
+    for archs, defines in (([120, 90, 80], ()), ([120, 90], ("DCMLP_BULK",))):
+        packed = compile_(tmp_path / "packed.so", archs, f"DCMLP_TILE_N={tile}", "DCMLP_PACKED",
+                          *defines)  # fmt: skip
+        assert packed.returncode == 0, packed.stderr

@@ -12,6 +12,8 @@
 // (DCMLP_TILE_N, DCMLP_STAGES, DCMLP_L2_256, DCMLP_NO_PREFETCH, DCMLP_STAMPS, DCMLP_BULK: the ring
 // filled by bulk copies of whole rows, sm_90 and later; DCMLP_QUEUE=U: chunks handed out in units
 // of U as CTAs ask, in place of equal runs) are what it compared; the last two measured slower.
+// DCMLP_PACKED takes the weights packed chunk by chunk (dcmlp_packed says how), so a chunk is one
+// contiguous 16 KB read, and one bulk copy with DCMLP_BULK.
 //
 // Each GEMM is split "stream-K": its weight chunks (64 rows x 128 columns, or 32 x 256), ordered
 // row block by row block, are dealt out in equal contiguous runs, one a CTA, so every CTA streams
@@ -51,13 +53,24 @@ constexpr int kStages = DCMLP_STAGES;     // slots of the ring of chunks
 constexpr int kThreads = 128;
 constexpr int kWarpsN = kTileN / 16;      // warps over a chunk's rows (16 each: two n8 tiles)
 constexpr int kWarpsK = 4 / kWarpsN;      // and over its columns (128 each)
-#ifdef DCMLP_BULK  // rows padded by 16 B (bulk copies cannot swizzle): 8 rows, 8 bank groups
-constexpr int kRowBytes = kTileK * 2 + 16;
+// A tile's rows in shared memory: XOR-swizzled where 16 B copies place the pieces (or the weights
+// come packed, pre-swizzled), padded by 16 B where bulk copies land rows whole (8 rows, 8 bank
+// groups either way, for ldmatrix).
+#ifdef DCMLP_BULK
+constexpr bool kPadA = true;
 #else
-constexpr int kRowBytes = kTileK * 2;
+constexpr bool kPadA = false;
 #endif
-constexpr int kWBytes = kTileN * kRowBytes;
-constexpr int kABytes = kRows * kRowBytes;
+#if defined(DCMLP_BULK) && !defined(DCMLP_PACKED)
+constexpr bool kPadW = true;
+#else
+constexpr bool kPadW = false;
+#endif
+constexpr int kWRowBytes = kTileK * 2 + (kPadW ? 16 : 0);
+constexpr int kARowBytes = kTileK * 2 + (kPadA ? 16 : 0);
+constexpr int kWBytes = kTileN * kWRowBytes;
+constexpr int kABytes = kRows * kARowBytes;
+constexpr int kChunk = kTileN * kTileK;  // elements of a chunk (DCMLP_PACKED: contiguous)
 constexpr int kStageBytes = kWBytes + kABytes;
 constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB (64 x 128, 4 stages), 96 KB (32 x 256)
 static_assert(kTileN == 64 || kTileN == 32, "a chunk is 64 or 32 weight rows");
@@ -181,15 +194,17 @@ __device__ __forceinline__ int first_column(const Gemm& g, int c) {
   return (c % (g.k / kTileK)) * kTileK;
 }
 
-// A 16 B piece (row, piece) of a tile at byte offset. With 16 B copies the pieces are XOR-swizzled
-// by row, so that ldmatrix's 8 rows at one column land in 8 bank groups (a row is a multiple of
-// 128 B); bulk copies land rows whole, padded instead.
-__device__ __forceinline__ uint32_t swizzled(int row, int piece) {
-#ifdef DCMLP_BULK
-  return row * kRowBytes + (piece << 4);
-#else
-  return row * kRowBytes + ((piece ^ (row & 7)) << 4);
-#endif
+// The byte offset of 16 B piece (row, piece) of a tile: XOR-swizzled by row, so that ldmatrix's
+// 8 rows at one column land in 8 bank groups (a row is a multiple of 128 B), or in padded rows.
+template <bool kPadded, int kRowBytes>
+__device__ __forceinline__ uint32_t piece_at(int row, int piece) {
+  return row * kRowBytes + ((kPadded ? piece : piece ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ uint32_t w_at(int row, int piece) {
+  return piece_at<kPadW, kWRowBytes>(row, piece);
+}
+__device__ __forceinline__ uint32_t a_at(int row, int piece) {
+  return piece_at<kPadA, kARowBytes>(row, piece);
 }
 
 #ifdef DCMLP_BULK
@@ -218,28 +233,33 @@ struct Ring {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // before the copies' writes
     __syncthreads();
   }
-  __device__ void copy_row(uint32_t dst, const void* src, int s) const {
+  __device__ void copy(uint32_t dst, const void* src, int bytes, int s) const {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-        ::"r"(dst), "l"(src), "r"(kTileK * 2), "r"(bar(s)) : "memory");
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar(s)) : "memory");
   }
-  // A chunk's weights into slot s, its mbarrier armed for them and the `rows` activation rows.
+  // A chunk's weights into slot s, its mbarrier armed for them and the `rows` activation rows:
+  // one copy of the packed chunk, or one a row.
   __device__ void weights(const Gemm& g, int c, int s, int rows) const {
     if (threadIdx.x >= 32) return;
-    int block = c / (g.k / kTileK), k0 = first_column(g, c);
     if (threadIdx.x == 0)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar(s)),
                    "r"((kTileN + rows) * kTileK * 2) : "memory");
     __syncwarp();
+#ifdef DCMLP_PACKED
+    if (threadIdx.x == 0) copy(slot(s), g.w + static_cast<size_t>(c) * kChunk, kWBytes, s);
+#else
+    int block = c / (g.k / kTileK), k0 = first_column(g, c);
     for (int r = threadIdx.x; r < kTileN; r += 32)
-      copy_row(slot(s) + r * kRowBytes,
-               g.w + static_cast<size_t>(weight_row(g, block, r)) * g.k + k0, s);
+      copy(slot(s) + r * kWRowBytes,
+           g.w + static_cast<size_t>(weight_row(g, block, r)) * g.k + k0, kTileK * 2, s);
+#endif
   }
   __device__ void activations(const Gemm& g, int c, int s, int rows) const {
     int k0 = first_column(g, c);
     if (threadIdx.x < rows)
-      copy_row(slot(s) + kWBytes + threadIdx.x * kRowBytes,
-               g.a + static_cast<size_t>(threadIdx.x) * g.k + k0, s);
+      copy(slot(s) + kWBytes + threadIdx.x * kARowBytes,
+           g.a + static_cast<size_t>(threadIdx.x) * g.k + k0, kTileK * 2, s);
   }
   __device__ void commit() const {}
   __device__ void wait(int s) {  // the chunk in slot s has landed
@@ -270,13 +290,22 @@ struct Ring {
   __device__ uint32_t slot(int s) const { return smem + s * kStageBytes; }
   __device__ void init() {}
   __device__ void weights(const Gemm& g, int c, int s, int) const {
+#ifdef DCMLP_PACKED  // the chunk's 16 KB in order: the pieces come swizzled
+    const __nv_bfloat16* chunk = g.w + static_cast<size_t>(c) * kChunk;
+#pragma unroll
+    for (int i = 0; i < kChunk / 8 / kThreads; ++i) {
+      int idx = threadIdx.x + i * kThreads;
+      copy16(slot(s) + idx * 16, chunk + idx * 8, 16);
+    }
+#else
     int block = c / (g.k / kTileK), k0 = first_column(g, c);
 #pragma unroll
     for (int i = 0; i < kTileN * kPieces / kThreads; ++i) {
       int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
       const __nv_bfloat16* src = g.w + static_cast<size_t>(weight_row(g, block, row)) * g.k + k0;
-      copy16(slot(s) + swizzled(row, piece), src + piece * 8, 16);
+      copy16(slot(s) + w_at(row, piece), src + piece * 8, 16);
     }
+#endif
   }
   __device__ void activations(const Gemm& g, int c, int s, int rows) const {
     int k0 = first_column(g, c);
@@ -284,7 +313,7 @@ struct Ring {
     for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
       int idx = threadIdx.x + i * kThreads, row = idx / kPieces, piece = idx % kPieces;
       int r = row < rows ? row : 0;  // rows past the batch read row 0 as zeros
-      copy16(slot(s) + kWBytes + swizzled(row, piece),
+      copy16(slot(s) + kWBytes + a_at(row, piece),
              g.a + static_cast<size_t>(r) * g.k + k0 + piece * 8, row < rows ? 16 : 0);
     }
   }
@@ -306,8 +335,8 @@ __device__ __forceinline__ void mma_chunk(uint32_t stage, float (&acc)[2][4]) {
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     uint32_t a[4], b[4];
-    ldmatrix_x4(stage + kWBytes + swizzled(a_row, piece0 + 2 * ks + a_half), a);
-    ldmatrix_x4(stage + swizzled(w_row, piece0 + 2 * ks + w_half), b);
+    ldmatrix_x4(stage + kWBytes + a_at(a_row, piece0 + 2 * ks + a_half), a);
+    ldmatrix_x4(stage + w_at(w_row, piece0 + 2 * ks + w_half), b);
     mma_bf16(acc[0], a, b[0], b[1]);
     mma_bf16(acc[1], a, b[2], b[3]);
   }
@@ -569,6 +598,19 @@ int dcmlp_read_stamps(void* host) {
 
 // hidden and inter must be multiples of this (the columns of a chunk).
 int dcmlp_tile_k() { return dcmlp::kTileK; }
+
+// The rows of a chunk, and whether the weights must come packed: chunk by chunk in streaming
+// order (row block, then column block; a gate|up block's rows its gate rows, then the up rows
+// of the same columns), each chunk's 16 B pieces XOR-swizzled by row (piece p of row r stored at
+// p ^ (r % 8)), as scripts/mlp_stream_bench.py packs them.
+int dcmlp_tile_n() { return dcmlp::kTileN; }
+int dcmlp_packed() {
+#ifdef DCMLP_PACKED
+  return 1;
+#else
+  return 0;
+#endif
+}
 
 // Chunks of a queue's unit (DCMLP_QUEUE; 0: equal runs). hidden and inter must hold this many
 // chunks or more.
