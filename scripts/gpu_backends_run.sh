@@ -252,9 +252,13 @@ for lim in (0, 102400):
         lib=results/build-$tag
         cp /tmp/mla_verify.cu.orig "$cu"
         for name in ${set//+/ }; do
+          [ "$name" = base ] && continue
           change=notes/kernel-v5/v5-$name.patch
-          [ "$name" = base ] || git apply "$change" 2> /dev/null || patch -s -p1 < "$change" \
-            || { echo "$set: $name does not apply"; continue 2; }
+          cp "$cu" /tmp/mla_verify.cu.before
+          # git apply inside another repository's subdirectory changes nothing and exits 0
+          git apply "$change" 2> /dev/null && ! cmp -s "$cu" /tmp/mla_verify.cu.before \
+            || patch -s -p1 < "$change" || { echo "$set: $name does not apply"; continue 2; }
+          cmp -s "$cu" /tmp/mla_verify.cu.before && { echo "$set: $name changed nothing"; continue 2; }
         done
         decodecliff build-kernel --arch 90 --require 90 --out "$lib" --sm120-model 90 \
           > "$OUT/build_$tag.log" 2>&1 || { tail -n 3 "$OUT/build_$tag.log"; continue; }
