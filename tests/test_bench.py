@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,21 @@ def test_a_shape_whose_inputs_cannot_be_built_is_failed_and_the_bench_goes_on(tm
     assert points[10**12]["status"] == "failed"
     assert points[10**12]["reason"].startswith("inputs not built: ")
     assert points[64]["status"] == "ok"
+
+
+def test_busy_for_keeps_calling_until_the_time_has_passed() -> None:
+    """The warm-up before every CUDA timing (timing.WARM_MS): calls until the wall time has
+    passed, at least once, however long a call takes."""
+    from decodecliff.bench import timing
+
+    calls: list[float] = []
+
+    def step() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.001)
+
+    start = time.perf_counter()
+    n = timing.busy_for(step, "cpu", 20.0)
+    assert n == len(calls) and n >= 10
+    assert (time.perf_counter() - start) * 1e3 >= 20.0
+    assert timing.busy_for(lambda: time.sleep(0.03), "cpu", 20.0) == 1

@@ -22,6 +22,11 @@ import torch
 from decodecliff.jsonio import unwritable
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current GPU's L2 (H200: 50 MB), as triton.testing
+# A GPU that idled (the host building a point's problem) runs its first milliseconds of work slow:
+# an H100's first ~20 replays of a 0.2 ms memory-bound launch took 17% longer, so the first
+# variant timed at a point read slower than the same launch timed after it (notes/kernel.md,
+# "The first variant at a point"). Every CUDA timing first keeps the device busy this long.
+WARM_MS = 25.0
 
 
 def refuse_unusable(parser: argparse.ArgumentParser, device: str, out: str | os.PathLike) -> None:
@@ -64,7 +69,22 @@ def _cuda_times_ms(step: Callable[[], None], repeats: int, warmup: int, flush: b
     return _events_times_ms(step, repeats, flush)
 
 
+def busy_for(step: Callable[[], object], device: torch.device | str, min_ms: float) -> int:
+    """Call ``step`` until ``min_ms`` of synchronised wall time have passed (at least once);
+    returns the number of calls."""
+    sync(device)
+    start, calls = time.perf_counter(), 0
+    while True:
+        step()
+        calls += 1
+        if calls % 8 == 0 or calls == 1:  # a sync now and then: the queue stays full between
+            sync(device)
+            if (time.perf_counter() - start) * 1e3 >= min_ms:
+                return calls
+
+
 def _events_times_ms(step: Callable[[], None], repeats: int, flush: bool) -> list[float]:
+    busy_for(step, "cuda", WARM_MS)
     cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
