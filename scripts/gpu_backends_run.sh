@@ -242,22 +242,29 @@ for lim in (0, 102400):
         v5:185000:16:8 v4:185000:16:8 v5:185000:64:8:tree ;;
     v5-patches)  # one library per set of patches: build, check both builds, time v5
       cu=src/decodecliff/kernels/csrc/mla_verify.cu
-      cp "$cu" /tmp/mla_verify.cu.orig
-      trap 'cp /tmp/mla_verify.cu.orig "$cu"' EXIT  # the source as sent, however the call ends
+      # every file a patch of V5_PATCHES touches (some change the host code and tests too), kept
+      # as sent and put back before each set and however the call ends
+      rm -rf /tmp/v5-orig && mkdir -p /tmp/v5-orig
+      for name in $(tr '+' ' ' <<< "${V5_PATCHES:-}"); do
+        [ "$name" = base ] || sed -n 's|^+++ b/||p' "notes/kernel-v5/v5-$name.patch"
+      done | sort -u | while read -r f; do [ -e "$f" ] && cp --parents "$f" /tmp/v5-orig; done
+      cp --parents "$cu" /tmp/v5-orig
+      trap 'cp -r /tmp/v5-orig/. .' EXIT
       for set in base ${V5_PATCHES:-}; do  # no candidate pending: base alone
         if [ -n "${BUDGET_S:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$BUDGET_S" ]; then
           echo "skipped $set: past BUDGET_S"; continue
         fi
         tag=${set//+/_}
         lib=results/build-$tag
-        cp /tmp/mla_verify.cu.orig "$cu"
+        cp -r /tmp/v5-orig/. .
         for name in ${set//+/ }; do
           [ "$name" = base ] && continue
           change=notes/kernel-v5/v5-$name.patch
           cp "$cu" /tmp/mla_verify.cu.before
           # git apply inside another repository's subdirectory changes nothing and exits 0
           git apply "$change" 2> /dev/null && ! cmp -s "$cu" /tmp/mla_verify.cu.before \
-            || patch -s -p1 < "$change" || { echo "$set: $name does not apply"; continue 2; }
+            || patch -s -p1 -N --no-backup-if-mismatch -r - < "$change" \
+            || { echo "$set: $name does not apply"; continue 2; }
           cmp -s "$cu" /tmp/mla_verify.cu.before && { echo "$set: $name changed nothing"; continue 2; }
         done
         decodecliff build-kernel --arch 90 --require 90 --out "$lib" --sm120-model 90 \
@@ -275,7 +282,7 @@ for lim in (0, 102400):
           --modes chain16 tree64 --page-sizes 1 --heads 8 64 --repeats 20 --quiet --out "$OUT/bench_$tag.json" > "$OUT/bench_$tag.log" 2>&1
         echo "$set bench rc $?"; grep -E " ok | failed" "$OUT/bench_$tag.log"
       done
-      cp /tmp/mla_verify.cu.orig "$cu"; trap - EXIT ;;
+      cp -r /tmp/v5-orig/. .; trap - EXIT ;;
     *) echo "unknown part $part" ;;
   esac
   pack

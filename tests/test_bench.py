@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -315,19 +314,21 @@ def test_a_shape_whose_inputs_cannot_be_built_is_failed_and_the_bench_goes_on(tm
     assert points[64]["status"] == "ok"
 
 
-def test_busy_for_keeps_calling_until_the_time_has_passed() -> None:
-    """The warm-up before every CUDA timing (timing.WARM_MS): calls until the wall time has
-    passed, at least once, however long a call takes."""
+def test_busy_for_keeps_calling_until_the_time_has_passed(monkeypatch) -> None:
+    """The warm-up before every CUDA timing (timing.WARM_MS): calls until the time has passed,
+    at least once, in rounds no longer than what came before (a clock the step advances)."""
     from decodecliff.bench import timing
 
-    calls: list[float] = []
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
 
-    def step() -> None:
-        calls.append(time.perf_counter())
-        time.sleep(0.001)
+    def step_of(ms: float):
+        def step() -> None:
+            now[0] += ms / 1e3
 
-    start = time.perf_counter()
-    n = timing.busy_for(step, "cpu", 20.0)
-    assert n == len(calls) and n >= 10
-    assert (time.perf_counter() - start) * 1e3 >= 20.0
-    assert timing.busy_for(lambda: time.sleep(0.03), "cpu", 20.0) == 1
+        return step
+
+    assert timing.busy_for(step_of(1.0), "cpu", 20.0) == 20  # 1, 1, 2, 4, 8, then the 4 left
+    assert timing.busy_for(step_of(7.0), "cpu", 20.0) == 3
+    assert timing.busy_for(step_of(30.0), "cpu", 20.0) == 1
+    assert timing.busy_for(step_of(0.001), "cpu", 20.0) == 20_000

@@ -12,6 +12,7 @@ checked against the device and the file system before it measures anything.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -70,28 +71,37 @@ def _cuda_times_ms(step: Callable[[], None], repeats: int, warmup: int, flush: b
 
 
 def busy_for(step: Callable[[], object], device: torch.device | str, min_ms: float) -> int:
-    """Call ``step`` until ``min_ms`` of synchronised wall time have passed (at least once);
-    returns the number of calls."""
+    """Call ``step`` until ``min_ms`` of synchronised wall time have passed (at least once), in
+    rounds of at most as many calls as came before, each sized by the time a call took so far,
+    so the queue stays full and a long step runs about ``min_ms`` in all; returns the calls."""
     sync(device)
-    start, calls = time.perf_counter(), 0
-    while True:
-        step()
-        calls += 1
-        if calls % 8 == 0 or calls == 1:  # a sync now and then: the queue stays full between
-            sync(device)
-            if (time.perf_counter() - start) * 1e3 >= min_ms:
-                return calls
+    start = time.perf_counter()
+    step()
+    sync(device)
+    calls = 1
+    while (elapsed := (time.perf_counter() - start) * 1e3) < min_ms:
+        more = min(calls, math.ceil((min_ms - elapsed) / max(elapsed / calls, 1e-6)))
+        for _ in range(more):
+            step()
+        sync(device)
+        calls += more
+    return calls
 
 
 def _events_times_ms(step: Callable[[], None], repeats: int, flush: bool) -> list[float]:
-    busy_for(step, "cuda", WARM_MS)
     cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    torch.cuda.synchronize()
-    for start, end in zip(starts, ends, strict=True):
+
+    def flushed_step() -> None:
         if cache is not None:
             cache.zero_()  # evicts the previous repeat's KV from L2
+        step()
+
+    busy_for(flushed_step, "cuda", WARM_MS)  # the timed repeats follow with no idle gap
+    for start, end in zip(starts, ends, strict=True):
+        if cache is not None:
+            cache.zero_()
         start.record()
         step()
         end.record()

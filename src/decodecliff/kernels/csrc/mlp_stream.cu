@@ -70,7 +70,11 @@ constexpr int kWRowBytes = kTileK * 2 + (kPadW ? 16 : 0);
 constexpr int kARowBytes = kTileK * 2 + (kPadA ? 16 : 0);
 constexpr int kWBytes = kTileN * kWRowBytes;
 constexpr int kABytes = kRows * kARowBytes;
-constexpr int kChunk = kTileN * kTileK;  // elements of a chunk (DCMLP_PACKED: contiguous)
+[[maybe_unused]] constexpr int kChunk = kTileN * kTileK;  // a chunk's elements (DCMLP_PACKED:
+                                                         // contiguous)
+#ifdef DCMLP_PACKED
+static_assert(kWBytes == kChunk * 2, "a packed chunk lands whole, unpadded");
+#endif
 constexpr int kStageBytes = kWBytes + kABytes;
 constexpr int kSmemBytes = kStages * kStageBytes;  // 80 KB (64 x 128, 4 stages), 96 KB (32 x 256)
 static_assert(kTileN == 64 || kTileN == 32, "a chunk is 64 or 32 weight rows");
