@@ -47,8 +47,8 @@
 # profile-sm120: Nsight Compute of v5 and v4 in the sm_120-model build at 185k (chain16 and
 # tree64, 8 heads): stall reasons, the executed instruction mix, per-instruction counts;
 # profile-ragged: the same for v4 (auto's pick there) in this GPU's build on a ragged decode batch
-# of four at 185k, 8 and 16 heads, its own plan (splits shared by tokens) beside 132 splits, which
-# measured 10-12% faster (notes/kernel.md, "Sixteen slots a request where the splits are long");
+# of four at 185k, 8 and 16 heads, its own plan (splits shared by tokens) beside 132 splits
+# (notes/kernel.md, "Profiled, and found to be the bench's warm-up");
 # v5-patches: each candidate change of v5 kept as a patch in notes/kernel-v5/ (V5_PATCHES: sets
 # of patch names joined by +, "base" for the tree as it is) applied in turn, built, checked
 # against float64 and the planted masks in both builds and timed in both builds at 185k

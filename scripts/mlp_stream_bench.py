@@ -72,6 +72,16 @@ def pack(w: torch.Tensor, tile_n: int, tile_k: int, gated: bool) -> torch.Tensor
     )  # stored[r, q] = w[r, q ^ r%8]
 
 
+def weights_for(
+    lib: ctypes.CDLL, w_gu: torch.Tensor, w_down: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The weights as this build reads them: packed where it was built DCMLP_PACKED."""
+    if not lib.dcmlp_packed():
+        return w_gu, w_down
+    tiles = lib.dcmlp_tile_n(), lib.dcmlp_tile_k()
+    return pack(w_gu, *tiles, gated=True), pack(w_down, *tiles, gated=False)
+
+
 class Mlp:
     """The kernel's call with its workspace for one (hidden, inter, grid)."""
 
@@ -82,13 +92,6 @@ class Mlp:
         self.counters = torch.zeros(
             lib.dcmlp_counter_ints(hidden, inter), dtype=torch.int32, device=dev
         )
-
-    def weights(self, w_gu: torch.Tensor, w_down: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The weights as this build reads them: packed where it was built DCMLP_PACKED."""
-        if not self.lib.dcmlp_packed():
-            return w_gu, w_down
-        tiles = self.lib.dcmlp_tile_n(), self.lib.dcmlp_tile_k()
-        return pack(w_gu, *tiles, gated=True), pack(w_down, *tiles, gated=False)
 
     def __call__(
         self, x: torch.Tensor, w_gu: torch.Tensor, w_down: torch.Tensor,
@@ -135,7 +138,7 @@ def check(
 ) -> dict:  # fmt: skip
     x, w_gu, w_down, residual = random_mlp(dev, seed, hidden, inter, rows, with_residual)
     mlp = Mlp(lib, hidden, inter, grid, dev)
-    w_in = mlp.weights(w_gu, w_down)
+    w_in = weights_for(lib, w_gu, w_down)
     outs = []
     for _ in range(3):  # the third call: the counters were left ready by the second
         h = torch.full((rows, inter), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -180,9 +183,7 @@ def time_layers(
 
         return step
 
-    def ours(kernel):
-        weights = [kernel.weights(a, b) for a, b in ws]
-
+    def ours(kernel, weights):
         def step():
             for a, b in weights:
                 kernel(x, a, b, None, h, y)
@@ -191,8 +192,9 @@ def time_layers(
 
     runs = {"cublas [K, N]": cublas(kn, False), "cublas [N, K]": cublas(ws, True)}
     for label, handle in libs.items():
+        weights = [weights_for(handle, a, b) for a, b in ws]  # packed once a build, for each grid
         for g in (grid, 2 * grid)[: handle.dcmlp_ctas_per_sm()]:  # co-resident grids only
-            runs[f"{label} grid {g}"] = ours(Mlp(handle, HIDDEN, INTER, g, dev))
+            runs[f"{label} grid {g}"] = ours(Mlp(handle, HIDDEN, INTER, g, dev), weights)
     rows_out = []
     for label, step in runs.items():
         times = timing.graph_times_ms(step, repeats, warmup=2)
@@ -209,7 +211,7 @@ def cold_calls(lib: ctypes.CDLL, dev: torch.device, grid: int, calls: int) -> No
     x, w_gu, w_down, _ = random_mlp(dev, seed=0)
     h, y = x.new_empty(ROWS, INTER), x.new_empty(ROWS, HIDDEN)
     mlp = Mlp(lib, HIDDEN, INTER, grid, dev)
-    w_in = mlp.weights(w_gu, w_down)
+    w_in = weights_for(lib, w_gu, w_down)
     flush = torch.empty(2**28, dtype=torch.uint8, device=dev)
     for _ in range(calls):
         flush.zero_()

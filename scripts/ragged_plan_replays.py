@@ -2,10 +2,10 @@
 
     python scripts/ragged_plan_replays.py --out DIR [--ctx 185000] [--heads 8] [--repeats 60]
 
-The kernel bench times the plan's replays bimodally at 185k (194-230 us where even splits stay
-within 3 us; notes/kernel.md, "Profiled" under "Two waves of even splits"), while Nsight Compute
-finds its kernels no slower. The reading to test: the plan's CTAs with work fill the wave's slots
-exactly, so one that starts late runs as a second wave. Each launch is captured in a CUDA graph and
+The kernel bench once timed the plan's replays bimodally at 185k (194-230 us where even splits
+stayed within 3 us), while Nsight Compute found its kernels no slower; this showed the replays
+steady, and the spread the warm-up of the first variant timed at a point (notes/kernel.md,
+"Profiled, and found to be the bench's warm-up"). Each launch is captured in a CUDA graph and
 replayed ``--repeats`` times with the L2 flushed before each replay (as the bench) and without:
 the plan; the plan with its shared splits made ``--slack`` longer (fewer CTAs with work than
 slots); even splits at the plan's count. Prints the spread of each; writes ``replays.json``.
