@@ -53,7 +53,6 @@ constexpr int kKSteps = kDqk / kDimGroups / 16;  // 9 k-steps of 16 dims per war
 constexpr int kMaxSplits = 1024;
 constexpr int kCombineThreads = 256;
 constexpr int kCombineCols = 128;          // output columns per combine CTA
-constexpr int kCombineLoads = 8;           // splits a combine warp loads before it sums them
 constexpr int kSmemLimit = 101376;         // sm_120: 99 KB per block
 
 static_assert(kDqk % (kDimGroups * 16) == 0, "dims must split evenly over the warps");
@@ -918,32 +917,17 @@ __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(
   total = 0.f;
   for (int w = 0; w < kCombineThreads / 32; ++w) total += red[w];
 
-  // warp w sums splits w, w+8, ...; lane holds 4 columns of the segment. A round issues the loads
-  // of kCombineLoads splits before it sums any (one at a time, the loop waited out an L2 round
-  // trip per split). An empty split's partial O was never written: its load reads the row's
-  // first split instead (no extra memory traffic, no branch to keep the loads apart) and its
-  // garbage is not summed.
-  constexpr int kWarps = kCombineThreads / 32;
+  // warp w sums splits w, w+8, ...; lane holds 4 columns of the segment.
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const int col = seg * kCombineCols + lane * 4;
-  const float* o_row = ws_o + g * num_splits * kDv + col;
-  for (int s0 = warp; s0 < num_splits; s0 += kWarps * kCombineLoads) {
-    float w[kCombineLoads];
-    float4 v[kCombineLoads];
-#pragma unroll
-    for (int u = 0; u < kCombineLoads; ++u) {
-      const int s = s0 + u * kWarps;
-      w[u] = s < num_splits ? weight[s] : 0.f;
-      v[u] = *reinterpret_cast<const float4*>(o_row + (w[u] != 0.f ? s * kDv : 0));
-    }
-#pragma unroll
-    for (int u = 0; u < kCombineLoads; ++u) {
-      if (w[u] == 0.f) continue;
-      acc.x += w[u] * v[u].x;
-      acc.y += w[u] * v[u].y;
-      acc.z += w[u] * v[u].z;
-      acc.w += w[u] * v[u].w;
-    }
+  for (int s = warp; s < num_splits; s += kCombineThreads / 32) {
+    const float w = weight[s];
+    if (w == 0.f) continue;  // empty split: its partial O was never written
+    const float4 v = *reinterpret_cast<const float4*>(ws_o + (g * num_splits + s) * kDv + col);
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
   }
   acc_smem[warp][lane] = acc;
   __syncthreads();
