@@ -57,6 +57,10 @@ PROBES = [
     ("F5 a rebound Host", b'{"text": "hi"}', {"Host": "evil.example:80"}, 403, "Host"),
     ("F5 a foreign Origin", b'{"text": "hi"}', {"Origin": "https://evil.example"}, 403, "Origin"),
     ("F5 a sandboxed page", b'{"text": "hi"}', {"Origin": "null"}, 403, "Origin"),
+    ("F5 an unclosed IPv6 Host", b'{"text": "hi"}', {"Host": "[::1"}, 400, "malformed Host"),
+    ("F5 a bracketed non-address Host", b'{"text": "hi"}', {"Host": "[zz]:1"}, 400,
+     "malformed Host"),
+    ("F5 a malformed Origin", b'{"text": "hi"}', {"Origin": "http://[zz"}, 400, "malformed Origin"),
     ("F6 a fan-out of 2000 x 64", b'{"text": ["a"' + b', "a"' * 1999 + b'], "sampling_params": '
      b'{"n": 64}}', {}, 400, "at most 256"),
     ("unknown fields", b'{"text": "a", "mystery": 1}', {}, 400, "mystery"),

@@ -145,8 +145,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _hostname(netloc: str) -> str:
-    return urlsplit(f"//{netloc}").hostname or ""
+def _hostname(netloc: str) -> str | None:
+    """The host of a Host header's value (or an Origin's netloc); None where it cannot be one."""
+    try:
+        return urlsplit(f"//{netloc}").hostname or ""
+    except ValueError:  # e.g. an unclosed or invalid [IPv6] literal
+        return None
 
 
 def access_middleware(settings: Settings) -> Callable:
@@ -156,11 +160,18 @@ def access_middleware(settings: Settings) -> Callable:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = _hostname(request.headers.get("Host", ""))
+        if host is None:
+            raise web.HTTPBadRequest(text=f"malformed Host header {show(request.headers['Host'])}")
         if local and host and not is_loopback(host):  # a DNS-rebound name: a web page's request
             raise web.HTTPForbidden(text=f"Host {show(host)} is not this loopback server")
         origin = request.headers.get("Origin")
         if origin is not None:
-            site = "" if origin == "null" else _hostname(urlsplit(origin).netloc)
+            try:
+                site = "" if origin == "null" else _hostname(urlsplit(origin).netloc)
+            except ValueError:  # urlsplit's own check of a bracketed host
+                site = None
+            if site is None:
+                raise web.HTTPBadRequest(text=f"malformed Origin header {show(origin)}")
             if not (site and (site == host or (local and is_loopback(site)))):
                 raise web.HTTPForbidden(text=f"cross-site request from Origin {show(origin)}")
         if settings.api_key is not None and request.path not in OPEN_PATHS:
