@@ -4,10 +4,13 @@ with an error event mid-generation, as SGLang's server does when a request fails
 
     python tests/faulty_server.py --port P --nan-in info|meta|after
     python tests/faulty_server.py --port P --error-mid-stream
-    python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0
+    python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|bad-figures|
+        negative-prompt
 
 (--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of 0
-in its info: JSON of the wrong shape.)
+in its info: JSON of the wrong shape; a last chunk whose optional figures are of the wrong kind
+(spec_verify_ct 1.5, verify_step_ms -3, spec_accept_length "3"), or a prompt_tokens of -1 in
+every chunk: values of the wrong kind.)
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ def build(
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(1, n + 1):
-            meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": i}
+            prompt = -1 if shape == "negative-prompt" else len(body["input_ids"])
+            meta = {"prompt_tokens": prompt, "completion_tokens": i}
+            if shape == "bad-figures" and i == n:
+                meta |= {"spec_verify_ct": 1.5, "verify_step_ms": -3, "spec_accept_length": "3"}
             if nan_in == "meta" and i == n:
                 meta["spec_accept_length"] = NAN
             if error_mid_stream and i == 2:
@@ -70,7 +76,9 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--nan-in", choices=["info", "meta", "after"])
     p.add_argument("--error-mid-stream", action="store_true")
-    p.add_argument("--shape", choices=["list-chunk", "text-meta", "vocab0"])
+    p.add_argument(
+        "--shape", choices=["list-chunk", "text-meta", "vocab0", "bad-figures", "negative-prompt"]
+    )
     args = p.parse_args()
     app = build(args.nan_in, args.error_mid_stream, args.shape)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)

@@ -268,6 +268,28 @@ def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape,
     assert "Traceback" not in point["reason"] + done.stderr
 
 
+def test_a_token_count_that_is_none_fails_its_point_and_the_sweep_goes_on(tmp_path):
+    done = _faulty_sweep(tmp_path, [16, 24], "--shape", "negative-prompt")
+    assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
+    points = _points(tmp_path)
+    assert sorted(points) == [16, 24]
+    for point in points.values():
+        assert point["status"] == "failed"
+        assert "prompt_tokens is -1, not a token count" in point["reason"], point["reason"]
+
+
+def test_optional_server_figures_of_the_wrong_kind_are_dropped_with_a_warning(tmp_path):
+    done = _faulty_sweep(tmp_path, [16], "--shape", "bad-figures")
+    assert done.returncode == 0, done.stderr
+    point = _points(tmp_path)[16]
+    assert point["status"] == "ok", point["reason"]
+    m = point["metrics"]
+    assert m["spec_verify_ct"] is None and m["verify_step_ms_server"] is None
+    assert m["spec_accept_length"] is None and m["verify_steps"] is None
+    dropped = [w for w in point["warnings"] if "not recorded" in w]
+    assert len(dropped) == 3 and "spec_verify_ct 1.5" in " ".join(dropped), point["warnings"]
+
+
 def test_a_server_vocabulary_below_two_is_taken_as_unknown(tmp_path):
     _faulty_sweep(tmp_path, [16], "--shape", "vocab0")
     point = _points(tmp_path)[16]

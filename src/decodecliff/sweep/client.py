@@ -8,6 +8,7 @@ short by a timeout or a dying server still leaves the timings it got so far.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,18 +60,29 @@ def request_body(api: str, input_ids: list[int], gen_tokens: int, model: str) ->
     raise ValueError(f"unknown api {api!r}; choose one of {APIS}")
 
 
+def _count(fields: dict, key: str) -> int | None:
+    """``fields[key]`` as a token count (None if absent); ValueError where it cannot be one."""
+    v = fields.get(key)
+    if v is None:
+        return None
+    whole = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if not (whole and v >= 0 and v == int(v)):
+        raise ValueError(f"{key} is {json.dumps(v)[:50]}, not a token count")
+    return int(v)
+
+
 def _apply_generate(rec: StreamRecord, data: dict) -> int | None:
     """Fold one /generate chunk into ``rec``; return the cumulative token count it reports."""
     meta = data.get("meta_info") or {}
     if not isinstance(meta, dict):
         raise TypeError(f"meta_info is {type(meta).__name__}, not an object")
     rec.meta_info = meta
-    if meta.get("prompt_tokens") is not None:
-        rec.prompt_tokens = int(meta["prompt_tokens"])
+    if (prompt := _count(meta, "prompt_tokens")) is not None:
+        rec.prompt_tokens = prompt
     if meta.get("finish_reason") is not None:
         rec.finish_reason = meta["finish_reason"]
-    if meta.get("completion_tokens") is not None:
-        return int(meta["completion_tokens"])
+    if (completion := _count(meta, "completion_tokens")) is not None:
+        return completion
     ids = data.get("output_ids")
     return len(ids) if isinstance(ids, list) else None
 
@@ -78,18 +90,18 @@ def _apply_generate(rec: StreamRecord, data: dict) -> int | None:
 def _apply_openai(rec: StreamRecord, data: dict, last: int) -> int | None:
     """Fold one /v1/completions chunk into ``rec``; return the cumulative token count."""
     usage = data.get("usage") or {}
-    if usage.get("prompt_tokens") is not None:
-        rec.prompt_tokens = int(usage["prompt_tokens"])
+    if (prompt := _count(usage, "prompt_tokens")) is not None:
+        rec.prompt_tokens = prompt
     choices = data.get("choices") or []
     text = "".join(c.get("text") or "" for c in choices)
     for c in choices:
         if c.get("finish_reason") is not None:
             rec.finish_reason = c["finish_reason"]
-    if usage.get("completion_tokens") is not None:
+    if (completion := _count(usage, "completion_tokens")) is not None:
         if not choices:  # final usage-only chunk: a total, not a token arrival
-            rec.completion_tokens = int(usage["completion_tokens"])
+            rec.completion_tokens = completion
             return None
-        return int(usage["completion_tokens"])
+        return completion
     # Without per-chunk usage, count one token per text chunk (vLLM's bench convention).
     return last + 1 if text else None
 

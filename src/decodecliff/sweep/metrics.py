@@ -18,6 +18,8 @@ A stream is recorded as events ``(t, tokens)``: ``t`` seconds since the request 
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -105,6 +107,32 @@ SUMMARY_KEYS = (
     "itl_ms_mean", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "spec_accept_length",
     "verify_steps_s_client", "verify_steps_s_server", "verify_step_ms_server",
 )  # fmt: skip
+
+
+# The optional figures a server may report per request (meta_info), and whether each is a count.
+SERVER_FIGURES = {
+    "spec_accept_length": False,
+    "spec_verify_ct": True,
+    "decode_steps": True,
+    "verify_step_ms": False,
+    "decode_step_ms": False,
+}
+
+
+def server_figures(meta: dict) -> tuple[dict, list[str]]:
+    """The figures of SERVER_FIGURES that ``meta`` reports, each a non-negative finite number (a
+    whole one for a count) or None, and a note for each value dropped as not one."""
+    figures, notes = {}, []
+    for key, whole in SERVER_FIGURES.items():
+        v = meta.get(key)
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        if ok and whole and v != int(v):
+            ok = False
+        figures[key] = (int(v) if whole else v) if ok else None
+        if v is not None and not ok:
+            kind = "count" if whole else "non-negative number"
+            notes.append(f"the server's {key} {json.dumps(v)[:50]} is not a {kind}: not recorded")
+    return figures, notes
 
 
 def step_rates(m: dict, meta: dict) -> dict:

@@ -644,14 +644,16 @@ class Runner:
         """One request of the point as recorded: its metrics, meta_info and token times."""
         m = metrics.compute(rec.events, rec.prompt_tokens, rec.e2e_s, rec.completion_tokens)
         meta = rec.meta_info
+        label = f"request {len(res['requests']) + 1}"
+        figures, notes = metrics.server_figures(meta)  # the server's values are not trusted
+        res["warnings"] += [f"{label}: {note}" for note in notes]
         for key in ("spec_accept_length", "spec_verify_ct"):
-            m[key] = meta.get(key)
-        verify_ct, n = meta.get("spec_verify_ct"), m["completion_tokens"]
+            m[key] = figures[key]
+        verify_ct, n = figures["spec_verify_ct"], m["completion_tokens"]
         if m["spec_accept_length"] is None and verify_ct:
             # bench_serving's accept length: generated tokens per verify step
             m["spec_accept_length"] = n / verify_ct
-        m |= metrics.step_rates(m, meta)
-        label = f"request {len(res['requests']) + 1}"
+        m |= metrics.step_rates(m, figures)
         if rec.prompt_tokens is not None and rec.prompt_tokens != ctx:
             res["warnings"].append(
                 f"{label}: prompt token mismatch: sent {ctx}, server reports {rec.prompt_tokens}"
