@@ -4,6 +4,10 @@
 #
 #   scripts/publish_study.sh CONFIG DEST RAW_DIR [RAW_DIR ...]
 #   scripts/publish_study.sh config/h200.yaml results/published/h200 results/runs/h200/*/
+#   scripts/publish_study.sh config/h200.yaml:config/h100.yaml results/published/h100 RAW_DIR...
+#
+# CONFIG: a config file, or several joined by ':' (each overlaying the ones before it, as
+# snakemake's --configfile takes them: config/h100.yaml is the H200 study measured on an H100).
 #
 # Each RAW_DIR is laid out as the pipeline writes under results/: build/build.json,
 # kernels/bench.json, sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md
@@ -21,13 +25,15 @@ set -euo pipefail
 usage() { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 fail() { echo "$0: $*" >&2; exit 2; }
 [ $# -ge 3 ] && [ "$1" != -h ] && [ "$1" != --help ] || usage
-[ -f "$1" ] || fail "no config file $1"
+IFS=: read -ra cfgs <<< "$1"
+for c in "${cfgs[@]}"; do [ -f "$c" ] || fail "no config file $c"; done
 for raw in "${@:3}"; do [ -d "$raw" ] || fail "no run folder $raw"; done
 # a publication is whole: DEST holds nothing of an earlier one (its gpu-logs/ stay, hand-kept)
 if [ -d "$2" ] && [ -n "$(ls -A "$2" | grep -vx gpu-logs)" ]; then
   fail "$2 holds an earlier publication's files: remove all but gpu-logs/ first"
 fi
-cfg=$(realpath "$1") dest=$(realpath -m "$2")
+cfg=() dest=$(realpath -m "$2")
+for c in "${cfgs[@]}"; do cfg+=("$(realpath "$c")"); done
 shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -54,11 +60,11 @@ cp "$build_json" results/build/build.json  # keep the GPU machine's record of it
 # the measured files count as up to date; only what is computed from them runs here
 # (of the build, its record: the sm_120 model's JSON beside it is no rule's output)
 measured=$(find results/build/build.json results/kernels results/engine results/sweep -name '*.json' 2> /dev/null || true)
-snakemake --cores 1 --configfile "$cfg" --config published=null --touch $measured
+snakemake --cores 1 --configfile "${cfg[@]}" --config published=null --touch $measured
 # a measurement the runs lack stops the publication (missing input) instead of running here
 measuring='^(build_kernel|bench_kernels|bench_engine|sweep_point)$'
-snakemake --cores 2 --configfile "$cfg" --config published=null \
-  --allowed-rules $(snakemake --list-rules --configfile "$cfg" | grep -vE "$measuring")
+snakemake --cores 2 --configfile "${cfg[@]}" --config published=null \
+  --allowed-rules $(snakemake --list-rules --configfile "${cfg[@]}" | grep -vE "$measuring")
 
 mkdir -p "$dest"
 cp RUNS.md "$dest/"

@@ -368,7 +368,7 @@ def fidelity(kernels: pd.DataFrame, contexts: list[int]) -> pd.DataFrame:
 def flashinfer_sm120(path: str | Path) -> str:
     """One sentence of FlashInfer's sm_120 build check (the kernels notebook's
     flashinfer_sm120.csv): how its fa2 MLA kernel configures itself within sm_120's shared
-    memory, beside the H200's configuration."""
+    memory, beside its configuration on sm_90 (an H100's or H200's 228 KB per SM)."""
     if not Path(path).is_file():
         return "FlashInfer's sm_120 build was not checked in this study."
     row = pd.read_csv(path).iloc[0]
@@ -380,8 +380,9 @@ def flashinfer_sm120(path: str | Path) -> str:
         f"FlashInfer {row['flashinfer']}'s fa2 MLA kernel, compiled for sm_120 (no GPU needed), "
         f"configures itself to {_stages(sm120)} in {int(row['smem_per_block']):,} B of shared "
         f"memory per block ({fits} sm_120's {int(row['smem_limit_per_block']):,} B; "
-        f"{int(row['registers'])} registers, {int(row['spill_bytes'])} B of spill); on the H200 "
-        f"it takes {_stages(h200)} in {int(row['h200_smem_per_block']):,} B."
+        f"{int(row['registers'])} registers, {int(row['spill_bytes'])} B of spill); on sm_90 "
+        f"(an H100's or H200's 228 KB per SM) it takes {_stages(h200)} in "
+        f"{int(row['h200_smem_per_block']):,} B."
     )
 
 
