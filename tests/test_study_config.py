@@ -18,20 +18,24 @@ from decodecliff.study import config, notebooks, paths, servers
 from decodecliff.study.plan import PointError, Study
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = {"h200": REPO / "config/h200.yaml", "rtx-pro-6000": REPO / "config/rtx-pro-6000.yaml"}
+PRESETS = {
+    "h200": [REPO / "config/h200.yaml"],
+    "rtx-pro-6000": [REPO / "config/rtx-pro-6000.yaml"],
+    "h100": [REPO / "config/h200.yaml", REPO / "config/h100.yaml"],  # an overlay of h200
+}
 PEERS = ("sglang-graph-p1", "flashinfer-graph-p1")
 
 
 def study(preset: str | None = None) -> Study:
-    files = [REPO / "config.yaml", *([PRESETS[preset]] if preset else [])]
+    files = [REPO / "config.yaml", *(PRESETS[preset] if preset else [])]
     return Study(config.load(files))
 
 
 def raw(preset: str | None = None) -> dict:
     """The YAML of config.yaml (and a preset) merged, not validated."""
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    if preset:
-        cfg = config.merge(cfg, yaml.safe_load(PRESETS[preset].read_text()))
+    for path in PRESETS[preset] if preset else []:
+        cfg = config.merge(cfg, yaml.safe_load(path.read_text()))
     return cfg
 
 
@@ -39,11 +43,19 @@ def by_name(s: Study, name: str) -> dict:
     return s.servers[name]
 
 
-@pytest.mark.parametrize("preset", [None, "h200", "rtx-pro-6000"])
+@pytest.mark.parametrize("preset", [None, "h200", "rtx-pro-6000", "h100"])
 def test_the_repository_configs_are_valid(preset: str | None) -> None:
     s = study(preset)
     assert set(PEERS) <= set(s.servers)
     assert len(s.point_files()) == sum(len(s.server_points(n)) for n in s.servers)
+
+
+def test_the_h100_study_is_the_h200_study_under_its_own_name() -> None:
+    h100, h200 = study("h100").config, study("h200").config
+    assert (h100["study"]["name"], h200["study"]["name"]) == ("h100", "h200")
+    assert {k: v for k, v in h100.items() if k != "study"} == {
+        k: v for k, v in h200.items() if k != "study"
+    }
 
 
 def test_defaults_are_the_schemas_own() -> None:
