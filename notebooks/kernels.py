@@ -111,7 +111,7 @@ for study, df in studies.items():
 # ## Does FlashInfer's MLA kernel build for sm_120 within 99 KB of shared memory?
 # Compiled on the CPU with nvcc for sm_120 in the tile configuration FlashInfer's dispatcher picks
 # for sm_120's 100 KB per SM (read from its source); the shared memory per block is measured from
-# the same headers, beside the configuration an H200 (228 KB per SM) gets.
+# the same headers, beside the configuration sm_90 (an H100's or H200's 228 KB per SM) gets.
 
 # %%
 fi_doc = json.loads(Path(flashinfer_sm120).read_text()) if flashinfer_sm120 else {}

@@ -94,8 +94,8 @@ def test_a_file_in_two_runs_stops_before_any_work(tmp_path: Path) -> None:
 def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path: Path) -> None:
     first, _ = split_runs(tmp_path)
     for args, said in (
-        ([], "usage:"),
-        (["--help"], "usage:"),
+        ([], "CONFIG DEST RAW_DIR"),  # its own usage line
+        (["--help"], "CONFIG DEST RAW_DIR"),
         ([str(tmp_path / "none.yaml"), str(tmp_path / "dest"), str(first)], "no config file"),
         (
             [
@@ -103,8 +103,9 @@ def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path:
                 str(tmp_path / "dest"),
                 str(first),
             ],
-            "no config file",
+            f"no config file {tmp_path / 'none.yaml'}\n",  # the second of the two
         ),
+        (["", str(tmp_path / "dest"), str(first)], "CONFIG DEST RAW_DIR"),
         ([str(REPO / "config.yaml"), str(tmp_path / "dest"), str(tmp_path / "nope")], "no run"),
     ):
         done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True)

@@ -53,9 +53,16 @@ def test_the_repository_configs_are_valid(preset: str | None) -> None:
 def test_the_h100_study_is_the_h200_study_under_its_own_name() -> None:
     h100, h200 = study("h100").config, study("h200").config
     assert (h100["study"]["name"], h200["study"]["name"]) == ("h100", "h200")
+    assert (h100["study"]["gpu"], h200["study"]["gpu"]) == ("H100", "H200")
     assert {k: v for k, v in h100.items() if k != "study"} == {
         k: v for k, v in h200.items() if k != "study"
     }
+
+
+def test_a_gpu_study_s_overlay_alone_is_refused() -> None:
+    with pytest.raises(config.ConfigError, match="a study on an H100 measures on cuda") as err:
+        config.load([REPO / "config.yaml", REPO / "config/h100.yaml"])
+    assert err.value.where == "config.study.gpu"
 
 
 def test_defaults_are_the_schemas_own() -> None:

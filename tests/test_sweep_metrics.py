@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from decodecliff.sweep import metrics, prompts
+from decodecliff.analysis import summarize
+from decodecliff.sweep import client, metrics, prompts
 
 
 def test_one_token_per_chunk():
@@ -119,3 +120,48 @@ def test_point_summary_is_the_median_over_requests_with_their_counts():
     assert s["decode_tok_s"] == 2.5  # one slow or fast request does not set the number
     assert s["requests"] == 4 and s["verify_steps"] == 20
     assert s["ttft_s"] is None  # not recorded: no number invented
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "amount"),
+    [
+        (3, True, True),
+        (3.0, True, True),
+        (2.5, False, True),
+        (0, True, True),
+        (-1, False, False),
+        (True, False, False),
+        (float("nan"), False, False),
+        (float("inf"), False, False),
+        (10**400, False, False),  # json reads integers of up to 4,300 digits
+        (1e300, False, True),
+        ("3", False, False),
+        (None, False, False),
+    ],
+)
+def test_what_a_server_may_report_as_a_count_or_an_amount(value, count, amount):
+    assert (metrics.is_count(value), metrics.is_amount(value)) == (count, amount)
+    figures, notes = metrics.server_figures({"spec_verify_ct": value, "verify_step_ms": value})
+    assert figures["spec_verify_ct"] == (int(value) if count else None)
+    assert figures["verify_step_ms"] == (value if amount else None)
+    assert len(notes) == (value is not None) * ((not count) + (not amount))
+
+
+def test_a_stream_chunk_with_a_count_that_is_not_one_is_a_malformed_chunk():
+    rec = client.StreamRecord()
+    for bad in (10**400, -1, 1.5, True):
+        with pytest.raises(ValueError, match="completion_tokens is .*not a token count"):
+            client._fold(rec, "generate", {"meta_info": {"completion_tokens": bad}}, 0)
+    assert client._fold(rec, "generate", {"meta_info": {"completion_tokens": 4.0}}, 0) == 4
+
+
+def test_an_old_point_s_figures_of_the_wrong_kind_give_no_rates():
+    point = {"status": "ok", "metrics": {"decode_wall_s": 2.0, "completion_tokens": 8}}
+    point["meta_info"] = {"spec_verify_ct": 1.5, "verify_step_ms": -3}
+    (req,) = summarize.point_requests(point)
+    assert (
+        req["metrics"]["verify_steps"] is None and req["metrics"]["verify_step_ms_server"] is None
+    )
+    point["meta_info"] = {"spec_verify_ct": 4, "verify_step_ms": 125.0}
+    (req,) = summarize.point_requests(point)
+    assert req["metrics"]["verify_steps_s_client"] == 2.0 and req["metrics"]["verify_steps"] == 4

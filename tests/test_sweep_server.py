@@ -268,7 +268,7 @@ def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape,
     assert "Traceback" not in point["reason"] + done.stderr
 
 
-def test_a_token_count_that_is_none_fails_its_point_and_the_sweep_goes_on(tmp_path):
+def test_a_token_count_that_is_not_a_count_fails_its_point_and_the_sweep_goes_on(tmp_path):
     done = _faulty_sweep(tmp_path, [16, 24], "--shape", "negative-prompt")
     assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
     points = _points(tmp_path)

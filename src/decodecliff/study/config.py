@@ -246,6 +246,7 @@ def check(cfg: dict) -> None:
             "timing the sm_120 model needs its library: set build.sm120_model to the GPU's "
             "architecture (90 for an H200)",
         )
+    _check_gpu_study(cfg)
     sweep = cfg["sweep"]
     names = [server["name"] for server in sweep["servers"]]
     for i, server in enumerate(sweep["servers"]):
@@ -332,6 +333,20 @@ def _check_points(server: dict, key: str) -> None:
                 f"{chunk['point_timeout_s']:g} s is longer than the chunk's timeout_s "
                 f"({chunk['timeout_s']:g} s), which covers server start, every request and stop",
             )
+
+
+def _check_gpu_study(cfg: dict) -> None:
+    """A study that names its GPU measures on it: a preset's overlay given alone (config/h100.yaml
+    without config/h200.yaml) would name a GPU over the CPU study's devices."""
+    gpu = cfg["study"].get("gpu")
+    for part in ("kernels", "sweep", "engine"):
+        device = cfg.get(part, {}).get("device", "cuda")
+        if gpu and device != "cuda":
+            why = (
+                f"a study on an {gpu} measures on cuda, but {part}.device is {device}: an overlay "
+                "of a preset goes after it (--configfile config/h200.yaml config/h100.yaml)"
+            )
+            raise ConfigError("config.study.gpu", why)
 
 
 def _check_template(sweep: dict, server: dict, key: str) -> None:

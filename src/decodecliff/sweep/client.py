@@ -8,14 +8,13 @@ short by a timeout or a dying server still leaves the timings it got so far.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
-from decodecliff.sweep import launcher
+from decodecliff.sweep import launcher, metrics
 
 APIS = ("generate", "openai")
 OnEvent = Callable[[float, int], None]
@@ -65,8 +64,7 @@ def _count(fields: dict, key: str) -> int | None:
     v = fields.get(key)
     if v is None:
         return None
-    whole = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    if not (whole and v >= 0 and v == int(v)):
+    if not metrics.is_count(v):
         raise ValueError(f"{key} is {json.dumps(v)[:50]}, not a token count")
     return int(v)
 

@@ -119,15 +119,30 @@ SERVER_FIGURES = {
 }
 
 
+MAX_COUNT = 2**53  # a count a server reports; above this a float no longer holds every integer
+
+
+def is_count(v: object) -> bool:
+    """Whether ``v`` is a whole number from 0 to MAX_COUNT (3 or 3.0; not True, NaN or 1e300)."""
+    if isinstance(v, float):
+        return v.is_integer() and 0 <= v <= MAX_COUNT
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+
+
+def is_amount(v: object) -> bool:
+    """Whether ``v`` is a finite non-negative number (not a bool)."""
+    if isinstance(v, float):
+        return math.isfinite(v) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+
+
 def server_figures(meta: dict) -> tuple[dict, list[str]]:
     """The figures of SERVER_FIGURES that ``meta`` reports, each a non-negative finite number (a
     whole one for a count) or None, and a note for each value dropped as not one."""
     figures, notes = {}, []
     for key, whole in SERVER_FIGURES.items():
         v = meta.get(key)
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-        if ok and whole and v != int(v):
-            ok = False
+        ok = is_count(v) if whole else is_amount(v)
         figures[key] = (int(v) if whole else v) if ok else None
         if v is not None and not ok:
             kind = "count" if whole else "non-negative number"
