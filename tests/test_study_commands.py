@@ -4,6 +4,7 @@ scripts/gpu_study_run.sh runs them by key, one GPU per worker, packing what they
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import tarfile
@@ -45,6 +46,23 @@ def test_the_h200_commands_are_the_configs_every_point() -> None:
     points = {f"{name}:{ctx}" for name, ctx in h200.order()}
     assert sorted(keys) == sorted({"build_kernel", "bench_kernels", "bench_engine"} | points)
     assert not any("--skip-reason" in line for line in lines)  # every peer runs there
+
+
+def test_the_h200_commands_are_the_rules_own_commands() -> None:
+    """The file is written once (where the peers are visible) and the rules move on: every command
+    the dry run gives here (a peer missing here is planned as a skip) must be the file's line."""
+    sc = study_commands()
+    given = dict(
+        line.split("\t", 1)
+        for line in (REPO / "scripts" / "study-h200.txt").read_text().splitlines()
+    )
+    planned = re.findall(r"^Shell command: (.*)$", sc.dry_run(REPO / "config/h200.yaml"), re.M)
+    checked = 0
+    for command in planned:
+        if "--skip-reason" not in command and (name := sc.key(command)) is not None:
+            assert given[name] == command, f"{name}: regenerate scripts/study-h200.txt"
+            checked += 1
+    assert checked >= 3 + 5 * 6  # the build and the benches, and the custom and Triton servers
 
 
 def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path) -> None:
