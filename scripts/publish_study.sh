@@ -26,7 +26,7 @@ usage() { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 fail() { echo "$0: $*" >&2; exit 2; }
 [ $# -ge 3 ] && [ "$1" != -h ] && [ "$1" != --help ] || usage
 IFS=: read -ra cfgs <<< "$1"
-[ ${#cfgs[@]} -gt 0 ] && [ "$1" = "$(printf '%s' "$1" | head -n 1)" ] || usage
+[ ${#cfgs[@]} -gt 0 ] && [[ $1 != *$'\n'* ]] || usage
 for c in "${cfgs[@]}"; do [ -f "$c" ] || fail "no config file $c"; done
 for raw in "${@:3}"; do [ -d "$raw" ] || fail "no run folder $raw"; done
 # a publication is whole: DEST holds nothing of an earlier one (its gpu-logs/ stay, hand-kept)

@@ -118,8 +118,8 @@ def point_requests(point: dict) -> list[dict]:
     if point.get("status") != "ok":
         return []
     m = dict(point.get("metrics") or {})
-    m |= sweep_metrics.step_rates(m, sweep_metrics.server_figures(point.get("meta_info") or {})[0])
     meta = point.get("meta_info") or {}
+    m |= sweep_metrics.step_rates(m, sweep_metrics.server_figures(meta)[0])
     return [{"round": 0, "stream": 0, "error": None, "metrics": m, "meta_info": meta}]
 
 

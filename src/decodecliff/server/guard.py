@@ -145,10 +145,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _hostname(netloc: str) -> str | None:
-    """The host of a Host header's value (or an Origin's netloc); None where it cannot be one."""
+def _hostname(url: str) -> str | None:
+    """The host of a URL ("//" + a Host header's value, or an Origin); None where it cannot be
+    one."""
     try:
-        return urlsplit(f"//{netloc}").hostname or ""
+        return urlsplit(url).hostname or ""
     except ValueError:  # e.g. an unclosed or invalid [IPv6] literal
         return None
 
@@ -159,17 +160,14 @@ def access_middleware(settings: Settings) -> Callable:
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = _hostname(request.headers.get("Host", ""))
+        host = _hostname(f"//{request.headers.get('Host', '')}")
         if host is None:
             raise web.HTTPBadRequest(text=f"malformed Host header {show(request.headers['Host'])}")
         if local and host and not is_loopback(host):  # a DNS-rebound name: a web page's request
             raise web.HTTPForbidden(text=f"Host {show(host)} is not this loopback server")
         origin = request.headers.get("Origin")
         if origin is not None:
-            try:
-                site = "" if origin == "null" else _hostname(urlsplit(origin).netloc)
-            except ValueError:  # urlsplit's own check of a bracketed host
-                site = None
+            site = "" if origin == "null" else _hostname(origin)
             if site is None:
                 raise web.HTTPBadRequest(text=f"malformed Origin header {show(origin)}")
             if not (site and (site == host or (local and is_loopback(site)))):

@@ -339,9 +339,11 @@ def _check_gpu_study(cfg: dict) -> None:
     """A study that names its GPU measures on it: a preset's overlay given alone (config/h100.yaml
     without config/h200.yaml) would name a GPU over the CPU study's devices."""
     gpu = cfg["study"].get("gpu")
+    if not gpu:
+        return
     for part in ("kernels", "sweep", "engine"):
         device = cfg.get(part, {}).get("device", "cuda")
-        if gpu and device != "cuda":
+        if device != "cuda":
             why = (
                 f"a study on an {gpu} measures on cuda, but {part}.device is {device}: an overlay "
                 "of a preset goes after it (--configfile config/h200.yaml config/h100.yaml)"

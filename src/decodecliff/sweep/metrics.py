@@ -122,18 +122,16 @@ SERVER_FIGURES = {
 MAX_COUNT = 2**53  # a count a server reports; above this a float no longer holds every integer
 
 
-def is_count(v: object) -> bool:
-    """Whether ``v`` is a whole number from 0 to MAX_COUNT (3 or 3.0; not True, NaN or 1e300)."""
-    if isinstance(v, float):
-        return v.is_integer() and 0 <= v <= MAX_COUNT
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
-
-
 def is_amount(v: object) -> bool:
-    """Whether ``v`` is a finite non-negative number (not a bool)."""
+    """Whether ``v`` is a finite non-negative number (not a bool; an integer up to MAX_COUNT)."""
     if isinstance(v, float):
         return math.isfinite(v) and v >= 0
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+
+
+def is_count(v: object) -> bool:
+    """Whether ``v`` is a whole number from 0 to MAX_COUNT (3 or 3.0; not True, NaN or 1e300)."""
+    return is_amount(v) and v <= MAX_COUNT and v == int(v)
 
 
 def server_figures(meta: dict) -> tuple[dict, list[str]]:
