@@ -11,16 +11,21 @@
 #
 # Each RAW_DIR is laid out as the pipeline writes under results/: build/build.json,
 # kernels/bench.json, sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md
-# of how it ran). A study measured in several runs (by server, at different commits) gives one
-# RAW_DIR per run; they are merged, and a file that two runs both hold is an error, not an
-# override. Nothing is measured here: the raw files are marked up to date (`snakemake --touch`)
-# and only the summaries, notebooks, report and NOTES.md are computed, on this machine. NOTES.md
-# is rendered by the `notes` rule from the result files (workflow/report/notes.md.j2); one in a
-# RAW_DIR is dropped, so no typed number is published. RUNS.md lists what each RAW_DIR held
-# (commit, when, points and their status: `python -m decodecliff.study.runs describe`), read from
-# its files, for the hand-written README.md beside it. FlashInfer's sm_120 build check is
-# computed here too (nvcc, no GPU): install flashinfer-python and apache-tvm-ffi (`--no-deps`, see
-# the `peers` extra) first, or it is published as skipped.
+# of how it ran, and its gpu-logs/). A study measured in several runs (by server, at different
+# commits) gives one RAW_DIR per run; they are merged, and a result file that two runs both hold is
+# an error, not an override. A run's README.md and gpu-logs/ are its record, not results: one
+# run's are published as the study's (DEST/README.md, DEST/gpu-logs/); with several runs, each
+# run's go to DEST/gpu-logs/<run folder name>/ and DEST/README.md is left to be written by hand.
+# DEST/gpu-logs/ is hand-kept: a run's file that would replace a different one there stops the
+# publication before any work. Nothing is measured here: the raw files are marked up to date
+# (`snakemake --touch`) and only the summaries, notebooks, report and NOTES.md are computed, on
+# this machine. NOTES.md is rendered by the `notes` rule from the result files
+# (workflow/report/notes.md.j2); one in a RAW_DIR is dropped, so no typed number is published.
+# RUNS.md lists what each RAW_DIR held (commit, when, points and their status: `python -m
+# decodecliff.study.runs describe`), read from its files, for the hand-written README.md beside
+# it. FlashInfer's sm_120 build check is computed here too (nvcc, no GPU): install
+# flashinfer-python and apache-tvm-ffi (`--no-deps`, see the `peers` extra) first, or it is
+# published as skipped.
 set -euo pipefail
 usage() { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 fail() { echo "$0: $*" >&2; exit 2; }
@@ -36,6 +41,33 @@ fi
 cfg=() dest=$(realpath -m "$2")
 for c in "${cfgs[@]}"; do cfg+=("$(realpath "$c")"); done
 shift 2
+# Each run's record (README.md, gpu-logs/): where it goes in DEST. One run's stands as the
+# study's, as RUNS.md and the published README expect; several runs' each keep their own folder,
+# so no run's record silently replaces another's and each says which run it came from.
+prov_src=() prov_dst=()
+if [ $# -gt 1 ]; then
+  dup=$(for raw in "$@"; do basename "$(realpath "$raw")"; done | sort | uniq -d)
+  [ -z "$dup" ] || fail "two runs share the folder name $dup: their gpu-logs/$dup/ would clash"
+fi
+for raw in "$@"; do
+  abs=$(realpath "$raw")
+  if [ $# -eq 1 ]; then to_readme=README.md to_logs=gpu-logs
+  else to_readme=gpu-logs/$(basename "$abs")/README.md to_logs=gpu-logs/$(basename "$abs"); fi
+  if [ -f "$abs/README.md" ]; then prov_src+=("$abs/README.md") prov_dst+=("$to_readme"); fi
+  if [ -d "$abs/gpu-logs" ]; then
+    while IFS= read -r -d '' f; do
+      prov_src+=("$f") prov_dst+=("$to_logs/${f#"$abs/gpu-logs/"}")
+    done < <(find "$abs/gpu-logs" -type f -print0 | sort -z)
+  fi
+done
+dup=$(printf '%s\n' "${prov_dst[@]}" | sort | uniq -d)
+[ -z "$dup" ] || fail "two of a run's files would be published as $dup"
+for i in "${!prov_src[@]}"; do
+  kept="$dest/${prov_dst[$i]}"
+  if [ -e "$kept" ] && ! cmp -s "${prov_src[$i]}" "$kept"; then
+    fail "$kept (hand-kept) differs from ${prov_src[$i]}, which would replace it: move one first"
+  fi
+done
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 build_json=$(mktemp)
@@ -47,11 +79,11 @@ mkdir -p "$work/results"
   for raw in "$@"; do printf '\n## `%s`\n\n' "$raw"; python3 -m decodecliff.study.runs describe "$raw"; done
 } > "$work/RUNS.md"
 for raw in "$@"; do
-  clash=$(cd "$raw" && find . -type f | while read -r f; do
-    if [ -e "$work/results/$f" ]; then echo "${f#./}"; fi
-  done)
+  # the run's own record is no result: published beside them (above), not merged into them
+  clash=$(cd "$raw" && find . -type f ! -path ./README.md ! -path './gpu-logs/*' |
+    while read -r f; do if [ -e "$work/results/$f" ]; then echo "${f#./}"; fi; done)
   [ -z "$clash" ] || { echo "in two runs (last: $raw): $clash" >&2; exit 1; }
-  cp -r "$raw"/. "$work/results/"
+  tar -C "$raw" --exclude ./README.md --exclude ./gpu-logs -cf - . | tar -C "$work/results" -xf -
 done
 rm -f "$work/results/NOTES.md"
 cd "$work"
@@ -71,4 +103,12 @@ mkdir -p "$dest"
 cp RUNS.md "$dest/"
 tar -C results --exclude '*.so' --exclude ./logs --exclude ./benchmarks --exclude ./build/ptxas.log \
   -cf - . | tar -C "$dest" -xf -
+for i in "${!prov_src[@]}"; do
+  mkdir -p "$(dirname "$dest/${prov_dst[$i]}")"
+  cp -p "${prov_src[$i]}" "$dest/${prov_dst[$i]}"
+done
+if [ $# -gt 1 ]; then
+  echo "several runs: each run's README.md and gpu-logs/ are in $dest/gpu-logs/<run>/;" \
+    "write $dest/README.md (how the study was measured) by hand" >&2
+fi
 echo "published $(find "$dest" -type f | wc -l) files to $dest"

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from published_study import CUSTOM, copy_study, fail_points
 
 from decodecliff.analysis import floors, headline, style, summarize, tables
 from decodecliff.analysis.tables import PRIMARY
@@ -269,3 +270,110 @@ def test_the_cliff_label_goes_where_no_point_lies(sweep) -> None:
     assert cliff_label(fig)[0][1] not in (0.04, 0.96)  # both corners hold a line
     assert covered_markers(fig, base) == 0
     plt.close(fig)
+
+
+def anatomy(engine: pd.DataFrame, backend: str, ctx: int) -> pd.Series:
+    """The step anatomy's chain row of ``backend`` with CUDA graphs at ``ctx``."""
+    rows = engine[(engine["backend"] == backend) & (engine["path"] == "graphs")]
+    return rows[(rows["mode"] == "chain") & (rows["context"] == ctx)].iloc[0]
+
+
+def test_a_context_where_every_custom_server_failed_is_said(tmp_path, engine) -> None:
+    """The fastest server's lead over the custom kernel where none of its servers ran: said,
+    not a crash (in the sm_120 sentence too)."""
+    study = copy_study(tmp_path / "study")
+    fail_points(study, CUSTOM, [1024, 185000], "server exited with code -9")
+    sweep = summarize.load_study(study).sweep
+    _, win, fastest, sm120, _ = headline.sentences(sweep, engine)
+    assert "`flashinfer-fa3-graph-p1` at 1k (141 steps/s" in fastest
+    assert "): no custom server ran at 1k; `custom-graph-p1` at 11k" in fastest
+    assert fastest.endswith("(118, 103, 85.7, 75.3 steps/s): no custom server ran at 185k.")
+    assert sm120.endswith("): no custom server ran at 185k.")
+    assert win == (
+        "**What the custom kernel wins:** no custom server ran at 185k, `sglang-graph-p1`'s "
+        "longest context."
+    )
+
+
+def test_a_failed_baseline_point_is_named_and_the_anatomy_follows_the_cliff(
+    tmp_path, engine
+) -> None:
+    """Where the baseline's longest point failed, the cliff ends a context earlier: the sentence
+    says why, and the step anatomy cited is the one at the cliff's ends (128k: its 131,072)."""
+    study = copy_study(tmp_path / "study")
+    fail_points(study, ["sglang-graph-p1"], [185000], "point timeout (2700 s) in decode")
+    sweep = summarize.load_study(study).sweep
+    collapse, win, *_ = headline.sentences(sweep, engine)
+    at = anatomy(engine, "sglang", 131072)
+    share = at["attention_ms"] / at["step_ms"]
+    short, long = rate(sweep, "sglang-graph-p1", 1024), rate(sweep, "sglang-graph-p1", 128000)
+    assert (
+        f"to {headline.num(long)} at 128k, {headline._times(short / long)} "
+        "slower (its 185k point failed: point timeout (2700 s) in decode), because attention "
+        f"grows from 68% of a verify step at 1k to {share:.1%} at 128k "
+        f"({headline.num(at['attention_ms'])} of {headline.num(at['step_ms'])} ms"
+    ) in collapse
+    mine = anatomy(engine, "custom", 131072)  # custom-graph-p1 is fastest at 128k
+    assert f"`custom-graph-p1` runs {headline.num(rate(sweep, 'custom-graph-p1', 128000))}" in win
+    assert f"of its {headline.num(mine['step_ms'])} ms step there" in win
+
+
+def test_an_anatomy_without_the_cliff_s_context_says_so(tmp_path, engine) -> None:
+    """The anatomy has no 11k or 64k row: the sentences say the cliff's context it lacks, and
+    the win cites no other context's step."""
+    study = copy_study(tmp_path / "short")
+    fail_points(study, ["sglang-graph-p1"], [1024], "server exited with code -9")
+    collapse = headline.collapse(summarize.load_study(study).sweep, engine)
+    assert "15x slower (its 1k point failed: server exited with code -9)" in collapse
+    assert "sglang engine with CUDA graphs, which has no 11k point)" in collapse
+    study = copy_study(tmp_path / "long")
+    fail_points(study, ["sglang-graph-p1"], [128000, 185000], "server exited with code -9")
+    sweep = summarize.load_study(study).sweep
+    assert "(its 128k and 185k points failed: server exited" in headline.collapse(sweep, engine)
+    win = headline.win(sweep, engine)
+    assert "verify steps/s at 64k" in win and "attention is" not in win and "step there" not in win
+
+
+def test_a_winner_without_the_shortest_context_gives_no_bracket(tmp_path, engine) -> None:
+    study = copy_study(tmp_path / "study")
+    fail_points(study, ["custom-sm120-graph-p1"], [1024], "server exited with code -9")
+    win = headline.win(summarize.load_study(study).sweep, engine)
+    assert "`custom-sm120-graph-p1` runs 45.4 verify steps/s at 185k, 78x `sglang-graph-p1`;" in win
+    assert "nan" not in win
+
+
+def test_what_a_win_lacks_is_said_and_a_loss_is_no_win(sweep, engine) -> None:
+    no_baseline = sweep[~sweep["backend"].isin(["sglang", "triton"])]
+    assert headline.win(no_baseline, engine).endswith(
+        "no SGLang Triton server ran to measure the custom kernel against."
+    )
+    one = headline.win(sweep[sweep["requested_ctx"] == 1024], engine)
+    assert one.endswith("`sglang-graph-p1` ran at 1k only: no long context to compare at.")
+    assert headline.win(sweep[sweep["backend"] == "custom"].iloc[:0], None).endswith(
+        "neither a custom server nor an SGLang Triton server ran."
+    )
+    slow = sweep.copy()
+    custom = slow["backend"] == "custom"
+    for col in [c for c in slow.columns if c.startswith(PRIMARY)]:
+        slow.loc[custom, col] = slow.loc[custom, col] * 0.005
+    loss = headline.win(slow, engine)
+    ratio = rate(slow, "custom-sm120-graph-p1", 185000) / rate(slow, "sglang-graph-p1", 185000)
+    assert loss.startswith("**What the custom kernel loses:** `custom-sm120-graph-p1` runs")
+    assert f"185k, {headline._times(ratio)} the rate of `sglang-graph-p1` (" in loss
+    style.apply()
+    fig = headline.figure(slow, None, "a loss")
+    assert any(t.get_text().startswith("the loss: ") for t in fig.axes[0].texts)
+    plt.close(fig)
+
+
+def test_ratios_read_without_an_exponent(sweep) -> None:
+    fast = sweep.copy()
+    at = (fast["server"] == "flashinfer-fa3-graph-p1") & (fast["requested_ctx"] == 185000)
+    for col in [c for c in fast.columns if c.startswith(PRIMARY)]:
+        fast.loc[at, col] = fast.loc[at, col] * 300
+    text = headline.fastest(fast)
+    ratio = rate(fast, "flashinfer-fa3-graph-p1", 185000) / rate(
+        fast, "custom-sm120-graph-p1", 185000
+    )
+    assert ratio > 100 and "e+" not in text
+    assert f"a peer wins there, {ratio:,.0f}x `custom-sm120-graph-p1` at 185k." in text

@@ -24,11 +24,16 @@ pytestmark = pytest.mark.slow  # each test publishes a study through the pipelin
 
 
 def split_runs(root: Path) -> tuple[Path, Path]:
-    """Run A: build, kernels, engine and every server but one; run B: that server's points."""
+    """Run A: build, kernels, engine and every server but one; run B: that server's points. Each
+    holds what the publisher of a run writes beside its results: README.md, gpu-logs/env.txt."""
     first, second = root / "run-a", root / "run-b"
     shutil.copytree(STUDY, first)
     (second / "sweep").mkdir(parents=True)
     shutil.move(first / "sweep" / LATER_SERVER, second / "sweep" / LATER_SERVER)
+    for run in (first, second):
+        (run / "README.md").write_text(f"# How {run.name} was measured\n")
+        (run / "gpu-logs").mkdir()
+        (run / "gpu-logs" / "env.txt").write_text(f"{run.name}'s machine\n")
     return first, second
 
 
@@ -53,8 +58,17 @@ def publish(
 @needs_nvcc
 def test_two_runs_publish_as_one_study_under_an_overlaid_config(tmp_path: Path) -> None:
     overlay = {"study": {"name": "overlaid", "description": "the study under another name"}}
+    kept = tmp_path / "published" / "gpu-logs" / "env.txt"  # hand-kept beside the publication
+    kept.parent.mkdir(parents=True)
+    kept.write_text("kept by hand\n")
     done, dest = publish(tmp_path, *split_runs(tmp_path), overlay=overlay)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # each run's own record under its folder's name, the hand-kept file as it was
+    assert kept.read_text() == "kept by hand\n"
+    for run in ("run-a", "run-b"):
+        assert (dest / "gpu-logs" / run / "README.md").read_text() == f"# How {run} was measured\n"
+        assert (dest / "gpu-logs" / run / "env.txt").read_text() == f"{run}'s machine\n"
+    assert not (dest / "README.md").exists() and "write" in done.stderr  # the study's: by hand
     for server in ("torch-chain16-p1", LATER_SERVER):
         points = sorted((dest / "sweep" / server).glob("ctx*.json"))
         assert [p.name for p in points] == sorted(
@@ -69,6 +83,23 @@ def test_two_runs_publish_as_one_study_under_an_overlaid_config(tmp_path: Path) 
     later = runs.split("run-b")[1]
     assert f"| `sweep/{LATER_SERVER}/` |" in later and "kernels/bench.json" not in later
     assert "| `kernels/bench.json` |" in runs.split("run-b")[0]
+
+
+@needs_nvcc
+def test_one_run_s_record_is_the_study_s(tmp_path: Path) -> None:
+    """As results/published/h200 holds it: the run's README.md is the study's, its gpu-logs/ go
+    into the study's; the same file already there (a republication's) is no clash."""
+    first, second = split_runs(tmp_path)
+    shutil.move(second / "sweep" / LATER_SERVER, first / "sweep" / LATER_SERVER)  # one whole run
+    kept = tmp_path / "published" / "gpu-logs"
+    kept.mkdir(parents=True)
+    (kept / "env.txt").write_text("run-a's machine\n")
+    (kept / "other.log").write_text("kept by hand\n")
+    done, dest = publish(tmp_path, first)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (dest / "README.md").read_text() == "# How run-a was measured\n"
+    assert sorted(p.name for p in (dest / "gpu-logs").iterdir()) == ["env.txt", "other.log"]
+    assert (kept / "other.log").read_text() == "kept by hand\n"
 
 
 @needs_nvcc
@@ -89,6 +120,19 @@ def test_a_file_in_two_runs_stops_before_any_work(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "in two runs" in done.stderr and "build/build.json" in done.stderr
     assert not dest.exists()
+
+
+def test_a_run_s_gpu_logs_never_replace_hand_kept_ones(tmp_path: Path) -> None:
+    first, _ = split_runs(tmp_path)
+    kept = tmp_path / "published" / "gpu-logs" / "env.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("an earlier run's machine, kept by hand\n")
+    done, dest = publish(tmp_path, first)
+    assert done.returncode == 2 and f"{kept} (hand-kept) differs from" in done.stderr
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        "gpu-logs", "gpu-logs/env.txt"
+    ]  # fmt: skip
+    assert kept.read_text() == "an earlier run's machine, kept by hand\n"
 
 
 def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path: Path) -> None:

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+from published_study import copy_study, edit_points
+
+from decodecliff.analysis import readme, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+MARKED = f"# A README\n\n{readme.START} -->\n{readme.END}\n"  # a README the section goes into
 
 
 def quick_start_blocks() -> list[str]:
@@ -66,3 +75,108 @@ def test_the_kernel_table_puts_each_mode_under_its_floor():
         times = group.iloc[:, 2:].apply(pd.to_numeric, errors="coerce")
         assert (times.iloc[1:] >= times.iloc[0]).all().all(), mode
         assert "custom" in set(group["backend"]), mode
+
+
+def test_targets_not_measured_are_listed_and_an_empty_list_reads_none(tmp_path) -> None:
+    study = copy_study(tmp_path / "study")
+    path = study / "tables/report/targets.csv"
+    table = pd.read_csv(path).astype({"reason": object})
+    first, why = table.loc[0, "target"], "no point within 10% of 185k (ran: 1k, 16k)"
+    table.loc[0, ["status", "reason"]] = ["not measured", why]
+    table.to_csv(path, index=False)
+    text = readme.section(study, "s")
+    assert f"Not measured: {first} ({why}). Why, and what would close them:" in text
+    assert first not in text.split("Missed: ")[1].split("Not measured")[0]
+    table["status"] = "met"
+    table.to_csv(path, index=False)
+    text = readme.section(study, "s")
+    assert "Missed: none. How each was measured: [`s/NOTES.md`](s/NOTES.md)." in text
+    assert "Not measured" not in text
+
+
+def test_without_a_triton_server_no_speedup_is_claimed(tmp_path) -> None:
+    study = copy_study(tmp_path / "study")
+    for server in ("triton-graph-p1", "triton-p1"):
+        shutil.rmtree(study / "sweep" / server)
+    text = readme.section(study, "s")
+    assert "`None`" not in text and "speedup over" not in text and " · " not in text
+    assert "the larger). With random weights no draft token is accepted" in text
+
+
+def test_the_end_to_end_sentence_states_the_points_own_workload(tmp_path) -> None:
+    """The model, the verify step's length and the acceptance are the point files' own."""
+    study = copy_study(tmp_path / "study")
+
+    def accept_some(doc: dict) -> None:
+        doc["server_info"]["speculative_num_draft_tokens"] = 8
+        for request in doc["requests"]:
+            request["metrics"]["spec_accept_length"] = 1.25
+
+    edit_points(study, [p.name for p in (study / "sweep").iterdir()], [], accept_some)
+    text = readme.section(study, "s")
+    assert "**End to end** (synthetic `kimi-k2-tp8-rank`, 8-token verify steps):" in text
+    assert "no draft token is accepted" not in text
+    assert "The servers emit 1.25 tokens per verify step (the bonus token included)" in text
+    sweep = summarize.load_study(study).sweep
+    two = sweep.assign(preset="tiny", spec_accept_length=1.0)
+    two.loc[two["server"] == "triton-p1", "draft_tokens"] = 16
+    two.loc[two["server"] == "custom-p1", "spec_accept_length"] = 2.5
+    ran, tok_s = readme.workload(two)
+    assert ran == "synthetic `tiny`, 8- and 16-token verify steps"
+    assert tok_s.startswith("The servers emit 1–2.5 tokens per verify step")
+
+
+def test_a_missing_study_or_readme_stops_with_one_line(tmp_path) -> None:
+    marked = tmp_path / "README.md"
+    marked.write_text(MARKED)
+    study = copy_study(tmp_path / "study")
+    (study / "tables/report/targets.csv").unlink()
+    for argv, said in (
+        ([str(tmp_path / "none"), str(marked)], f"{tmp_path / 'none'}: no such study folder"),
+        ([str(study), str(tmp_path / "NONE.md")], "NONE.md: no such README"),
+        ([str(study), str(marked)], "lacks tables/report/targets.csv"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            readme.main(argv)
+        assert said in str(stop.value.code) and "\n" not in str(stop.value.code), argv
+    assert not (study / "figures").exists() and marked.read_text() == MARKED
+    done = subprocess.run(
+        [sys.executable, "-m", "decodecliff.analysis.readme", str(tmp_path / "none"), str(marked)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith("no such study folder")
+
+
+def test_a_section_that_fails_leaves_the_figure_and_readme_as_they_were(
+    tmp_path, monkeypatch
+) -> None:
+    marked = tmp_path / "README.md"
+    marked.write_text(MARKED)
+    study = copy_study(tmp_path / "study")
+    drawn = []
+    monkeypatch.setattr(readme, "draw_headline", lambda study, *_: drawn.append(study))
+
+    def broken(*_, **__) -> str:
+        raise ValueError("no section")
+
+    monkeypatch.setattr(readme, "section", broken)
+    with pytest.raises(ValueError, match="no section"):
+        readme.update(marked, study)
+    assert drawn == [] and marked.read_text() == MARKED
+
+
+def test_links_are_relative_to_the_readme_s_folder(tmp_path, monkeypatch) -> None:
+    """An absolute or ./ study path links the same: from the README's folder to the study."""
+    study = copy_study(tmp_path / "results" / "h200")
+    marked = tmp_path / "docs" / "README.md"
+    marked.parent.mkdir()
+    marked.write_text(MARKED)
+    monkeypatch.chdir(tmp_path)
+    readme.main([str(study), "docs/README.md"])
+    text = marked.read_text()
+    assert "(../results/h200/report.html)" in text and str(tmp_path) not in text
+    assert "](../results/h200/figures/compare/headline.png)" in text
+    assert (study / "figures/compare/headline.png").is_file()
+    readme.main(["./results/h200", "./docs/README.md"])
+    assert marked.read_text() == text

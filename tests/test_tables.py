@@ -89,3 +89,9 @@ def test_flashinfer_s_sm120_configuration_is_one_sentence_from_its_table(tmp_pat
     skipped.write_text("status,reason\nskipped,no flashinfer_sm120 JSON given\n")
     assert tables.flashinfer_sm120(skipped).endswith("skipped: no flashinfer_sm120 JSON given.")
     assert "not checked" in tables.flashinfer_sm120(tmp_path / "none.csv")
+
+
+def test_a_large_speedup_reads_without_an_exponent() -> None:
+    sweep = pd.DataFrame([point("base", 1024, 0.1), point("fast", 1024, 123.4)])
+    table = tables.sweep_headline(sweep, "base")
+    assert table.loc["fast", "1k (1,024)"] == "123 (111–136) · 1,234x"

@@ -11,7 +11,7 @@ page and the README both open with them (``analysis/readme.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, engine_label, ok
+from .tables import PRIMARY, ctx_label, engine_label, num, ok
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -31,6 +31,7 @@ WHO = {
 }
 PEERS = ("sglang", "flashinfer")  # servers a user could run instead of the custom kernel
 LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1.5}  # annotations over lines
+ANATOMY_TOLERANCE = 0.1  # an anatomy row stands for a sweep context within 10% (128,000: 131,072)
 ALT = (
     "Verify steps per second against context (log-log) for each server: {servers}; "
     "the published RTX PRO 6000 table in tok/s; {cliff} {win}"
@@ -49,6 +50,7 @@ class Facts:
     winner: str | None  # the fastest custom server at the baseline's longest context
     win_rate: float
     win_short: float  # its speedup over the baseline at the shortest context
+    missing: str = ""  # the baseline's points that did not run, with why ('' where all ran)
 
 
 def family(server: str, backend: object) -> str:
@@ -97,27 +99,50 @@ def baseline_server(sweep: pd.DataFrame) -> str | None:
 
 
 def facts(sweep: pd.DataFrame) -> Facts:
+    """The cliff between the baseline's shortest and longest context that ran (its points that
+    did not run named in ``missing``, since they move the cliff) and the custom kernel's win."""
     base = baseline_server(sweep)
     rates = _rates(sweep, base) if base else pd.Series(dtype=float)
     if rates.empty:
         return Facts(None, 0, 0, np.nan, np.nan, None, np.nan, np.nan)
     short, long = int(rates.index[0]), int(rates.index[-1])
+    missing = _not_run(sweep, base)
+    cliff = Facts(base, short, long, rates[short], rates[long], None, np.nan, np.nan, missing)
     if short == long:  # one context: no cliff, no win to measure
-        return Facts(base, short, long, rates[short], rates[long], None, np.nan, np.nan)
-    backend = ok(sweep).groupby("server")["backend"].first()
-    custom = [s for s in servers_that_matter(sweep) if family(s, backend[s]) == "custom"]
-    at_long = {s: _rates(sweep, s).get(long, np.nan) for s in custom}
+        return cliff
+    at_long = {s: _rates(sweep, s).get(long, np.nan) for s in custom_servers(sweep)}
     at_long = {s: v for s, v in at_long.items() if pd.notna(v)}
     if not at_long:
-        return Facts(base, short, long, rates[short], rates[long], None, np.nan, np.nan)
+        return cliff
     winner = max(at_long, key=at_long.get)
     win_short = _rates(sweep, winner).get(short, np.nan) / rates[short]
-    return Facts(base, short, long, rates[short], rates[long], winner, at_long[winner], win_short)
+    return replace(cliff, winner=winner, win_rate=at_long[winner], win_short=win_short)
 
 
-def num(value: float) -> str:
-    """A rate or a time as people read it: 147, 44.8, 0.546, 1,817."""
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+def custom_servers(sweep: pd.DataFrame) -> list[str]:
+    """The custom kernel's servers among those that matter."""
+    backend = ok(sweep).groupby("server")["backend"].first()
+    return [s for s in servers_that_matter(sweep) if family(s, backend[s]) == "custom"]
+
+
+def _not_run(sweep: pd.DataFrame, server: str) -> str:
+    """'its 185k point failed: <reason>' for each of a server's points that did not run, points
+    with one status and reason together ('' where every point ran)."""
+    rows = sweep[(sweep["server"] == server) & (sweep["status"] != "ok")]
+    if rows.empty:
+        return ""
+    rows = rows.sort_values("requested_ctx")
+    why = rows["reason"].fillna("") if "reason" in rows else pd.Series("", index=rows.index)
+    why = why.astype(str).str.strip().str.split("\n").str[0]
+    parts = []
+    for (status, reason), group in rows.groupby([rows["status"], why], sort=False):
+        ctxs = [ctx_label(c) for c in group["requested_ctx"]]
+        where = ctxs[0] if len(ctxs) == 1 else ", ".join(ctxs[:-1]) + f" and {ctxs[-1]}"
+        one = len(ctxs) == 1
+        verb = status if status == "failed" else f"{'was' if one else 'were'} {status}"
+        noun = "point" if one else "points"
+        parts.append(f"its {where} {noun} {verb}" + (f": {reason}" if reason else ""))
+    return "; ".join(parts)
 
 
 def _times(ratio: float) -> str:
@@ -191,8 +216,9 @@ def _annotate(ax, f: Facts) -> None:
         "", (f.long, f.win_rate), xytext=(f.long, f.rate_long),
         arrowprops={"arrowstyle": "->", "color": style.color(f.winner), "lw": 1.6},
     )  # fmt: skip
+    what = "the win" if f.win_rate >= f.rate_long else "the loss"
     ax.annotate(
-        f"the win: {f.winner}\n{_times(f.win_rate / f.rate_long)} at {ctx_label(f.long)}",
+        f"{what}: {f.winner}\n{_times(f.win_rate / f.rate_long)} at {ctx_label(f.long)}",
         (f.long, float(np.sqrt(f.win_rate * f.rate_long))), xytext=(-8, 0),
         textcoords="offset points", ha="right", va="center", fontsize=8,
         color=style.color(f.winner), fontweight="bold", bbox=LABEL_BOX,
@@ -280,8 +306,23 @@ def _floor(row: pd.Series, sweep: pd.DataFrame, ceilings: Mapping | None) -> str
     return "" if pd.isna(floor) else f", floor {num(floor)} ms"
 
 
+def _near(share: pd.DataFrame, ctx: int) -> pd.Series | None:
+    """The anatomy row nearest to ``ctx`` (relative distance), None where none lies within
+    ANATOMY_TOLERANCE of it."""
+    if share.empty:
+        return None
+    off = np.abs(share["context"].to_numpy(dtype=float) / ctx - 1)
+    i = int(np.argmin(off))
+    return share.iloc[i] if off[i] <= ANATOMY_TOLERANCE else None
+
+
 def _why(
-    engine: pd.DataFrame | None, backend: str, graphs: bool, sweep: pd.DataFrame, ceilings
+    engine: pd.DataFrame | None,
+    f: Facts,
+    backend: str,
+    graphs: bool,
+    sweep: pd.DataFrame,
+    ceilings: Mapping | None,
 ) -> str:
     share = attention_share(engine, backend, graphs)
     if share.empty and backend == "sglang":  # the Triton baseline runs SGLang's algorithm
@@ -289,14 +330,20 @@ def _why(
         share = attention_share(engine, backend, graphs)
     if len(share) < 2:
         return " (the study has no step anatomy of it to say why)"
-    lo, hi = share.iloc[0], share.iloc[-1]
+    # the cliff's own contexts where the anatomy has them; else its ends, and the gap said
+    lo, hi = _near(share, f.short), _near(share, f.long)
+    gaps = [ctx_label(c) for c, row in ((f.short, lo), (f.long, hi)) if row is None]
+    lo = share.iloc[0] if lo is None else lo
+    hi = share.iloc[-1] if hi is None else hi
+    if lo["context"] >= hi["context"]:  # the cliff's ends map to one anatomy row
+        lo, hi, gaps = share.iloc[0], share.iloc[-1], [ctx_label(f.short), ctx_label(f.long)]
     how = "with CUDA graphs" if graphs else "eager"
+    gap = f", which has no {' or '.join(gaps)} point" if gaps else ""
     return (
         f", because attention grows from {lo['share']:.0%} of a verify step at "
         f"{ctx_label(lo['context'])} to {hi['share']:.1%} at {ctx_label(hi['context'])} "
         f"({num(hi['attention_ms'])} of {num(hi['step_ms'])} ms{_floor(hi, sweep, ceilings)}; "
-        f"step anatomy, "
-        f"{backend} engine {how})"
+        f"step anatomy, {backend} engine {how}{gap})"
     )
 
 
@@ -326,39 +373,56 @@ def collapse(
     f = facts(sweep)
     if f.baseline is None:
         return "**What collapses:** no SGLang Triton server ran in this study: it shows no cliff."
+    missing = f" ({f.missing})" if f.missing else ""  # they move the cliff's ends: say so
     if f.short == f.long:
-        one = ctx_label(f.short)
-        return f"**What collapses:** `{f.baseline}` ran at {one} only: no cliff to measure."
+        one = f"{ctx_label(f.short)} only{missing}"
+        return f"**What collapses:** `{f.baseline}` ran at {one}: no cliff to measure."
     backend = str(ok(sweep).groupby("server")["backend"].first()[f.baseline])
     graphs = style.graph_servers(sweep)[f.baseline]
     who = WHO.get(family(f.baseline, backend), "the baseline")
     return (
         f"**What collapses:** `{f.baseline}`, {who}, falls from "
         f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
-        f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower"
-        f"{_why(engine, backend, graphs, sweep, ceilings)}{_reference_clause(reference, sweep)}."
+        f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower{missing}"
+        f"{_why(engine, f, backend, graphs, sweep, ceilings)}{_reference_clause(reference, sweep)}."
     )
 
 
 def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | None = None) -> str:
+    """The fastest custom server at the baseline's longest context against the baseline there
+    (a loss where it is slower), with its step anatomy at that context where measured."""
     f = facts(sweep)
     if f.winner is None:
-        return "**What the custom kernel wins:** no custom server ran beside the baseline."
+        return f"**What the custom kernel wins:** {_no_win(sweep, f)}."
     graphs = style.graph_servers(sweep)[f.winner]
-    share = attention_share(engine, engine_label(sweep, f.winner), graphs)
-    at_long = share[share["context"] >= f.long * 0.95]
+    row = _near(attention_share(engine, engine_label(sweep, f.winner), graphs), f.long)
     step = ""
-    if len(at_long):
-        row = at_long.iloc[0]
+    if row is not None:
         step = (
             f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there "
             f"({_floor(row, sweep, ceilings)[2:] or 'floor not measured'})"
         )
+    short = "" if pd.isna(f.win_short) else f" ({_times(f.win_short)} at {ctx_label(f.short)})"
+    ratio = f.win_rate / f.rate_long
+    head, than = ("wins", "") if ratio >= 1 else ("loses", "the rate of ")
     return (
-        f"**What the custom kernel wins:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
-        f"at {ctx_label(f.long)}, {_times(f.win_rate / f.rate_long)} `{f.baseline}` "
-        f"({_times(f.win_short)} at {ctx_label(f.short)}){step}."
+        f"**What the custom kernel {head}:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
+        f"at {ctx_label(f.long)}, {_times(ratio)} {than}`{f.baseline}`{short}{step}."
     )
+
+
+def _no_win(sweep: pd.DataFrame, f: Facts) -> str:
+    """What is missing for a win to be measured."""
+    custom = custom_servers(sweep)
+    if f.baseline is None:
+        if custom:
+            return "no SGLang Triton server ran to measure the custom kernel against"
+        return "neither a custom server nor an SGLang Triton server ran"
+    if not custom:
+        return "no custom server ran"
+    if f.short == f.long:
+        return f"`{f.baseline}` ran at {ctx_label(f.short)} only: no long context to compare at"
+    return f"no custom server ran at {ctx_label(f.long)}, `{f.baseline}`'s longest context"
 
 
 def fastest(sweep: pd.DataFrame, title: str = "**Fastest at each context:**") -> str:
@@ -440,14 +504,17 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     if not custom:
         return text
     c = ctxs[-1]
-    rival = rates.loc[c, custom].idxmax()
+    rivals = rates.loc[c, custom].dropna()
+    if rivals.empty:
+        return f"{text}: no custom server ran at {ctx_label(c)}"
+    rival = rivals.idxmax()
     ratio = rates.loc[c, server] / rates.loc[c, rival]
     who = "a peer wins" if family(server, backend[server]) in PEERS else "no custom server wins"
     if (c, rival) in ties:
         who = (
             "a peer leads" if family(server, backend[server]) in PEERS else "no custom server leads"
         )
-    return f"{text}: {who} there, {ratio:.2g}x `{rival}` at {ctx_label(c)}"
+    return f"{text}: {who} there, {_times(ratio)} `{rival}` at {ctx_label(c)}"
 
 
 def _span(sweep: pd.DataFrame, server: str, ctx: int) -> tuple[float, float] | None:

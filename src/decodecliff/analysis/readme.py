@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from . import figures, headline, layout, style, summarize, tables
+from . import figures, headline, layout, style, summarize, tables, targets
 
 START, END = "<!-- headline:start", "<!-- headline:end -->"
 REFERENCE = Path(__file__).resolve().parents[3] / "data/reference/seed-rtx-pro-6000-triton.csv"
+NEEDS = ("kernels/bench.json", "tables/report/targets.csv")  # a published study's, besides sweep/
 
 
 def markdown_table(df: pd.DataFrame, labels: int = 1) -> str:
@@ -57,15 +59,69 @@ def kernel_rows(study: Path, contexts: list[int]) -> pd.DataFrame:
     return out.rename(columns={c: f"{c} (ms)" for c in cols[1:]})
 
 
-def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str, list[str]]:
+def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str | None, pd.DataFrame]:
     """The end-to-end headline (verify steps/s, median and min–max), what it rests on, its
-    baseline server and the commits its points record, computed from the study's raw point files
-    by the same functions as its report and notes."""
+    baseline server and the points themselves, computed from the study's raw point files by the
+    same functions as its report and notes."""
     loaded = summarize.load_study(study)
     sweep = loaded.sweep
     baseline = tables.baseline_server(sweep)
     headline = tables.sweep_headline(sweep, baseline, loaded.ceilings)
-    return headline.reset_index(), tables.counts(sweep), baseline, list(sweep["git"])
+    return headline.reset_index(), tables.counts(sweep), baseline, sweep
+
+
+def _listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
+
+
+def _distinct(sweep: pd.DataFrame, col: str) -> list:
+    return sorted(sweep[col].dropna().unique()) if col in sweep else []
+
+
+def workload(sweep: pd.DataFrame) -> tuple[str, str]:
+    """What the end-to-end points ran ("synthetic `kimi-k2-tp8-rank`, 16-token verify steps") and
+    what their measured acceptance makes of tok/s, from the points' own columns."""
+    good = tables.ok(sweep)
+    presets = [f"`{p}`" for p in _distinct(good, "preset")]
+    model = f"synthetic {_listed(presets)}" if presets else "synthetic model, preset not recorded"
+    drafts = [f"{int(d)}" for d in _distinct(good, "draft_tokens")]
+    steps = "verify steps of unrecorded length"
+    if drafts:
+        sizes = _listed([*(f"{d}-" for d in drafts[:-1]), drafts[-1]])  # "8- and 16"-token
+        steps = f"{sizes}-token verify steps"
+    accept = pd.to_numeric(good.get("spec_accept_length", pd.Series(dtype=float))).dropna()
+    if accept.empty:
+        tok_s = "The points record no acceptance, so their tok/s may differ from these numbers"
+    elif (accept == 1).all():  # only the bonus token: one token per verify step
+        tok_s = "With random weights no draft token is accepted, so tok/s are the same numbers"
+    else:
+        lo, hi = headline.num(accept.min()), headline.num(accept.max())
+        span = lo if lo == hi else f"{lo}–{hi}"
+        tok_s = (
+            f"The servers emit {span} tokens per verify step (the bonus token included), so "
+            "tok/s are these numbers times that"
+        )
+    return f"{model}, {steps}", tok_s
+
+
+def targets_text(table: pd.DataFrame, rel: str) -> str:
+    """The targets met, missed (by how much) and not measured (why), 'none' for an empty list."""
+
+    def of(status: str, detail: str | None) -> list[str]:
+        rows = table[table["status"] == status]
+        if detail is None:
+            return rows["target"].tolist()
+        pairs = zip(rows["target"], rows[detail], strict=True)
+        return [t if pd.isna(d) else f"{t} ({d})" for t, d in pairs]
+
+    met, missed = of(targets.MET, None), of(targets.MISSED, "margin")
+    unmeasured = of(targets.NOT_MEASURED, "reason")
+    parts = [f"met: {'; '.join(met) or 'none'}", f"Missed: {'; '.join(missed) or 'none'}"]
+    if unmeasured:
+        parts.append(f"Not measured: {'; '.join(unmeasured)}")
+    why = "Why, and what would close them" if missed or unmeasured else "How each was measured"
+    return f"**Targets**: {'. '.join(parts)}. {why}: [`{rel}/NOTES.md`]({rel}/NOTES.md)."
 
 
 def measured_at(commits: list[str], rel: str) -> str:
@@ -106,12 +162,12 @@ def finding(study: Path, rel: str, reference: Path = REFERENCE) -> list[str]:
 def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
-    headline, counts, baseline, revs = end_to_end(study)
-    commits = tables.short_commits([*revs, env["git"]])
-    targets = pd.read_csv(study / "tables/report/targets.csv")
+    table, counts, baseline, sweep = end_to_end(study)
+    commits = tables.short_commits([*sweep["git"], env["git"]])
     kernels = kernel_rows(study, [1024, 16384, 65536, 185000])
-    met = targets[targets["status"] == "met"]["target"].tolist()
-    missed = targets[targets["status"] == "missed"][["target", "margin"]]
+    ran, tok_s = workload(sweep)
+    # the speedups after the '·' are over the Triton server: none where it did not run
+    over = f"; after the `·`, the speedup over the Triton server `{baseline}`" if baseline else ""
     rel = name or study.as_posix()
     return "\n".join(
         [
@@ -121,15 +177,12 @@ def section(study: Path, name: str | None = None) -> str:
             f"torch {env['torch']}, Triton {env['triton']}, {measured_at(commits, rel)}; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",
             "",
-            "**End to end** (synthetic `kimi-k2-tp8-rank`, 16-token verify steps): verify steps "
-            "per second on the client's clock, the fastest server at the longest context "
-            "first, under the "
-            "floor's (the weights read once at the measured copy rate, each layer's attention at "
-            "the copy rate or the matmul rate, the larger); after the `·`, the speedup over the "
-            f"Triton server `{baseline}`. With random weights no draft token is accepted, so tok/s "
-            f"are the same numbers; {counts}.",
+            f"**End to end** ({ran}): verify steps per second on the client's clock, the fastest "
+            "server at the longest context first, under the floor's (the weights read once at "
+            "the measured copy rate, each layer's attention at the copy rate or the matmul rate, "
+            f"the larger){over}. {tok_s}; {counts}.",
             "",
-            markdown_table(headline),
+            markdown_table(table),
             "",
             "**Attention per layer** (8 heads, page size 1 scattered; the floor is each point's "
             "bytes at the measured copy rate or its FLOPs at the measured matmul rate, the "
@@ -137,23 +190,34 @@ def section(study: Path, name: str | None = None) -> str:
             "",
             markdown_table(kernels, labels=2),
             "",
-            "**Targets**: met: "
-            + ("; ".join(met) or "none")
-            + ". Missed: "
-            + "; ".join(f"{t} ({m})" for t, m in missed.itertuples(index=False))
-            + f". Why, and what would close them: [`{rel}/NOTES.md`]({rel}/NOTES.md).",
+            targets_text(pd.read_csv(study / "tables/report/targets.csv"), rel),
             END,
         ]
     )
 
 
 def update(readme: Path, study: Path) -> None:
+    """Rewrite ``readme``'s headline section from ``study``, its links relative to the README's
+    folder, and redraw the study's headline figure; a study or README that cannot make the
+    section stops with a one-line SystemExit before either file changes."""
+    if not readme.is_file():
+        raise SystemExit(f"{readme}: no such README")
     text = readme.read_text()
     pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
     if not pattern.search(text):
         raise SystemExit(f"{readme}: no headline markers ({START} ... {END})")
+    if not study.is_dir():
+        raise SystemExit(f"{study}: no such study folder")
+    lacking = [need for need in NEEDS if not (study / need).is_file()]
+    if lacking:
+        raise SystemExit(f"{study}: not a published study, it lacks {', '.join(lacking)}")
+    rel = Path(os.path.relpath(study, readme.parent)).as_posix()
+    try:
+        new = section(study, rel)  # first: a section that fails leaves the figure as it was
+    except summarize.ResultError as exc:
+        raise SystemExit(f"{study}: {exc}") from None
     draw_headline(study)
-    readme.write_text(pattern.sub(lambda _: section(study), text))
+    readme.write_text(pattern.sub(lambda _: new, text))
 
 
 def main(argv: list[str] | None = None) -> int:

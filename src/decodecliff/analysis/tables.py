@@ -92,6 +92,11 @@ def ctx_label(ctx: float) -> str:
     return str(ctx)
 
 
+def num(value: float) -> str:
+    """A rate, a time or a ratio as people read it: 147, 44.8, 0.546, 1,817 (not 1.82e+03)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _cell(row: pd.Series, value: str, fmt: str) -> str:
     if row["status"] != "ok":
         return str(row["status"])
@@ -214,7 +219,7 @@ def sweep_headline(
     keys = pd.MultiIndex.from_frame(sweep[["server", "requested_ctx"]])
     texts = sweep.apply(lambda r: spread(r, PRIMARY), axis=1)
     cells = [
-        text if pd.isna(x) else f"{text} · {x:.3g}x"
+        text if pd.isna(x) else f"{text} · {num(x)}x"
         for text, x in zip(texts, speed.reindex(keys), strict=True)
     ]
     table = sweep.assign(cell=cells).pivot_table(
