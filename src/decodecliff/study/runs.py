@@ -383,7 +383,8 @@ def describe(run_dir: Path) -> str:
         status = [f"{_ctx(ctx)} {d['status']}" for (ctx, _), d in zip(points, docs, strict=True)]
         requests = sorted({len(d.get("requests") or []) for d in docs})
         rows.append(
-            f"| `sweep/{server_dir.name}/` | {commits} | {_when(stamps)} | {len(docs)} points "
+            f"| `sweep/{server_dir.name}/` | {commits} | {_when(stamps)} | {len(docs)} "
+            f"point{'' if len(docs) == 1 else 's'} "
             f"({', '.join(status)}), {' or '.join(map(str, requests))} requests each |"
         )
     return "\n".join(rows)
