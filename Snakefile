@@ -15,6 +15,9 @@ min_version("9.0")
 import os
 
 from decodecliff.study.config import ConfigError, check_syntax
+from decodecliff.study.interrupt import hangup_as_interrupt
+
+hangup_as_interrupt()  # a closed terminal stops the run as Ctrl-C does, releasing the locks
 
 if os.path.exists("config.yaml"):
     try:

@@ -224,6 +224,21 @@ def test_a_changed_parameter_reruns_the_notebooks_that_show_it(study: Path) -> N
     assert "sweep_point" not in plan and "bench_kernels" not in plan, plan
 
 
+def test_a_changed_timeout_measures_no_point_again(study: Path) -> None:
+    """A timeout raised to rescue a failed point is the job's resource, not a param: Snakemake
+    measures no ok point again for it (a GPU study's points take hours)."""
+    changed = small_config()
+    changed["sweep"]["start_timeout_s"] = 150
+    for server in changed["sweep"]["servers"]:
+        for chunk in server["chunks"]:
+            chunk["timeout_s"], chunk["point_timeout_s"] = 200, 150
+    (study / "timeouts.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+    done = snakemake(study, "--cores", "1", "--dry-run", "--configfile", "timeouts.yaml")
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = job_counts(done.stdout)  # the summary (it records each server's config) and after it
+    assert "sweep_point" not in plan and "bench_kernels" not in plan, plan
+
+
 def test_snakemake_report_has_the_captions(study: Path) -> None:
     done = snakemake(study, "--report", "results/snakemake-report.html")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -369,9 +384,11 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-job"])
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm-to-job", "hangup", "kill-snakemake"])
 def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
-    """The job execs the sweep runner, so a stop signal reaches it, and it takes its server down."""
+    """The job execs the sweep runner, so a stop signal reaches it, and it takes its server down;
+    a closed terminal (SIGHUP to the group) leaves Snakemake's locks released, and a Snakemake
+    killed outright leaves no sweep measuring (the sweep stops with its parent)."""
     config = small_config()
     # The Triton baseline under the interpreter: slow enough to be stopped mid-point.
     config["sweep"]["servers"] = [
@@ -409,9 +426,20 @@ def test_stopping_a_point_stops_its_server(tmp_path: Path, stop: str) -> None:
         time.sleep(3)  # into the point
         if stop == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
+        elif stop == "hangup":
+            os.killpg(proc.pid, signal.SIGHUP)
+        elif stop == "kill-snakemake":
+            os.kill(proc.pid, signal.SIGKILL)
         else:
             os.kill(sweep, signal.SIGTERM)
         assert proc.wait(timeout=90) != 0
+        if stop == "hangup":  # ended as on Ctrl-C: the same command can run again
+            locks = list((workdir / ".snakemake/locks").glob("*"))
+            assert not locks, f"Snakemake left its locks: {locks}"
+        deadline = time.monotonic() + 30
+        while alive(sweep) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive(sweep), f"the sweep (pid {sweep}) outlived its Snakemake"
         deadline = time.monotonic() + 30  # the runner's SIGTERM -> SIGKILL grace is 10 s
         while alive(server) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -26,9 +26,6 @@ rule sweep_point:
         gen_tokens=config["sweep"]["gen_tokens"],
         requests=lambda wildcards: point(wildcards).requests,
         concurrency=lambda wildcards: point(wildcards).concurrency,
-        start_timeout=config["sweep"]["start_timeout_s"],
-        point_timeout=lambda wildcards: point(wildcards).chunk["point_timeout_s"],
-        job_timeout=lambda wildcards: point(wildcards).chunk["timeout_s"],
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
         lib=KERNEL_LIB,
         interpret=triton_interpret(config["sweep"]["device"]),
@@ -43,6 +40,11 @@ rule sweep_point:
         measurement=1,
         gpu=gpus_for(config["sweep"]["device"]),
         runtime=lambda wildcards: point(wildcards).runtime_min,
+        # The timeouts are resources, not params: Snakemake reruns a job whose params changed, and
+        # a timeout raised to rescue one failed point must not measure every ok point again.
+        start_timeout=str(config["sweep"]["start_timeout_s"]),
+        point_timeout=lambda wildcards: str(point(wildcards).chunk["point_timeout_s"]),
+        job_timeout=lambda wildcards: str(point(wildcards).chunk["timeout_s"]),
     conda:
         "../../envs/serve.yaml"
     shell:
@@ -50,11 +52,13 @@ rule sweep_point:
         # A failed or skipped point is written as such, and --failed-points-ok keeps the job (and
         # so the file) successful: a failed point is a result of the study. A server that cannot
         # run here (its backend needs a GPU or a package) gets --skip-reason: every point is
-        # written as skipped with that reason, and nothing is launched.
+        # written as skipped with that reason, and nothing is launched. --stop-with-parent: a
+        # Snakemake killed outright leaves no sweep measuring beside the resumed run's.
         "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
         "exec decodecliff sweep {params.target} --name {wildcards.server}"
         " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
         " --requests-per-point {params.requests} --concurrency {params.concurrency}"
-        " --point-timeout {params.point_timeout} --chunk-timeout {params.job_timeout}"
-        " --start-timeout {params.start_timeout} --no-progress --failed-points-ok {params.skip}"
+        " --point-timeout {resources.point_timeout} --chunk-timeout {resources.job_timeout}"
+        " --start-timeout {resources.start_timeout} --no-progress --failed-points-ok"
+        " --stop-with-parent {params.skip}"
         " --out {params.outdir} > {log} 2>&1"

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import threading
+import time
 from dataclasses import fields
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -169,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 0 even when no point succeeded: failed points are results (the study's "
         "one-point jobs keep theirs)",
     )
+    p.add_argument(
+        "--stop-with-parent",
+        action="store_true",
+        help="stop as on SIGTERM when the process that started this one exits: a scheduler "
+        "killed outright (SIGKILL) then leaves no sweep and server measuring beside its rerun",
+    )
     return p
 
 
@@ -280,6 +289,22 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def stop_with_parent(poll_s: float = 1.0) -> threading.Thread:
+    """Watch the parent process: once it is gone (this process re-parented), SIGTERM ourselves,
+    so the sweep unwinds as on a scheduler's stop (its point written as interrupted, its server
+    stopped). Polling, not PR_SET_PDEATHSIG: that fires when the forking *thread* ends."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=watch, name="stop-with-parent", daemon=True)
+    watcher.start()
+    return watcher
+
+
 def cli(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -293,6 +318,8 @@ def cli(argv: list[str]) -> int:
     # of leaving it orphaned.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
+    if args.stop_with_parent:
+        stop_with_parent()
     try:
         results = skip_all(runner, args.skip_reason) if args.skip_reason else runner.run()
     except OSError as exc:
