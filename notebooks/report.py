@@ -76,6 +76,10 @@ def in_study(analysis: str) -> bool:
 
 
 def engine(name: str) -> pd.DataFrame | None:
+    """A study's step anatomy; none for this run where its config has no engine bench (a file
+    left by an earlier config is not this run's)."""
+    if name == "this run" and not in_study("engine"):
+        return None
     path = engine_json[name]
     return headline.engine_rows(json.loads(path.read_text())) if path.is_file() else None
 

@@ -342,6 +342,12 @@ def test_a_mistyped_target_is_one_line_with_the_valid_names(tmp_path: Path) -> N
     assert "Traceback" not in done.stdout + done.stderr
     done = snakemake(workdir, "-n", "results/sweep/torch-a/ctx60.json", timeout=120)
     assert done.returncode != 0 and "did you mean 64?" in done.stderr, done.stderr
+    for odd in ("ctx064.json", "ctx1k.json", "64.json"):  # not a context's file name
+        done = snakemake(workdir, "-n", f"results/sweep/torch-a/{odd}", timeout=120)
+        assert done.returncode != 0 and "did you mean 'ctx" in done.stderr, done.stderr
+        valid = done.stderr.split("(valid: ", 1)[-1]  # the closest first
+        assert "ctx64.json" in valid and "ctx96.json" in valid, done.stderr
+        assert "Traceback" not in done.stdout + done.stderr and "MissingRule" not in done.stderr
 
 
 def test_a_dry_run_is_one_line_per_job_and_p_adds_the_commands(tmp_path: Path) -> None:

@@ -470,6 +470,25 @@ def test_point_lookups() -> None:
         s.point("trition-chain16-p1", 256)
 
 
+@pytest.mark.parametrize("file", ["ctx01024.json", "ctx1k.json", "1024.json"])
+def test_a_file_name_no_point_has_names_the_valid_ones(file: str) -> None:
+    """Only ctx<N>.json, N as the config writes it, is a point's file: ctx01024.json would be
+    measured at 1024 and written as ctx1024.json, never as the file asked for."""
+    s = study()
+    assert s.point_at("triton-chain16-p1", "ctx1024.json") == s.point("triton-chain16-p1", 1024)
+    said = (
+        rf"no point file '{file}' of server 'triton-chain16-p1' \(a point's is ctx<N>\.json, N "
+        r"its context in tokens\); did you mean 'ctx1024\.json'\? \(valid: ctx1024\.json, "
+    )
+    with pytest.raises(PointError, match=said):
+        s.point_at("triton-chain16-p1", file)
+    if file.startswith("ctx"):  # the sweep_point rule's {ctx}
+        with pytest.raises(PointError, match=said):
+            s.point("triton-chain16-p1", file.removeprefix("ctx").removesuffix(".json"))
+    with pytest.raises(PointError, match="no server 'nope'"):
+        s.point_at("nope", file)
+
+
 def test_final_outputs_and_server_names() -> None:
     s = study()
     outputs = s.final_outputs()
@@ -498,6 +517,12 @@ def test_notebook_table() -> None:
         assert given and given <= files, name
     assert notebooks.output("sweep") == "results/notebooks/sweep-{server}.ipynb"
     assert notebooks.log("report", "report") == "results/logs/report/notebook_report.log"
+
+
+def test_the_report_waits_for_this_runs_notes() -> None:
+    """The report shows results/NOTES.md under this run's targets: rendered first, never an
+    earlier run's."""
+    assert paths.NOTES in notebooks.notebooks(study())["report"].inputs.values()
 
 
 def test_papermill_options_put_yaml_parameters_first() -> None:

@@ -187,6 +187,38 @@ def test_a_rerun_keeps_an_ok_point_it_fails_and_never_takes_another_servers(tmp_
     assert failed["status"] == "failed" and "last: GET /health: ConnectError" in failed["reason"]
 
 
+def test_a_point_of_the_same_name_launched_with_another_command_is_never_taken(tmp_path, capsys):
+    """A recorded point of torch-chain16-p1 (--draft-len 16): the same --name with --draft-len 8
+    is refused before a server starts; a new host or port of the same command is not another
+    server."""
+    recorded = REPO / "tests/data/study/sweep/torch-chain16-p1/ctx256.json"
+    template = json.loads(recorded.read_text())["config"]["server_cmd"]
+    assert "--draft-len 16 " in template and "--host {host} --port {port}" in template
+    (tmp_path / "ctx256.json").write_text(recorded.read_text())
+    argv = ["--name", "torch-chain16-p1", "--contexts", "256", "--out", str(tmp_path)]
+    eight = template.replace("--draft-len 16", "--draft-len 8")
+    said = _usage_error([*argv, "--server-cmd", eight], capsys)
+    assert (
+        f"{tmp_path / 'ctx256.json'} holds a point of server 'torch-chain16-p1' launched with "
+        "another command (`--draft-len 16` where this sweep has `--draft-len 8`)"
+    ) in said
+    assert not (tmp_path / "server-torch-chain16-p1.log").exists()  # nothing was launched
+    assert (tmp_path / "ctx256.json").read_text() == recorded.read_text()
+    # the same command, spaced and quoted otherwise, on another host: the same server
+    same = template.replace(" --spec chain", "  --spec 'chain'")
+    skip = ["--skip-reason", "not here", "--failed-points-ok", "--no-progress"]
+    assert cli.cli([*argv, "--server-cmd", same, "--host", "localhost", *skip]) == 0
+    assert json.loads((tmp_path / "ctx256.json").read_text())["status"] == "skipped"
+    # a point of schema /1 kept its template as server_command
+    old = REPO / "tests/data/published/sweep/custom-graphs/ctx1024.json"
+    assert json.loads(old.read_text())["server_command"].endswith("--page-size 64 --port {port}")
+    (tmp_path / "ctx1024.json").write_text(old.read_text())
+    argv = ["--name", "custom-graphs", "--contexts", "1024", "--out", str(tmp_path)]
+    cmd = "decodecliff serve --backend custom --page-size 1 --port {port}"
+    said = _usage_error([*argv, "--server-cmd", cmd], capsys)
+    assert "(`--page-size 64` where this sweep has `--page-size 1`)" in said
+
+
 def test_schema_rejects_an_ok_point_without_a_stream():
     schema = json.loads(Path(SCHEMA_PATH).read_text())
     jsonschema.Draft202012Validator.check_schema(schema)

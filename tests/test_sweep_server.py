@@ -335,6 +335,32 @@ def test_a_server_that_fails_to_start_records_its_command(tmp_path):
     assert point["server_command"][0] == "false" and point["server_launch"] == 1
 
 
+def test_one_name_never_holds_two_server_commands(tmp_path):
+    """A point of the tiny server drafting 16 tokens: the same --name drafting 8 is refused
+    before its server starts, the point file left as it was; the same command on another host
+    and port measures the point again."""
+    out, sixteen = tmp_path / "tiny", f"{SERVE} --spec chain --draft-len 16"
+    done = _sweep(out, [48], "--server-cmd", sixteen)
+    assert done.returncode == 0, done.stderr
+    before = (out / "ctx48.json").read_bytes()
+    log = out / "server-tiny.log"
+    assert log.read_text().count("==== launch ") == 1
+    done = _sweep(out, [48], "--server-cmd", sixteen.replace("--draft-len 16", "--draft-len 8"))
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"{out / 'ctx48.json'} holds a point of server 'tiny' launched with another command "
+        "(`--draft-len 16` where this sweep has `--draft-len 8`)"
+    ) in done.stderr
+    assert (out / "ctx48.json").read_bytes() == before
+    assert log.read_text().count("==== launch ") == 1  # no server was started
+    done = _sweep(out, [48], "--server-cmd", sixteen, "--host", "localhost")
+    assert done.returncode == 0, done.stderr
+    again = _points(out)[48]
+    assert again["status"] == "ok" and again["server_info"]["speculative_num_draft_tokens"] == 16
+    assert again["server_url"].startswith("http://localhost:")
+    assert log.read_text().count("==== launch ") == 2
+
+
 def _serving(sweep: subprocess.Popen) -> int | None:
     """The sweep's server process, once it runs `decodecliff serve` (not before its exec)."""
     assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"

@@ -45,5 +45,6 @@ rule notes:
     conda:
         "../../envs/analysis.yaml"
     shell:
+        # --sweep: the summary holds the config's points only; sweep/ may keep a dropped one's
         "echo {params.config:q} | python -m decodecliff.analysis.notes {params.study}"
-        " --config - --template {input.template} --out {output} > {log} 2>&1"
+        " --config - --sweep {input.sweep} --template {input.template} --out {output} > {log} 2>&1"

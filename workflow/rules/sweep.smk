@@ -6,10 +6,12 @@
 rule sweep_point:
     message:
         "sweep {wildcards.server} at {wildcards.ctx} tokens (log: {log})"
-    # Any server name here (the Snakefile's constraint allows only the config's), so a mistyped
-    # target reaches point(), which names the valid servers instead of "No rule to produce".
+    # Any server name and context here (the Snakefile's constraints allow only the config's
+    # servers and plain numbers), so a mistyped target (ctx01024.json, ctx1k.json) reaches
+    # point(), which names the valid ones instead of "No rule to produce".
     wildcard_constraints:
         server=r"[^/]+",
+        ctx=r"[^/]+",
     input:
         unpack(sweep_point_input),
     output:
@@ -62,3 +64,15 @@ rule sweep_point:
         " --start-timeout {resources.start_timeout} --no-progress --failed-points-ok"
         " --stop-with-parent {params.skip}"
         " --out {params.outdir} > {log} 2>&1"
+
+
+# Any other file name under results/sweep/<server>/ (1024.json) gets one line naming the server's
+# point files, from its input function, instead of "No rule to produce"; it never runs a job.
+rule sweep_point_misnamed:
+    wildcard_constraints:
+        server=r"[^/]+",
+        file=r"(?!ctx)[^/]+",
+    input:
+        misnamed_point,
+    output:
+        "results/sweep/{server}/{file}.json",

@@ -1,8 +1,11 @@
 """A study's NOTES.md, rendered from its result files: the targets and the arithmetic behind them.
 
-    python -m decodecliff.analysis.notes STUDY --config CONFIG.yaml --out STUDY/NOTES.md
+    python -m decodecliff.analysis.notes STUDY --config CONFIG.yaml [--sweep SWEEP.csv] \
+        --out STUDY/NOTES.md
 
-Every number comes from the study's tables (summarize.load_study) through the template
+Every number comes from the study's tables (summarize.load_study; the end-to-end ones from the
+summary table given with ``--sweep``, the config's points, where the study's sweep/ folder may
+still hold points of an earlier config) through the template
 ``workflow/report/notes.md.j2``; nothing in the notes is typed. The template holds the prose, the
 numbers are computed here: per server configuration at the longest context, the server's own
 step time beside the client's, the attention share of the step (the kernel benchmark's time per
@@ -343,10 +346,14 @@ def _server_anatomy(study: summarize.Study, rows: list[dict], server: str, ctx: 
     return f"`{server}`: {text}" if text else ""
 
 
-def why_rows(study: summarize.Study, checked: pd.DataFrame, specs: list) -> list[dict]:
+def why_rows(
+    study: summarize.Study, checked: pd.DataFrame, specs: list, anatomy: list[dict] | None = None
+) -> list[dict]:
     """Per missed target, what limits it: a kernel target's point against its floor (and the term
-    that sets the floor); an end-to-end target's step anatomy from the engine bench."""
-    rows, out = engine_rows(study.root), []
+    that sets the floor); an end-to-end target's step anatomy from the engine bench (``anatomy``:
+    its rows; default: the study's engine/bench.json)."""
+    rows = engine_rows(study.root) if anatomy is None else anatomy
+    out = []
     for spec, (_, row) in zip(specs, checked.iterrows(), strict=True):
         if row["status"] != targets.MISSED:
             continue
@@ -382,7 +389,9 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
         "counts": tables.counts(sweep),
         "targets": markdown(targets.display_table(checked).drop(columns=["measured on"])),
         "missed": checked[checked["status"] != targets.MET].to_dict("records"),
-        "why": why_rows(study, checked, specs),
+        # an engine bench an earlier config left on disk is not this study's (the rule reads it
+        # only while the config has an engine section)
+        "why": why_rows(study, checked, specs, None if "engine" in cfg else []),
         "kernels": kernel_rows(study),
         "peer_wins": peer_rows(study),
         "servers": servers,
@@ -394,10 +403,21 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
 
 
 def render(
-    study_root: str | Path, cfg: dict, name: str | None = None, template: Path = TEMPLATE
+    study_root: str | Path,
+    cfg: dict,
+    name: str | None = None,
+    template: Path = TEMPLATE,
+    sweep: str | Path | None = None,
 ) -> str:
-    """The notes of the study folder, from ``template`` (Jinja2, Markdown)."""
+    """The notes of the study folder, from ``template`` (Jinja2, Markdown).
+
+    ``sweep``: the study's summary table (summary/sweep.csv), written from the config's points;
+    without it, every point file under the folder's sweep/ counts, a point an earlier config
+    left there included.
+    """
     study = summarize.load_study(study_root)
+    if sweep is not None:
+        study.sweep = pd.read_csv(sweep)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(template).parent),
         undefined=jinja2.StrictUndefined,
@@ -413,9 +433,15 @@ def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="decodecliff-notes", description=__doc__.split("\n")[0])
     ap.add_argument("study", type=Path, help="a study folder (results/ or a published copy)")
     ap.add_argument(
-        "--config", type=Path, required=True, help="the study's YAML (its targets); - for stdin"
+        "--config",
+        type=Path,
+        required=True,
+        help="the study's YAML (its targets, its engine section); - for stdin",
     )
     ap.add_argument("--name", help="the study's name (default: the config's study.name)")
+    ap.add_argument(
+        "--sweep", type=Path, help="its summary/sweep.csv (default: every sweep/*/ctx*.json)"
+    )
     ap.add_argument("--template", type=Path, default=TEMPLATE, help="the Jinja2 template")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -426,7 +452,7 @@ def cli(argv: list[str]) -> int:
             schema = TEMPLATE.parents[1] / "schemas" / "config.schema.yaml"
             cfg["targets"] = yaml.safe_load(schema.read_text())["properties"]["targets"]["default"]
         name = args.name or (cfg.get("study") or {}).get("name")
-        text = render(args.study, cfg, name, args.template)
+        text = render(args.study, cfg, name, args.template, args.sweep)
     except (OSError, yaml.YAMLError, ValueError, jinja2.TemplateError) as exc:
         print(f"notes: {exc}", file=sys.stderr)
         return 1

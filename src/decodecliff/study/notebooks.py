@@ -114,6 +114,7 @@ def notebooks(study: Study) -> dict[str, Notebook]:
                 "reference": cfg["reference"],
                 "figures": figures,
                 "published": published,
+                "notes": paths.NOTES,  # this run's NOTES.md, shown under its targets
             },
             parameters=lambda wildcards: {
                 "summary_dir": paths.SUMMARY_DIR,

@@ -22,6 +22,11 @@ class PointError(LookupError):
     """A requested point that is not in the config."""
 
 
+# A context as a point file spells it (ctx1024.json): no sign, no leading zero, no unit.
+CONTEXT = re.compile(r"[1-9][0-9]*")
+POINT_FILE = re.compile(rf"ctx({CONTEXT.pattern})\.json")
+
+
 @dataclass(frozen=True)
 class Point:
     """One context point of one server: the sweep_point job's settings."""
@@ -80,13 +85,18 @@ class Study:
     def server_names_pattern(self) -> str:
         return "|".join(re.escape(name) for name in self.servers)
 
-    def point(self, name: str, ctx: int | str) -> Point:
-        """The point results/sweep/<name>/ctx<ctx>.json; PointError if the config has none."""
-        ctx = int(ctx)
+    def _check_server(self, name: str) -> None:
         if name not in self.servers:
             raise PointError(
                 f"no server {name!r} in the config; {did_you_mean(name, self.servers)}"
             )
+
+    def point(self, name: str, ctx: int | str) -> Point:
+        """The point results/sweep/<name>/ctx<ctx>.json; PointError if the config has none."""
+        if isinstance(ctx, str) and not CONTEXT.fullmatch(ctx):  # ctx01024, ctx1k: no file's
+            return self.point_at(name, f"ctx{ctx}.json")
+        ctx = int(ctx)
+        self._check_server(name)
         chunks = {c: chunk for c, chunk in self.server_points(name)}
         if ctx not in chunks:
             near = min(chunks, key=lambda c: abs(math.log(c / ctx)))
@@ -111,6 +121,19 @@ class Study:
                 server["backend"] == "custom" or server["backend_options"].get("model") == "sm120"
             ),
             priority=len(order) - order.index((name, ctx)),
+        )
+
+    def point_at(self, name: str, file: str) -> Point:
+        """The point whose file is results/sweep/<name>/<file> (ctx1024.json); PointError naming
+        the server's point files, the closest first, for a name none has (ctx01024.json,
+        ctx1k.json, 1024.json)."""
+        self._check_server(name)
+        if match := POINT_FILE.fullmatch(file):
+            return self.point(name, int(match[1]))
+        files = [Path(paths.point_file(name, ctx)).name for ctx, _ in self.server_points(name)]
+        raise PointError(
+            f"no point file {file!r} of server {name!r} (a point's is ctx<N>.json, N its context "
+            f"in tokens); {did_you_mean(file, files)}"
         )
 
     def final_outputs(self) -> list[str]:

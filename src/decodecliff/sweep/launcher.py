@@ -74,7 +74,7 @@ def http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def render_command(template: str, host: str, port: int) -> tuple[dict[str, str], list[str]]:
+def render_command(template: str, host: str, port: int | str) -> tuple[dict[str, str], list[str]]:
     """(leading VAR=value assignments, argv) of the template with {host} and {port} filled in."""
     try:
         text = template.format(host=host, port=port)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import json
 import math
 import re
+import shlex
 import signal
 import threading
 import time
@@ -167,6 +169,49 @@ def _recorded(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return recorded if isinstance(recorded, dict) else {}
+
+
+def _recorded_template(recorded: dict) -> str | None:
+    """The server command template a point file was measured with (None: a server by URL, or no
+    such record): ``config.server_cmd``; a point of schema /1 kept it as ``server_command``."""
+    config = recorded.get("config")
+    if isinstance(config, dict) and "server_cmd" in config:
+        template = config["server_cmd"]
+    else:
+        template = recorded.get("server_command")
+    return template if isinstance(template, str) else None
+
+
+def _launch_words(template: str) -> list[str] | None:
+    """What ``template`` launches, word by word (leading VAR=value first), {host} and {port} left
+    as placeholders: they change from launch to launch, the server they start does not."""
+    try:
+        env, argv = launcher.render_command(template, "{host}", "{port}")
+    except ValueError:
+        return None
+    return [f"{key}={value}" for key, value in env.items()] + argv
+
+
+def _quoted(words: list[str]) -> str:
+    return f"`{shlex.join(words)}`" if words else "nothing"
+
+
+def _command_difference(recorded: str, template: str) -> str | None:
+    """Where two server command templates launch different servers, as "`--draft-len 16` where
+    this sweep has `--draft-len 8`" (the first difference, after the word before it); None
+    where they differ only in spacing, quoting, or the host and port of a launch."""
+    old, new = _launch_words(recorded), _launch_words(template)
+    if old is None or new is None:
+        return None if recorded == template else f"`{recorded}` where this sweep has `{template}`"
+    diff = difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes()
+    for tag, i1, i2, j1, j2 in diff:
+        if tag != "equal":
+            before = 1 if i1 and j1 else 0  # the word before the difference, for its context
+            return (
+                f"{_quoted(old[i1 - before : i2])} where this sweep has "
+                f"{_quoted(new[j1 - before : j2])}"
+            )
+    return None
 
 
 def _now() -> str:
@@ -684,16 +729,27 @@ class Runner:
 
     def _check_outputs(self) -> None:
         """ValueError, before anything is measured, where a point file or the server log could
-        not be written, or a point file holds another server configuration's point."""
+        not be written, or a point file holds another server configuration's point (another
+        name, or the same name launched with another command)."""
         for ctx in (ctx for chunk in self.cfg.chunks for ctx in chunk.contexts):
             path = point_path(self.cfg.out, ctx)
             if why := unwritable(path):
                 raise ValueError(f"--out: cannot write {path}: {why}")
-            other = _recorded(path).get("name")
+            recorded = _recorded(path)
+            other = recorded.get("name")
             if other not in (None, self.cfg.name):
                 raise ValueError(
                     f"{path} holds the point of server {other!r}: give --name {other} to "
                     "measure it again, or another --out"
+                )
+            # the same name launched another way (a server by URL cannot be compared)
+            template, ours = _recorded_template(recorded), self.cfg.server_cmd
+            why = _command_difference(template, ours) if template and ours else None
+            if why:
+                raise ValueError(
+                    f"{path} holds a point of server {self.cfg.name!r} launched with another "
+                    f"command ({why}): give this configuration another --name or --out, "
+                    "or remove the file to measure it again"
                 )
         if self.log_path and (why := unwritable(self.log_path)):
             raise ValueError(f"--server-log: cannot write {self.log_path}: {why}")

@@ -1,0 +1,92 @@
+"""NOTES.md shows the config's sweep points only, as the summary table does: a point file an
+earlier config left under results/sweep/ (a server or a context since dropped) is not this study's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+from report_study import STUDY, study_config
+
+from decodecliff.analysis import notes, summarize
+from decodecliff.study.plan import Study
+
+REPO = Path(__file__).resolve().parents[1]
+LONGEST = "verify steps per second at 1k: torch-chain16-p1"  # a target at the dropped context
+
+
+def _config() -> dict:
+    """The recorded run's config with torch-chain16-p1's 1k point dropped, a target there."""
+    cfg = study_config()
+    server = next(s for s in cfg["sweep"]["servers"] if s["name"] == "torch-chain16-p1")
+    server["chunks"][0]["contexts"] = [256, 4096]
+    cfg["targets"] = [
+        {"kind": "verify_steps_per_s", "server": "torch-chain16-p1", "ctx": 1024, "min": 1.0},
+    ]
+    return cfg
+
+
+def _summarize(root: Path, cfg: dict) -> Path:
+    """summary/sweep.csv as the summarize rule writes it: from the config's point files."""
+    points = [str(root / p) for p in Study(cfg).point_files()]
+    servers = json.dumps(cfg["sweep"]["servers"])
+    out = root / "results" / "summary"
+    args = ["--sweep", *points, "--servers", servers, "--out", str(out), "--no-parquet"]
+    assert summarize.cli(args) == 0
+    return out / "sweep.csv"
+
+
+def _render(root: Path, cfg: dict, sweep: Path) -> str:
+    """As the notes rule runs it: the study folder, the config (a file here, stdin there), the
+    summary."""
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    out = root / "results" / "NOTES.md"
+    args = [str(root / "results"), "--config", str(config), "--sweep", str(sweep)]
+    assert notes.cli([*args, "--out", str(out)]) == 0
+    return out.read_text()
+
+
+def test_a_server_and_a_context_dropped_from_the_config_are_not_in_the_notes(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(STUDY, tmp_path / "results")
+    sweep = tmp_path / "results" / "sweep"
+    # a server an earlier config ran, since removed: its point file is still on disk
+    point = json.loads((sweep / "torch-chain16-p1" / "ctx1024.json").read_text())
+    (sweep / "torch-extra-p1").mkdir()
+    (sweep / "torch-extra-p1" / "ctx1024.json").write_text(
+        json.dumps(point | {"name": "torch-extra-p1"})
+    )
+    cfg = _config()
+    text = _render(tmp_path, cfg, _summarize(tmp_path, cfg))
+    assert "torch-extra-p1 |" not in text  # no row of the dropped server
+    # torch-chain16-p1's longest point that ran is 256 now (4096 was skipped), not the dropped 1k
+    assert "| torch-chain16-p1 | 256 |" in text and "| torch-chain16-p1 | 1k |" not in text
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in text.splitlines()}
+    assert rows[LONGEST].endswith("| not measured: no point within 10% of 1k (ran: 256, 4k) |")
+
+
+def test_the_summary_gives_the_same_notes_as_the_point_files_it_was_written_from(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(STUDY, tmp_path / "results")
+    cfg = study_config()
+    text = _render(tmp_path, cfg, _summarize(tmp_path, cfg))
+    assert text == notes.render(tmp_path / "results", cfg, cfg["study"]["name"])
+
+
+def test_an_engine_bench_outside_the_config_is_not_cited(tmp_path: Path) -> None:
+    """The recorded study holds engine/bench.json; a config without an engine section (the rule
+    then waits for no engine bench) cites no step anatomy from it."""
+    shutil.copytree(STUDY, tmp_path / "results")
+    cfg = study_config()  # no engine section
+    cfg["targets"] = [_config()["targets"][0] | {"min": 1e6}]  # missed: its why is rendered
+    sweep = _summarize(tmp_path, cfg)
+    anatomy = "`torch-chain16-p1`: torch eager at 1k: step"
+    assert anatomy not in _render(tmp_path, cfg, sweep)
+    cfg["engine"] = yaml.safe_load((REPO / "config.yaml").read_text())["engine"]
+    assert anatomy in _render(tmp_path, cfg, sweep)
