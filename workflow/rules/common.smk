@@ -72,18 +72,6 @@ def point(wildcards):
         raise SystemExit(1) from None
 
 
-def misnamed_point(wildcards) -> list:
-    """The input of results/sweep/{server}/{file}.json where no point has that file name
-    (1024.json): one line naming the server's point files, the closest first, as point() does."""
-    try:
-        STUDY.point_at(wildcards.server, f"{wildcards.file}.json")
-    except PointError as exc:
-        path = f"results/sweep/{wildcards.server}/{wildcards.file}.json"
-        print(f"error: {path}: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    return []
-
-
 def sweep_point_input(wildcards) -> dict[str, str]:
     """A server launched on the custom backend needs the built kernel library."""
     return {"lib": KERNEL_LIB} if point(wildcards).needs_kernel_lib else {}

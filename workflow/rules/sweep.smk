@@ -65,14 +65,3 @@ rule sweep_point:
         " --stop-with-parent {params.skip}"
         " --out {params.outdir} > {log} 2>&1"
 
-
-# Any other file name under results/sweep/<server>/ (1024.json) gets one line naming the server's
-# point files, from its input function, instead of "No rule to produce"; it never runs a job.
-rule sweep_point_misnamed:
-    wildcard_constraints:
-        server=r"[^/]+",
-        file=r"(?!ctx)[^/]+",
-    input:
-        misnamed_point,
-    output:
-        "results/sweep/{server}/{file}.json",
