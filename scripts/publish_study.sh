@@ -60,9 +60,9 @@ for raw in "$@"; do
     done < <(find "$abs/gpu-logs" -type f -print0 | sort -z)
   fi
 done
-dup=$(printf '%s\n' "${prov_dst[@]}" | sort | uniq -d)
+dup=$(printf '%s\n' ${prov_dst[@]+"${prov_dst[@]}"} | sort | uniq -d)
 [ -z "$dup" ] || fail "two of a run's files would be published as $dup"
-for i in "${!prov_src[@]}"; do
+for i in ${prov_src[@]+"${!prov_src[@]}"}; do
   kept="$dest/${prov_dst[$i]}"
   if [ -e "$kept" ] && ! cmp -s "${prov_src[$i]}" "$kept"; then
     fail "$kept (hand-kept) differs from ${prov_src[$i]}, which would replace it: move one first"
@@ -103,7 +103,7 @@ mkdir -p "$dest"
 cp RUNS.md "$dest/"
 tar -C results --exclude '*.so' --exclude ./logs --exclude ./benchmarks --exclude ./build/ptxas.log \
   -cf - . | tar -C "$dest" -xf -
-for i in "${!prov_src[@]}"; do
+for i in ${prov_src[@]+"${!prov_src[@]}"}; do
   mkdir -p "$(dirname "$dest/${prov_dst[$i]}")"
   cp -p "${prov_src[$i]}" "$dest/${prov_dst[$i]}"
 done

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -217,6 +218,13 @@ def test_a_point_of_the_same_name_launched_with_another_command_is_never_taken(t
     cmd = "decodecliff serve --backend custom --page-size 1 --port {port}"
     said = _usage_error([*argv, "--server-cmd", cmd], capsys)
     assert "(`--page-size 64` where this sweep has `--page-size 1`)" in said
+    # a failed point measured nothing: a rerun with another flag may replace it
+    doc = json.loads(recorded.read_text())
+    doc["status"], doc["reason"] = "failed", "point timeout"
+    (tmp_path / "ctx256.json").write_text(json.dumps(doc))
+    argv = ["--name", "torch-chain16-p1", "--contexts", "256", "--out", str(tmp_path)]
+    assert cli.cli([*argv, "--server-cmd", eight, *skip]) == 0
+    assert json.loads((tmp_path / "ctx256.json").read_text())["status"] == "skipped"
 
 
 def test_schema_rejects_an_ok_point_without_a_stream():
@@ -343,3 +351,29 @@ def test_a_launch_host_resolves_and_an_ipv6_one_is_bracketed_in_urls(tmp_path, c
     except OSError:
         pytest.skip("no IPv6 loopback here")
     assert 0 < launcher.free_port("::1") < 65536  # a port of the host's own family
+
+
+WATCH = """
+import signal, sys, time
+from decodecliff.sweep import cli
+signal.signal(signal.SIGTERM, cli._exit_on_signal)
+if sys.argv[1] == "unwinding":
+    cli.STOPPING.set()
+cli.stop_with_parent(parent=int(sys.argv[2]), poll_s=0.05)
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize("state", ["running", "unwinding"])
+def test_a_parent_gone_before_the_watch_stops_the_sweep_at_once(state: str) -> None:
+    """--stop-with-parent PID: the launcher's pid, so a parent that died before the watch began
+    (here: a pid that is not our parent) stops the sweep at once; one already unwinding from a
+    signal is left to finish its cleanup, not interrupted again."""
+    not_ours = 2**22 + 12345  # above any pid_max default: never this process's parent
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH, state, str(not_ours)], capture_output=True, timeout=60
+    )
+    if state == "running":
+        assert done.returncode == 128 + signal.SIGTERM, done.stderr  # not the sleep's 0
+    else:
+        assert done.returncode == 0, done.stderr

@@ -55,13 +55,14 @@ rule sweep_point:
         # so the file) successful: a failed point is a result of the study. A server that cannot
         # run here (its backend needs a GPU or a package) gets --skip-reason: every point is
         # written as skipped with that reason, and nothing is launched. --stop-with-parent: a
-        # Snakemake killed outright leaves no sweep measuring beside the resumed run's.
+        # Snakemake killed outright leaves no sweep measuring beside the resumed run's ($PPID:
+        # the shell's parent, Snakemake, which the exec'd sweep inherits).
         "export DECODECLIFF_KERNEL_LIB={params.lib} TRITON_INTERPRET={params.interpret}; "
         "exec decodecliff sweep {params.target} --name {wildcards.server}"
         " --contexts {wildcards.ctx} --gen-tokens {params.gen_tokens}"
         " --requests-per-point {params.requests} --concurrency {params.concurrency}"
         " --point-timeout {resources.point_timeout} --chunk-timeout {resources.job_timeout}"
         " --start-timeout {resources.start_timeout} --no-progress --failed-points-ok"
-        " --stop-with-parent {params.skip}"
+        " --stop-with-parent $PPID {params.skip}"
         " --out {params.outdir} > {log} 2>&1"
 

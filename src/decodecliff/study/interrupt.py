@@ -10,8 +10,9 @@ def hangup_as_interrupt() -> bool:
     """Make SIGHUP raise KeyboardInterrupt in this process, Snakemake's main one.
 
     Left alone, SIGHUP kills Snakemake holding its locks, so the same command then refuses to
-    run; as an interrupt, Snakemake ends its jobs (each sweep writes its point as interrupted and
-    stops its server) and releases the locks, and the same command resumes. A SIGHUP already
+    run; as an interrupt, Snakemake waits for its running jobs and releases the locks, and the
+    same command resumes. (A closed terminal's SIGHUP reaches the jobs too, in the same process
+    group: each sweep writes its point as interrupted and stops its server.) A SIGHUP already
     ignored (``nohup``) or handled is kept; off the main thread nothing can be installed.
     Returns whether the handler was installed.
     """

@@ -174,9 +174,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--stop-with-parent",
-        action="store_true",
+        nargs="?",
+        const=0,
+        type=int,
+        metavar="PID",
         help="stop as on SIGTERM when the process that started this one exits: a scheduler "
-        "killed outright (SIGKILL) then leaves no sweep and server measuring beside its rerun",
+        "killed outright (SIGKILL) then leaves no sweep and server measuring beside its rerun. "
+        "PID: the parent it should have (a shell that execs the sweep passes $PPID), so a "
+        "parent gone before the watch began counts too (default: the parent at the start)",
     )
     return p
 
@@ -285,20 +290,27 @@ def skip_all(runner: Runner, reason: str) -> list[dict]:
     return results
 
 
+STOPPING = threading.Event()  # a stop signal arrived: the sweep is unwinding
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
+    STOPPING.set()
     raise SystemExit(128 + signum)
 
 
-def stop_with_parent(poll_s: float = 1.0) -> threading.Thread:
-    """Watch the parent process: once it is gone (this process re-parented), SIGTERM ourselves,
-    so the sweep unwinds as on a scheduler's stop (its point written as interrupted, its server
-    stopped). Polling, not PR_SET_PDEATHSIG: that fires when the forking *thread* ends."""
-    parent = os.getppid()
+def stop_with_parent(parent: int | None = None, poll_s: float = 1.0) -> threading.Thread:
+    """Watch the parent process (``parent``: the pid it should be, as its launcher saw it; None:
+    whatever it is now): once it is gone (this process re-parented), SIGTERM ourselves, so the
+    sweep unwinds as on a scheduler's stop (its point written as interrupted, its server
+    stopped); at once where it was gone before the watch began. Polling, not PR_SET_PDEATHSIG:
+    that fires when the forking *thread* ends. A sweep already unwinding is left to finish."""
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not STOPPING.is_set():
             time.sleep(poll_s)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if not STOPPING.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
 
     watcher = threading.Thread(target=watch, name="stop-with-parent", daemon=True)
     watcher.start()
@@ -318,8 +330,8 @@ def cli(argv: list[str]) -> int:
     # of leaving it orphaned.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
-    if args.stop_with_parent:
-        stop_with_parent()
+    if args.stop_with_parent is not None:
+        stop_with_parent(args.stop_with_parent or None)
     try:
         results = skip_all(runner, args.skip_reason) if args.skip_reason else runner.run()
     except OSError as exc:

@@ -730,7 +730,7 @@ class Runner:
     def _check_outputs(self) -> None:
         """ValueError, before anything is measured, where a point file or the server log could
         not be written, or a point file holds another server configuration's point (another
-        name, or the same name launched with another command)."""
+        name, or an ok point of the same name launched with another command)."""
         for ctx in (ctx for chunk in self.cfg.chunks for ctx in chunk.contexts):
             path = point_path(self.cfg.out, ctx)
             if why := unwritable(path):
@@ -742,9 +742,12 @@ class Runner:
                     f"{path} holds the point of server {other!r}: give --name {other} to "
                     "measure it again, or another --out"
                 )
-            # the same name launched another way (a server by URL cannot be compared)
+            # the same name launched another way (a server by URL cannot be compared); a point
+            # that failed or was skipped measured nothing, so a rescue with another flag may
+            # replace it
             template, ours = _recorded_template(recorded), self.cfg.server_cmd
-            why = _command_difference(template, ours) if template and ours else None
+            measured = recorded.get("status") == "ok"
+            why = _command_difference(template, ours) if measured and template and ours else None
             if why:
                 raise ValueError(
                     f"{path} holds a point of server {self.cfg.name!r} launched with another "
