@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, engine_label, num, ok
+from .tables import PRIMARY, ctx_label, engine_label, listed, num, ok
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -137,8 +137,7 @@ def _not_run(sweep: pd.DataFrame, server: str) -> str:
     parts = []
     for (status, reason), group in rows.groupby([rows["status"], why], sort=False):
         ctxs = [ctx_label(c) for c in group["requested_ctx"]]
-        where = ctxs[0] if len(ctxs) == 1 else ", ".join(ctxs[:-1]) + f" and {ctxs[-1]}"
-        one = len(ctxs) == 1
+        where, one = listed(ctxs), len(ctxs) == 1
         verb = status if status == "failed" else f"{'was' if one else 'were'} {status}"
         noun = "point" if one else "points"
         parts.append(f"its {where} {noun} {verb}" + (f": {reason}" if reason else ""))

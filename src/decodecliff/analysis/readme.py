@@ -70,11 +70,6 @@ def end_to_end(study: Path) -> tuple[pd.DataFrame, str, str | None, pd.DataFrame
     return headline.reset_index(), tables.counts(sweep), baseline, sweep
 
 
-def _listed(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
-
-
 def _distinct(sweep: pd.DataFrame, col: str) -> list:
     return sorted(sweep[col].dropna().unique()) if col in sweep else []
 
@@ -84,11 +79,13 @@ def workload(sweep: pd.DataFrame) -> tuple[str, str]:
     what their measured acceptance makes of tok/s, from the points' own columns."""
     good = tables.ok(sweep)
     presets = [f"`{p}`" for p in _distinct(good, "preset")]
-    model = f"synthetic {_listed(presets)}" if presets else "synthetic model, preset not recorded"
+    model = "synthetic model, preset not recorded"
+    if presets:
+        model = f"synthetic {tables.listed(presets)}"
     drafts = [f"{int(d)}" for d in _distinct(good, "draft_tokens")]
     steps = "verify steps of unrecorded length"
     if drafts:
-        sizes = _listed([*(f"{d}-" for d in drafts[:-1]), drafts[-1]])  # "8- and 16"-token
+        sizes = tables.listed([*(f"{d}-" for d in drafts[:-1]), drafts[-1]])  # "8- and 16"-token
         steps = f"{sizes}-token verify steps"
     accept = pd.to_numeric(good.get("spec_accept_length", pd.Series(dtype=float))).dropna()
     if accept.empty:

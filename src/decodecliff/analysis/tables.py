@@ -92,6 +92,11 @@ def ctx_label(ctx: float) -> str:
     return str(ctx)
 
 
+def listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
+
+
 def num(value: float) -> str:
     """A rate, a time or a ratio as people read it: 147, 44.8, 0.546, 1,817 (not 1.82e+03)."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
