@@ -342,6 +342,22 @@ def test_a_winner_without_the_shortest_context_gives_no_bracket(tmp_path, engine
     assert "nan" not in win
 
 
+def test_a_baseline_that_failed_everywhere_is_named_with_its_reason(tmp_path, engine) -> None:
+    study = copy_study(tmp_path / "study")
+    ctxs = [1024, 11000, 32000, 64000, 128000, 185000]
+    fail_points(study, ["sglang-graph-p1"], ctxs, "server exited with code -9")
+    fail_points(study, ["triton-graph-p1", "triton-p1"], ctxs, "timed out after 900 s")
+    sweep = summarize.load_study(study).sweep
+    assert sweep["server"].isin(["sglang-graph-p1", "triton-graph-p1"]).any()
+    why = (
+        "no SGLang Triton point ran (`sglang-graph-p1`: its 1k, 11k, 32k, 64k, 128k and 185k "
+        "points failed: server exited with code -9; `triton-graph-p1`: its 1k, 11k, 32k, 64k, "
+        "128k and 185k points failed: timed out after 900 s; `triton-p1`: its"
+    )
+    assert headline.collapse(sweep, engine).startswith(f"**What collapses:** {why}")
+    assert why in headline.win(sweep, engine)
+
+
 def test_what_a_win_lacks_is_said_and_a_loss_is_no_win(sweep, engine) -> None:
     no_baseline = sweep[~sweep["backend"].isin(["sglang", "triton"])]
     assert headline.win(no_baseline, engine).endswith(

@@ -30,6 +30,7 @@ WHO = {
     "triton": "the Triton verify baseline (SGLang's extend-attention algorithm)",
 }
 PEERS = ("sglang", "flashinfer")  # servers a user could run instead of the custom kernel
+BASELINES = ("sglang", "triton")  # SGLang Triton: its own kernels, else the Triton baseline
 LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1.5}  # annotations over lines
 ANATOMY_TOLERANCE = 0.1  # an anatomy row stands for a sweep context within 10% (128,000: 131,072)
 ALT = (
@@ -91,7 +92,7 @@ def baseline_server(sweep: pd.DataFrame) -> str | None:
     names = servers_that_matter(sweep)
     backend = ok(sweep).groupby("server")["backend"].first()
     graphs = style.graph_servers(sweep)
-    for fam in ("sglang", "triton"):
+    for fam in BASELINES:
         mine = [s for s in names if family(s, backend.get(s)) == fam]
         if mine:
             return next((s for s in mine if graphs[s]), mine[0])
@@ -371,7 +372,7 @@ def collapse(
 ) -> str:
     f = facts(sweep)
     if f.baseline is None:
-        return "**What collapses:** no SGLang Triton server ran in this study: it shows no cliff."
+        return f"**What collapses:** {_no_baseline(sweep)} in this study: it shows no cliff."
     missing = f" ({f.missing})" if f.missing else ""  # they move the cliff's ends: say so
     if f.short == f.long:
         one = f"{ctx_label(f.short)} only{missing}"
@@ -410,12 +411,23 @@ def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | No
     )
 
 
+def _no_baseline(sweep: pd.DataFrame) -> str:
+    """'no SGLang Triton server ran', naming each one that was launched and why none of its
+    points ran (a baseline failing everywhere is a finding, not an absence)."""
+    backend = sweep.groupby("server")["backend"].first() if "backend" in sweep else {}
+    tried = [s for s in dict.fromkeys(sweep["server"]) if family(s, backend.get(s)) in BASELINES]
+    if not tried:
+        return "no SGLang Triton server ran"
+    why = "; ".join(f"`{s}`: {_not_run(sweep, s)}" for s in tried)
+    return f"no SGLang Triton point ran ({why})"
+
+
 def _no_win(sweep: pd.DataFrame, f: Facts) -> str:
     """What is missing for a win to be measured."""
     custom = custom_servers(sweep)
     if f.baseline is None:
         if custom:
-            return "no SGLang Triton server ran to measure the custom kernel against"
+            return f"{_no_baseline(sweep)} to measure the custom kernel against"
         return "neither a custom server nor an SGLang Triton server ran"
     if not custom:
         return "no custom server ran"
