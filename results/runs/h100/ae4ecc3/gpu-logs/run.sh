@@ -1,14 +1,17 @@
 #!/bin/bash
 # The device calls of run ae4ecc3 (the H100 study, config/h200.yaml:config/h100.yaml), in order,
-# on NVIDIA H100 80GB HBM3 (one lease; env.txt). Each call sent main's working tree with three
-# ignored folders (carry .whl .sgl .run): .run/ held main's gpu_study_run.sh and gpu_env.sh (as at
-# ae4ecc3) and, in .run/head/, a `git archive ae4ecc3 src scripts tests pyproject.toml
-# notes/kernel-v5` with links
-# to ../../.whl and ../../.sgl; the keys ran there, each call's study.tar merged into ../ with
-# `python -m decodecliff.study.runs merge`. Each call first asked for an H200 (the H200 study of
-# 7fe4732, REQUIRE_GPU=H200), which stopped at once (exit 3): the lent GPU was an H100.
-#   bash run.sh 1|2|3      (from the repository root, with .run/ laid out as above)
-call=${1:?call 1..3}
+# on NVIDIA H100 80GB HBM3: calls 1-3 in one lease, 4-7 in another (env.txt, the same in both).
+# Each call sent main's working tree with three ignored folders (carry .whl .sgl .run): .run/ held
+# main's gpu_study_run.sh and gpu_env.sh (as at ae4ecc3) and, in .run/head/, a `git archive
+# ae4ecc3 src scripts pyproject.toml` (calls 1-3 also tests/ and notes/kernel-v5, which the keys
+# do not read) with links to ../../.whl and ../../.sgl; .sgl/ held sglang 0.5.23's files (from
+# call 4 without the kernel folders the Triton attention kernels do not import, to keep the call
+# under 64 MiB). The keys ran there, each call's study.tar merged into ../ with `python -m
+# decodecliff.study.runs merge`. Calls 1-4 first asked for an H200
+# (the H200 study of 7fe4732, REQUIRE_GPU=H200), which stopped at once (exit 3): the lent GPU was
+# an H100.
+#   bash run.sh 1..7      (from the repository root, with .run/ laid out as above)
+call=${1:?call 1..7}
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 study() {  # BUDGET_S CALL_S KEY...: the study's keys at .run/head's tree
   (cd .run/head && REQUIRE_GPU=H100 BUDGET_S=$1 CALL_S=$2 \
@@ -27,4 +30,15 @@ case $call in
 3) study 100 140 build_kernel $(keys 11000 custom-defrag-p1 sglang-graph-p1 triton-graph-p1 \
      triton-p1) ;;
    # triton-p1:11000 not started (past BUDGET_S)
+4) study 470 575 build_kernel triton-graph-p1:185000 custom-graph-p1:185000 custom-defrag-p1:64000 \
+     custom-graph-p1:32000 flashinfer-fa3-graph-p1:32000 ;;
+5) study 505 575 build_kernel triton-p1:185000 sglang-graph-p1:185000 flashinfer-graph-p1:32000 \
+     custom-sm120-graph-p1:32000 custom-p1:32000 flashinfer-sm120-graph-p1:32000 ;;
+   # the last two not started (past BUDGET_S)
+6) study 390 480 build_kernel custom-defrag-p1:185000 custom-p1:185000 flashinfer-graph-p1:185000 \
+     custom-p1:32000 flashinfer-sm120-graph-p1:32000 ;;
+   # the last two not started (past BUDGET_S)
+7) study 50 80 build_kernel custom-p1:32000 flashinfer-sm120-graph-p1:32000 \
+     custom-sm120-graph-p1:64000 ;;
+   # custom-sm120-graph-p1:64000 not started (past BUDGET_S)
 esac
