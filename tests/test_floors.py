@@ -40,10 +40,9 @@ def test_the_headline_states_the_floor_only_for_one_known_model():
     sweep = pd.DataFrame(rows)
     table = tables.sweep_headline(sweep, "a", CEILINGS)
     expected = [1e3 / floors.step_floor(served(model, 16), c, **CEILINGS).ms for c in (1024, 8192)]
-    assert list(table.loc[tables.FLOOR_LABEL]) == [f"{v:.3g}" for v in expected]
-    assert float(table.loc[tables.FLOOR_LABEL].iloc[0]) > float(
-        table.loc[tables.FLOOR_LABEL].iloc[1]
-    )
+    assert list(table.loc[tables.FLOOR_LABEL]) == [tables.num(v) for v in expected]
+    assert "e+" not in "".join(table.loc[tables.FLOOR_LABEL])  # read as people read numbers
+    assert expected[0] > expected[1]
     assert tables.FLOOR_LABEL not in tables.sweep_headline(sweep, "a").index  # no ceilings
     other = sweep.assign(num_layers=[2, 2, 3, 3])  # two models: no one floor per context
     assert tables.FLOOR_LABEL not in tables.sweep_headline(other, "a", CEILINGS).index

@@ -122,7 +122,7 @@ def test_failed_and_skipped_points_are_listed_not_dropped(study: Path) -> None:
 
 def _spread_text(values: list[float]) -> str:
     """What a headline cell says for these per-request values: median (min–max)."""
-    med, lo, hi = (format(float(f(values)), ".3g") for f in (np.median, min, max))
+    med, lo, hi = (tables.num(float(f(values))) for f in (np.median, min, max))
     return med if lo == hi else f"{med} ({lo}–{hi})"
 
 
@@ -142,8 +142,7 @@ def test_headline_numbers_are_the_raw_files_numbers(study: Path) -> None:
         floor = floors.step_floor(
             model, point["requested_ctx"], ceilings["copy_gbs"], ceilings["matmul_tflops"]
         )
-        at_floor = float(f"{1e3 / floor.ms:.3g}")  # the table's three digits
-        assert float(headline.loc[tables.FLOOR_LABEL, col]) == pytest.approx(at_floor)
+        assert headline.loc[tables.FLOOR_LABEL, col] == tables.num(1e3 / floor.ms)
         k = point["concurrency"]
         row = point["name"] if k == 1 else f"{point['name']} ({k} streams)"
         steps = [r["metrics"]["verify_steps_s_client"] for r in point["requests"]]

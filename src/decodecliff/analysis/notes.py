@@ -39,8 +39,11 @@ def modelled(series: pd.Series) -> pd.Series:
     return series.str.contains("-sm120", regex=False)
 
 
-def _num(value, fmt: str = ".3g") -> str:
-    return "–" if value is None or pd.isna(value) else format(float(value), fmt)
+def _num(value, fmt: str | None = None) -> str:
+    """``value`` in ``fmt``, else as tables.num writes it; "–" where none was measured."""
+    if fmt is None or value is None or pd.isna(value):
+        return tables.num(value)
+    return format(float(value), fmt)
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -178,7 +181,7 @@ def kernel_rows(study: summarize.Study) -> list[dict]:
             "ms": _num(r["ms"]),
             "floor_ms": _num(r.get("floor_ms")),
             "roofline": "–" if pd.isna(r.get("roofline_frac")) else f"{r['roofline_frac']:.1%}",
-            "speedup": "–" if base is None else f"{base / r['ms']:.3g}x",
+            "speedup": "–" if base is None else f"{tables.num(base / r['ms'])}x",
         }
         for _, r in at.iterrows()
     ]

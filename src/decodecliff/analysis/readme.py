@@ -52,7 +52,7 @@ def kernel_rows(study: Path, contexts: list[int]) -> pd.DataFrame:
     floors = keep[keep["ctx"].isin(contexts)].groupby(["mode", "ctx"])["floor_ms"].min()
     rows = []
     for mode, group in table.groupby("mode", sort=False):
-        floor = {tables.ctx_label(c): f"{ms:.3g}" for c, ms in floors[mode].items()}
+        floor = {tables.ctx_label(c): tables.num(ms) for c, ms in floors[mode].items()}
         rows.append({"mode": mode, "backend": "**floor**", **floor})
         rows += group.rename(columns={"series": "backend"}).to_dict("records")
     out = pd.DataFrame(rows)[["mode", "backend", *cols[1:]]]

@@ -97,15 +97,16 @@ def listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
 
 
-def num(value: float) -> str:
-    """A rate, a time or a ratio as people read it: 147, 44.8, 0.546, 1,817 (not 1.82e+03)."""
+def num(value: float | None) -> str:
+    """A rate, a time or a ratio as people read it: 147, 44.8, 0.546, 1,817 (not 1.82e+03), and
+    "–" where none was measured."""
+    if value is None or pd.isna(value):
+        return "–"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _cell(row: pd.Series, value: str, fmt: str) -> str:
-    if row["status"] != "ok":
-        return str(row["status"])
-    return "–" if pd.isna(row[value]) else format(row[value], fmt)
+def _cell(row: pd.Series, value: str) -> str:
+    return num(row[value]) if row["status"] == "ok" else str(row["status"])
 
 
 # A kernel time whose repeats spread wider than this (half of slowest - fastest, over the median)
@@ -118,7 +119,7 @@ def _ms_cell(row: pd.Series) -> str:
     lo, hi = row.get("ms_min"), row.get("ms_max")
     known = row["status"] == "ok" and pd.notna(lo) and pd.notna(hi)  # older files lack them
     wide = known and (hi - lo) / 2 > SPREAD_SHOWN * row["ms"]
-    return spread(row, "ms") if wide else _cell(row, "ms", ".3g")
+    return spread(row, "ms") if wide else _cell(row, "ms")
 
 
 def kernel_headline(
@@ -169,7 +170,7 @@ PRIMARY_LABEL = "verify steps/s"
 FLOOR_LABEL = f"floor {PRIMARY_LABEL}"
 
 
-def spread(row: pd.Series, key: str, fmt: str = ".3g") -> str:
+def spread(row: pd.Series, key: str) -> str:
     """'median (min–max)' of a point's requests, the median alone for one request or a tie."""
     if row["status"] != "ok":
         return str(row["status"])
@@ -177,10 +178,10 @@ def spread(row: pd.Series, key: str, fmt: str = ".3g") -> str:
     if value is None or pd.isna(value):
         return "–"
     lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
-    text = format(value, fmt)
+    text = num(value)
     if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
         return text
-    lo_text, hi_text = format(lo, fmt), format(hi, fmt)
+    lo_text, hi_text = num(lo), num(hi)
     return text if lo_text == hi_text else f"{text} ({lo_text}–{hi_text})"
 
 
@@ -234,7 +235,7 @@ def sweep_headline(
     table.index = [s if k.get(s, 1) == 1 else f"{s} ({k[s]} streams)" for s in table.index]
     floor = floors.steps_s(sweep, ceilings or {})
     if not floor.empty:
-        row = floor.reindex(table.columns).map(lambda v: "–" if pd.isna(v) else f"{v:.3g}")
+        row = floor.reindex(table.columns).map(num)
         table = pd.concat([row.to_frame(FLOOR_LABEL).T, table])
     table.columns = [f"{ctx_label(c)} ({int(c):,})" for c in table.columns]
     table.index.name = "server"
@@ -310,14 +311,12 @@ def sweep_long(sweep: pd.DataFrame, tau: float) -> pd.DataFrame:
         if key in ("verify_steps_s_client", "verify_steps_s_server", "decode_tok_s", "ttft_s"):
             out[label] = df.apply(lambda r, k=key: spread(r, k), axis=1)
         elif key == "tok_s_at_tau":
-            out[f"tok/s at tau={tau:g}"] = [
-                "–" if pd.isna(v) else format(v, ".3g") for v in df[key]
-            ]
+            out[f"tok/s at tau={tau:g}"] = [num(v) for v in df[key]]
         elif key == "requested_ctx":
             out[label] = df[key].map(ctx_label)
         elif key == "round_tok_s":  # a round's tokens over its wall time, prefill included
             col = df[key] if key in df else pd.Series(None, index=df.index, dtype=float)
-            out[label] = ["–" if pd.isna(v) else format(v, ".3g") for v in col]
+            out[label] = [num(v) for v in col]
         else:
             col = df[key] if key in df else pd.Series(None, index=df.index)
             out[label] = ["–" if pd.isna(v) else str(int(v)) for v in col]
