@@ -393,3 +393,17 @@ def test_ratios_read_without_an_exponent(sweep) -> None:
     )
     assert ratio > 100 and "e+" not in text
     assert f"a peer wins there, {ratio:,.0f}x `custom-sm120-graph-p1` at 185k." in text
+
+
+def test_a_lead_of_under_five_percent_is_not_written_1x(sweep) -> None:
+    near = sweep.copy()
+    custom = near.loc[near["server"] == "custom-sm120-graph-p1"].set_index("requested_ctx")
+    for server, scale in (("flashinfer-fa3-graph-p1", 1.005), ("flashinfer-graph-p1", 0.9)):
+        at = (near["server"] == server) & (near["requested_ctx"] == 185000)
+        for col in [c for c in near.columns if c.startswith(PRIMARY)]:
+            near.loc[at, col] = custom.loc[185000, col] * scale
+    text = headline.fastest(near)
+    assert "a peer leads there, 1.005x `custom-sm120-graph-p1` at 185k." in text
+    assert [headline._times(r) for r in (1.0, 0.998, 1.04, 0.95, 1.7, 84.2)] == [
+        "1x", "0.998x", "1.04x", "0.95x", "1.7x", "84x"
+    ]  # fmt: skip

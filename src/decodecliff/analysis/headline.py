@@ -146,7 +146,10 @@ def _not_run(sweep: pd.DataFrame, server: str) -> str:
 
 
 def _times(ratio: float) -> str:
-    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+    """'84x', '1.7x'; a lead of under 5% keeps the digits that show it ('1.005x', not '1x')."""
+    if ratio >= 10:
+        return f"{ratio:,.0f}x"
+    return f"{ratio:.4g}x" if f"{ratio:.2g}" == "1" else f"{ratio:.2g}x"
 
 
 # ---------------------------------------------------------------------------------------------
