@@ -418,7 +418,9 @@ def _no_baseline(sweep: pd.DataFrame) -> str:
     """'no SGLang Triton server ran', naming each one that was launched and why none of its
     points ran (a baseline failing everywhere is a finding, not an absence)."""
     backend = sweep.groupby("server")["backend"].first() if "backend" in sweep else {}
-    tried = [s for s in dict.fromkeys(sweep["server"]) if family(s, backend.get(s)) in BASELINES]
+    names = dict.fromkeys(sweep["server"])
+    ran = set(ok(sweep)["server"])
+    tried = [s for s in names if family(s, backend.get(s)) in BASELINES and s not in ran]
     if not tried:
         return "no SGLang Triton server ran"
     why = "; ".join(f"`{s}`: {_not_run(sweep, s)}" for s in tried)
