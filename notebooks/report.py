@@ -217,19 +217,20 @@ for name, study in studies.items():
 
 # %% [markdown]
 # ## Targets
-# The study's targets (the configuration's `targets`), checked against each study's result files:
-# met, missed and by how much, or not measured and why. A published study's `NOTES.md` (why a
-# target was missed, what would close it) follows its table.
+# This run's targets (the configuration's `targets`), checked against its result files: met,
+# missed and by how much, or not measured and why. A published study shows the targets it was
+# judged by when it was published, its own configuration's, and its `NOTES.md` (why a target
+# was missed, what would close it) follows its table.
 
 # %%
 target_list = targets.parse(config.get("targets"))
-if not target_list:
-    display(Markdown("*No targets in the configuration.*"))
 for name, study in studies.items():
-    checked = targets.evaluate(study, target_list)
+    own = None if name == "this run" else targets.published(study.root)
+    checked = targets.evaluate(study, target_list) if own is None else own
     if name == "this run":
         checked.to_csv(layout.table_path(results, "report", "targets"), index=False)
-    if not target_list:
+    if checked.empty:
+        display(Markdown(f"*No targets for {name}.*"))
         continue
     display(Markdown(f"**{name}**"))
     show(targets.display_table(checked), "targets" if name == "this run" else f"targets-{name}")

@@ -136,7 +136,7 @@ def test_a_fifth_sentence_pairs_the_servers_configured_as_on_sm120(sweep) -> Non
     fi = rate(sweep, "flashinfer-sm120-graph-p1", 185000)
     assert text is not None and text.startswith("**As both configure themselves on sm_120**")
     assert f"{headline.num(custom)} verify steps/s at 185k" in text
-    assert f"`flashinfer-sm120-graph-p1` {headline.num(fi)}, {headline._times(custom / fi)}" in text
+    assert f"`flashinfer-sm120-graph-p1` {headline.num(fi)}, {tables.times(custom / fi)}" in text
     assert headline.sm120_pairing(sweep[sweep["server"] != "flashinfer-sm120-graph-p1"]) is None
 
 
@@ -308,7 +308,7 @@ def test_a_failed_baseline_point_is_named_and_the_anatomy_follows_the_cliff(
     share = at["attention_ms"] / at["step_ms"]
     short, long = rate(sweep, "sglang-graph-p1", 1024), rate(sweep, "sglang-graph-p1", 128000)
     assert (
-        f"to {headline.num(long)} at 128k, {headline._times(short / long)} "
+        f"to {headline.num(long)} at 128k, {tables.times(short / long)} "
         "slower (its 185k point failed: point timeout (2700 s) in decode), because attention "
         f"grows from 68% of a verify step at 1k to {share:.1%} at 128k "
         f"({headline.num(at['attention_ms'])} of {headline.num(at['step_ms'])} ms"
@@ -375,7 +375,7 @@ def test_what_a_win_lacks_is_said_and_a_loss_is_no_win(sweep, engine) -> None:
     loss = headline.win(slow, engine)
     ratio = rate(slow, "custom-sm120-graph-p1", 185000) / rate(slow, "sglang-graph-p1", 185000)
     assert loss.startswith("**What the custom kernel loses:** `custom-sm120-graph-p1` runs")
-    assert f"185k, {headline._times(ratio)} the rate of `sglang-graph-p1` (" in loss
+    assert f"185k, {tables.times(ratio)} the rate of `sglang-graph-p1` (" in loss
     style.apply()
     fig = headline.figure(slow, None, "a loss")
     assert any(t.get_text().startswith("the loss: ") for t in fig.axes[0].texts)
@@ -404,6 +404,6 @@ def test_a_lead_of_under_five_percent_is_not_written_1x(sweep) -> None:
             near.loc[at, col] = custom.loc[185000, col] * scale
     text = headline.fastest(near)
     assert "a peer leads there, 1.005x `custom-sm120-graph-p1` at 185k." in text
-    assert [headline._times(r) for r in (1.0, 0.998, 1.04, 0.95, 1.7, 84.2)] == [
+    assert [tables.times(r) for r in (1.0, 0.998, 1.04, 0.95, 1.7, 84.2)] == [
         "1x", "0.998x", "1.04x", "0.95x", "1.7x", "84x"
     ]  # fmt: skip

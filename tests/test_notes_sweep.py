@@ -90,3 +90,10 @@ def test_an_engine_bench_outside_the_config_is_not_cited(tmp_path: Path) -> None
     assert anatomy not in _render(tmp_path, cfg, sweep)
     cfg["engine"] = yaml.safe_load((REPO / "config.yaml").read_text())["engine"]
     assert anatomy in _render(tmp_path, cfg, sweep)
+
+
+def test_a_cpu_study_s_speedups_are_said_to_be_the_interpreter_s() -> None:
+    """On a CPU the Triton baseline runs in its interpreter: a speedup over it is no GPU's."""
+    caveat = "On this CPU Triton runs in its interpreter"
+    assert caveat in notes.render(STUDY, study_config(), "cpu")
+    assert caveat not in (REPO / "results/published/h200/NOTES.md").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from decodecliff.analysis import notes, summarize, targets
+from decodecliff.analysis import notes, summarize, tables, targets
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "results/published/h200"
@@ -33,7 +33,9 @@ def test_a_kernel_target_names_its_floor_and_the_term_that_sets_it(why) -> None:
     row = kernels[(kernels["series"] == "custom") & (kernels["mode"] == "chain16")]
     row = row[(row["ctx"] == 185000) & (row["heads"] == 8) & (row["page_size"] == 1)].iloc[0]
     text = why["chain16 at 185k: custom time per layer"]
-    assert f"custom {row['ms']:.3g} ms, {row['floor_ms'] / row['ms']:.0%} of its floor" in text
+    slower = tables.times(row["ms"] / row["floor_ms"])
+    assert f"custom {tables.num(row['ms'])} ms, {slower} its floor (" in text
+    assert f"{row['floor_ms'] / row['ms']:.0%} of the roofline)" in text
     assert "set by FLOPs at" in text  # 16 rows x 8 heads: the matmul rate sets the floor
     assert "set by bytes at" in why["decode at 185k: custom effective bandwidth"]
     assert "short of the target's 20x" in why["every point from 16k up: custom over triton kernel"]

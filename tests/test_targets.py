@@ -284,3 +284,14 @@ def test_published_notes_are_rendered_from_the_published_files():
     study = REPO / "results/published/h200"
     cfg = yaml.safe_load((REPO / "config/h200.yaml").read_text())
     assert (study / "NOTES.md").read_text() == notes.render(study, cfg, "h200")
+
+
+def test_a_published_study_keeps_the_targets_it_was_judged_by() -> None:
+    """The report shows a published study's own targets (its configuration's), not this run's:
+    the H200 study pairs each custom server with the Triton server of its own engine path."""
+    own = targets.published(REPO / "results/published/h200")
+    h200 = yaml.safe_load((REPO / "config/h200.yaml").read_text())["targets"]
+    assert list(own["target"]) == [t.label for t in targets.parse(h200)]
+    default = yaml.safe_load(SCHEMA.read_text())["properties"]["targets"]["default"]
+    assert set(own["target"]) != {t.label for t in targets.parse(default)}
+    assert targets.published(PUBLISHED) is None  # no table of its own: judged by this run's

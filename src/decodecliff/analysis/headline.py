@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, engine_label, listed, num, ok
+from .tables import PRIMARY, ctx_label, engine_label, listed, num, ok, times
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -145,13 +145,6 @@ def _not_run(sweep: pd.DataFrame, server: str) -> str:
     return "; ".join(parts)
 
 
-def _times(ratio: float) -> str:
-    """'84x', '1.7x'; a lead of under 5% keeps the digits that show it ('1.005x', not '1x')."""
-    if ratio >= 10:
-        return f"{ratio:,.0f}x"
-    return f"{ratio:.4g}x" if f"{ratio:.2g}" == "1" else f"{ratio:.2g}x"
-
-
 # ---------------------------------------------------------------------------------------------
 # the figure
 
@@ -208,7 +201,7 @@ def _annotate(ax, f: Facts) -> None:
         return
     label = ax.text(
         0, 0, f"the cliff: {f.baseline}\n{num(f.rate_short)} → {num(f.rate_long)} steps/s "
-        f"from {ctx_label(f.short)} to {ctx_label(f.long)} ({_times(f.rate_short / f.rate_long)} "
+        f"from {ctx_label(f.short)} to {ctx_label(f.long)} ({times(f.rate_short / f.rate_long)} "
         "slower)", transform=ax.transAxes, ha="left", fontsize=8,
         color=style.color(f.baseline), fontweight="bold", bbox=LABEL_BOX,
     )  # fmt: skip
@@ -221,7 +214,7 @@ def _annotate(ax, f: Facts) -> None:
     )  # fmt: skip
     what = "the win" if f.win_rate >= f.rate_long else "the loss"
     ax.annotate(
-        f"{what}: {f.winner}\n{_times(f.win_rate / f.rate_long)} at {ctx_label(f.long)}",
+        f"{what}: {f.winner}\n{times(f.win_rate / f.rate_long)} at {ctx_label(f.long)}",
         (f.long, float(np.sqrt(f.win_rate * f.rate_long))), xytext=(-8, 0),
         textcoords="offset points", ha="right", va="center", fontsize=8,
         color=style.color(f.winner), fontweight="bold", bbox=LABEL_BOX,
@@ -277,7 +270,7 @@ def alt_text(sweep: pd.DataFrame) -> str:
             f"between {ctx_label(f.short)} and {ctx_label(f.long)}."
         )
     if f.winner:
-        win = f"{f.winner} runs {num(f.win_rate)}, {_times(f.win_rate / f.rate_long)} that."
+        win = f"{f.winner} runs {num(f.win_rate)}, {times(f.win_rate / f.rate_long)} that."
     return ALT.format(servers=", ".join(servers_that_matter(sweep)), cliff=cliff, win=win).strip()
 
 
@@ -386,7 +379,7 @@ def collapse(
     return (
         f"**What collapses:** `{f.baseline}`, {who}, falls from "
         f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
-        f"{ctx_label(f.long)}, {_times(f.rate_short / f.rate_long)} slower{missing}"
+        f"{ctx_label(f.long)}, {times(f.rate_short / f.rate_long)} slower{missing}"
         f"{_why(engine, f, backend, graphs, sweep, ceilings)}{_reference_clause(reference, sweep)}."
     )
 
@@ -405,12 +398,12 @@ def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | No
             f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there "
             f"({_floor(row, sweep, ceilings)[2:] or 'floor not measured'})"
         )
-    short = "" if pd.isna(f.win_short) else f" ({_times(f.win_short)} at {ctx_label(f.short)})"
+    short = "" if pd.isna(f.win_short) else f" ({times(f.win_short)} at {ctx_label(f.short)})"
     ratio = f.win_rate / f.rate_long
     head, than = ("wins", "") if ratio >= 1 else ("loses", "the rate of ")
     return (
         f"**What the custom kernel {head}:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
-        f"at {ctx_label(f.long)}, {_times(ratio)} {than}`{f.baseline}`{short}{step}."
+        f"at {ctx_label(f.long)}, {times(ratio)} {than}`{f.baseline}`{short}{step}."
     )
 
 
@@ -493,9 +486,9 @@ def sm120_pairing(sweep: pd.DataFrame) -> str | None:
         "**As both configure themselves on sm_120** (100 KB of shared memory per SM; the custom "
         f"kernel's sm_120 build, FlashInfer's fa2 in its sm_120 configuration, on this GPU): "
         f"`{custom[0]}` {num(mine[long])} verify steps/s at {ctx_label(long)} against "
-        f"`{peers[0]}` {num(theirs[long])}, {_times(ratio[long])}; {lead} at "
-        f"{(ratio >= 1).sum()} of {len(ratio)} contexts, {_times(ratio.min())}–"
-        f"{_times(ratio.max())} from {ctx_label(ratio.index[0])} to {ctx_label(long)}."
+        f"`{peers[0]}` {num(theirs[long])}, {times(ratio[long])}; {lead} at "
+        f"{(ratio >= 1).sum()} of {len(ratio)} contexts, {times(ratio.min())}–"
+        f"{times(ratio.max())} from {ctx_label(ratio.index[0])} to {ctx_label(long)}."
     )
 
 
@@ -530,7 +523,7 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
         who = (
             "a peer leads" if family(server, backend[server]) in PEERS else "no custom server leads"
         )
-    return f"{text}: {who} there, {_times(ratio)} `{rival}` at {ctx_label(c)}"
+    return f"{text}: {who} there, {times(ratio)} `{rival}` at {ctx_label(c)}"
 
 
 def _span(sweep: pd.DataFrame, server: str, ctx: int) -> tuple[float, float] | None:

@@ -105,6 +105,13 @@ def num(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def times(ratio: float) -> str:
+    """'84x', '1.7x'; a lead of under 5% keeps the digits that show it ('1.005x', not '1x')."""
+    if ratio >= 10:
+        return f"{ratio:,.0f}x"
+    return f"{ratio:.4g}x" if f"{ratio:.2g}" == "1" else f"{ratio:.2g}x"
+
+
 def _cell(row: pd.Series, value: str) -> str:
     return num(row[value]) if row["status"] == "ok" else str(row["status"])
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import summarize, tables
+from . import layout, summarize, tables
 
 # The kinds of target, each with its unit and the fields it needs besides a threshold (the config
 # schema's `target` says the same: tests/test_config_sources.py holds the two together).
@@ -416,6 +416,14 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out.set_index("target")
+
+
+def published(study_root: str | Path) -> pd.DataFrame | None:
+    """The targets a published study was judged by, as its own report wrote them (its own
+    configuration's targets, which another study's configuration need not share); None where
+    the folder has no such table."""
+    path = layout.table_path(study_root, "report", "targets")
+    return pd.read_csv(path) if path.is_file() else None
 
 
 def notes(study_root: str | Path) -> str | None:
