@@ -5,8 +5,9 @@
 # main's gpu_study_run.sh and gpu_env.sh (as at ae4ecc3) and, in .run/head/, a `git archive
 # ae4ecc3 src scripts pyproject.toml` (calls 1-3 also tests/ and notes/kernel-v5, which the keys
 # do not read) with links to ../../.whl and ../../.sgl; .sgl/ held sglang 0.5.23's files (from
-# call 4 without the kernel folders the Triton attention kernels do not import, to keep the call
-# under 64 MiB). The keys ran there, each call's study.tar merged into ../ with `python -m
+# call 4 without sglang/kernels/ops/attention/{dsv4,flash_attn,fa4_sm120,fla,linear,dsa,
+# minimax_sparse,cutedsl_gdn_mtp_ring.py}, which the Triton attention kernels do not import, to
+# keep the call under 64 MiB). The keys ran there, each call's study.tar merged into ../ with `python -m
 # decodecliff.study.runs merge`. Calls 1-4 first asked for an H200
 # (the H200 study of 7fe4732, REQUIRE_GPU=H200), which stopped at once (exit 3): the lent GPU was
 # an H100.
