@@ -64,8 +64,8 @@ def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     base = headline.baseline_server(sweep)  # SGLang's own server where it ran, else the baseline
     ctxs = sorted(sweep.loc[(sweep["server"] == base) & (sweep["status"] == "ok"), "requested_ctx"])
     short, long = rate(sweep, base, ctxs[0]), rate(sweep, base, ctxs[-1])
-    span = f"at 1k to {headline.num(long)} at {tables.ctx_label(ctxs[-1])}"
-    assert f"`{base}`" in collapse and f"from {headline.num(short)} verify steps/s {span}" in (
+    span = f"at 1k to {tables.num(long)} at {tables.ctx_label(ctxs[-1])}"
+    assert f"`{base}`" in collapse and f"from {tables.num(short)} verify steps/s {span}" in (
         collapse
     )
     assert f"{short / long:,.0f}x slower" in collapse and "attention grows from" in collapse
@@ -74,7 +74,7 @@ def test_sentences_state_the_published_numbers(sweep, engine) -> None:
     winner = custom.set_index("server")[PRIMARY].idxmax()  # the fastest custom server there
     best = rate(sweep, winner, ctxs[-1])
     where = tables.ctx_label(ctxs[-1])
-    assert f"`{winner}` runs {headline.num(best)} verify steps/s at {where}" in win
+    assert f"`{winner}` runs {tables.num(best)} verify steps/s at {where}" in win
     assert f"{best / long:,.0f}x `{base}`" in win
     at = sweep[sweep["requested_ctx"] == 185000].set_index("server")[PRIMARY]
     assert f"`{at.idxmax()}` at" in fastest and "a peer wins there" in fastest
@@ -135,8 +135,8 @@ def test_a_fifth_sentence_pairs_the_servers_configured_as_on_sm120(sweep) -> Non
     custom = rate(sweep, "custom-sm120-graph-p1", 185000)
     fi = rate(sweep, "flashinfer-sm120-graph-p1", 185000)
     assert text is not None and text.startswith("**As both configure themselves on sm_120**")
-    assert f"{headline.num(custom)} verify steps/s at 185k" in text
-    assert f"`flashinfer-sm120-graph-p1` {headline.num(fi)}, {tables.times(custom / fi)}" in text
+    assert f"{tables.num(custom)} verify steps/s at 185k" in text
+    assert f"`flashinfer-sm120-graph-p1` {tables.num(fi)}, {tables.times(custom / fi)}" in text
     assert headline.sm120_pairing(sweep[sweep["server"] != "flashinfer-sm120-graph-p1"]) is None
 
 
@@ -201,8 +201,8 @@ def test_the_sentences_state_the_step_floor_the_table_and_figure_draw(sweep, eng
     collapse, win, *_ = headline.sentences(sweep, engine, None, ceilings)
     floor = floors.step_ms(sweep, ceilings, 185000)
     assert floor == pytest.approx(1e3 / floors.steps_s(sweep, ceilings)[185000])
-    assert f"floor {headline.num(floor)} ms;" in collapse
-    assert f"(floor {headline.num(floor)} ms)" in win
+    assert f"floor {tables.num(floor)} ms;" in collapse
+    assert f"(floor {tables.num(floor)} ms)" in win
 
 
 def test_a_lead_within_the_requests_spread_is_no_win(sweep) -> None:
@@ -308,14 +308,14 @@ def test_a_failed_baseline_point_is_named_and_the_anatomy_follows_the_cliff(
     share = at["attention_ms"] / at["step_ms"]
     short, long = rate(sweep, "sglang-graph-p1", 1024), rate(sweep, "sglang-graph-p1", 128000)
     assert (
-        f"to {headline.num(long)} at 128k, {tables.times(short / long)} "
+        f"to {tables.num(long)} at 128k, {tables.times(short / long)} "
         "slower (its 185k point failed: point timeout (2700 s) in decode), because attention "
         f"grows from 68% of a verify step at 1k to {share:.1%} at 128k "
-        f"({headline.num(at['attention_ms'])} of {headline.num(at['step_ms'])} ms"
+        f"({tables.num(at['attention_ms'])} of {tables.num(at['step_ms'])} ms"
     ) in collapse
     mine = anatomy(engine, "custom", 131072)  # custom-graph-p1 is fastest at 128k
-    assert f"`custom-graph-p1` runs {headline.num(rate(sweep, 'custom-graph-p1', 128000))}" in win
-    assert f"of its {headline.num(mine['step_ms'])} ms step there" in win
+    assert f"`custom-graph-p1` runs {tables.num(rate(sweep, 'custom-graph-p1', 128000))}" in win
+    assert f"of its {tables.num(mine['step_ms'])} ms step there" in win
 
 
 def test_an_anatomy_without_the_cliff_s_context_says_so(tmp_path, engine) -> None:

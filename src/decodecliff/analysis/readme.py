@@ -93,7 +93,7 @@ def workload(sweep: pd.DataFrame) -> tuple[str, str]:
     elif (accept == 1).all():  # only the bonus token: one token per verify step
         tok_s = "With random weights no draft token is accepted, so tok/s are the same numbers"
     else:
-        lo, hi = headline.num(accept.min()), headline.num(accept.max())
+        lo, hi = tables.num(accept.min()), tables.num(accept.max())
         span = lo if lo == hi else f"{lo}–{hi}"
         tok_s = (
             f"The servers emit {span} tokens per verify step (the bonus token included), so "
