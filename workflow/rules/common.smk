@@ -65,10 +65,22 @@ def point(wildcards):
     """The point of results/sweep/{server}/ctx{ctx}.json. A target the config has no point for
     (a mistyped server or context) stops Snakemake with one line naming the valid ones: the
     exit is before any job, and Snakemake would wrap an exception in a traceback."""
+    return point_at(wildcards.server, f"ctx{wildcards.ctx}.json")
+
+
+def misnamed_point(wildcards) -> list[str]:
+    """The sweep_point_misnamed rule's input: a target under results/sweep/<server>/ that no
+    point file is named (1024.json) stops Snakemake as point() does, where Snakemake would say
+    "Missing rule"."""
+    point_at(wildcards.server, wildcards.file)
+    return []
+
+
+def point_at(server: str, file: str):
     try:
-        return STUDY.point(wildcards.server, wildcards.ctx)
+        return STUDY.point_at(server, file)
     except PointError as exc:
-        print(f"error: results/sweep/{wildcards.server}/ctx{wildcards.ctx}.json: {exc}", file=sys.stderr)
+        print(f"error: results/sweep/{server}/{file}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

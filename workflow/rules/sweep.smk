@@ -66,3 +66,19 @@ rule sweep_point:
         " --stop-with-parent $PPID {params.skip}"
         " --out {params.outdir} > {log} 2>&1"
 
+
+
+rule sweep_point_misnamed:
+    # Every other file under results/sweep/<server>/ (1024.json): misnamed_point stops Snakemake
+    # naming the server's point files before any job, so the rule never runs.
+    wildcard_constraints:
+        server=r"[^/]+",
+        file=r"(?!ctx)[^/]+",
+    input:
+        misnamed_point,
+    output:
+        "results/sweep/{server}/{file}",
+    log:
+        "results/logs/sweep/{server}/{file}.log",
+    run:
+        raise SystemExit(1)
