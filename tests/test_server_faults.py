@@ -216,9 +216,12 @@ def test_f10_f11_a_signal_with_a_full_queue_takes_the_shutdown_path(sig):
         (["--port", "70000"], "port 70000 is not in 1-65535 (or 0 for a free one)"),
         pytest.param(["--max-total-tokens", str(10**15)], "allocate", marks=pytest.mark.slow),
         pytest.param(["--max-running-requests", str(10**12)], "allocate", marks=pytest.mark.slow),
-        (["--max-request-mb", "0"], "not a positive number"),
+        (["--max-request-mb", "0"], "not a positive finite number"),
+        (["--max-request-mb", "inf"], "not a positive finite number"),
+        (["--max-request-mb", "1e-9"], "less than 0.000976562"),
+        (["--upload-timeout", "inf"], "not a positive finite number"),
     ],
-    ids=["port", "pool", "max-running", "body-limit"],
+    ids=["port", "pool", "max-running", "body-limit", "body-inf", "body-tiny", "upload-inf"],
 )
 def test_f12_impossible_settings_are_one_line_errors(args, fragment):
     cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--device", "cpu", *args]

@@ -192,6 +192,8 @@ BAD = {
             "unknown": "--bogus",
             "type": "--max-total-tokens=abc",
             "nan": "--new-token-ratio nan",
+            "body-limit-inf": "--max-request-mb inf",
+            "body-limit-tiny": "--max-request-mb 1e-9",
             "quote": "--prefill-attention 'mha",
             "backend-option": "--backend-option decode=bogus",
             "help": "--help",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -68,9 +69,10 @@ def add_limits(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-request-mb",
-        type=positive(float),
+        type=positive(float, least=1 / 1024),  # 1 KiB: a smaller limit refuses every request
         default=16.0,
-        help="largest request body in MiB (a 185k-token prompt as JSON is about 1.5)",
+        help="largest request body in MiB, at least 1/1024 (a 185k-token prompt as JSON is about "
+        "1.5)",
     )
     p.add_argument(
         "--max-json-depth", type=positive(int), default=32, help="deepest nesting of a JSON body"
@@ -103,13 +105,16 @@ def add_limits(p: argparse.ArgumentParser) -> None:
     )
 
 
-def positive(kind: type) -> Callable[[str], float]:
-    """An argparse type: ``kind`` (int or float) greater than 0."""
+def positive(kind: type, least: float = 0.0) -> Callable[[str], float]:
+    """An argparse type: ``kind`` (int or float), finite and greater than 0 (and at least
+    ``least`` where given)."""
 
     def parse(text: str) -> float:
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is less than {least:g}")
         return value
 
     parse.__name__ = kind.__name__
