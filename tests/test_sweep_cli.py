@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from decodecliff.sweep import cli, launcher
+from decodecliff.sweep import cli, launcher, runner
 from decodecliff.sweep.runner import SCHEMA_PATH, run_async
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,18 +106,24 @@ def test_chunks_file_and_selecting_single_points(tmp_path):
         cli.config_from_args(cli._parser().parse_args(base))
 
 
-def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path):
+def test_unreachable_server_gives_failed_points_not_a_crash(tmp_path, monkeypatch):
+    """The first point waits the whole start timeout for a URL server; once it stayed away that
+    long, the later points look for it briefly, not a start timeout each."""
+    monkeypatch.setattr(runner, "URL_RECHECK_S", 0.2)
     out = tmp_path / "out"
-    argv = ["--url", _dead_url(), "--name", "gone", "--contexts", "16", "32"]
-    rc = cli.cli([*argv, "--start-timeout", "0.5", "--out", str(out), "--no-progress"])
+    argv = ["--url", _dead_url(), "--name", "gone", "--contexts", "16", "32", "64"]
+    rc = cli.cli([*argv, "--start-timeout", "1", "--out", str(out), "--no-progress"])
     assert rc == cli.NO_SUCCESS  # no point succeeded, yet each has its file
     schema = json.loads(SCHEMA_PATH.read_text())
-    for ctx in (16, 32):
+    for ctx in (16, 32, 64):
         point = json.loads((out / f"ctx{ctx}.json").read_text())
         jsonschema.validate(point, schema)
         assert point["status"] == "failed"
-        assert "server not reachable" in point["reason"]
+        assert point["reason"].startswith("server not reachable (")
+        wait = "start timeout 1 s" if ctx == 16 else "rechecked for 0.2 s"
+        assert wait in point["reason"], point["reason"]
         assert point["warmup"] is None  # no server came up, so nothing was warmed
+    assert "whole start timeout at ctx 16" in point["reason"]
     assert not list(out.glob(".*tmp"))
 
 

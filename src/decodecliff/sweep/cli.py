@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=_default("start_timeout_s"),
         metavar="S",
-        help="seconds a server may take to get healthy",
+        help="seconds a server may take to get healthy (a --url server that stayed unreachable "
+        "this long is then looked for 5 s a point)",
     )
     p.add_argument(
         "--stop-grace",

@@ -55,6 +55,9 @@ from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point f
 from decodecliff.values import is_int, is_positive_seconds
 
 SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sweep-point/2
+# How long a later point waits for a URL server that stayed unreachable through a whole start
+# timeout (nothing here can start it again; its owner may restart it, so each point looks once).
+URL_RECHECK_S = 5.0
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
 
@@ -309,6 +312,9 @@ class Runner:
         )
         self.info: dict = {}
         self.up = False
+        # The context at which a URL server stayed unreachable for a whole start timeout: later
+        # points probe it for URL_RECHECK_S only, as no one here can start it again.
+        self.url_gone_at: int | None = None
         self.warmup: dict | None = None  # the warm-up of the current launch
         self.console = Console(stderr=True, soft_wrap=True)
         self.written: list[Path] = []
@@ -501,7 +507,10 @@ class Runner:
     def _ensure_up(self, res: dict, deadline: float) -> bool:
         if self.up and self.server.exit_code() is None:
             return True
-        budget = min(self.cfg.start_timeout_s, deadline - time.monotonic())
+        wait = self.cfg.start_timeout_s
+        if self.url_gone_at is not None:
+            wait = min(wait, URL_RECHECK_S)
+        budget = min(wait, deadline - time.monotonic())
         try:
             self.info = self.server.start(timeout_s=max(budget, 0.001))
         except launcher.ServerError as exc:
@@ -510,13 +519,27 @@ class Runner:
             # what was launched (or tried), so the failed point says how to reproduce it
             res.update(server_command=self.server.command, server_launch=self.server.launches)
             res["server_url"] = self.server.url
-            limit = "chunk timeout" if budget < self.cfg.start_timeout_s else "start timeout"
-            what = "failed to start" if self.server.launched else "not reachable"
-            self._fail(res, f"server {what} ({limit} {budget:.3g} s): {exc}")
+            self._fail(res, self._start_failure(res["requested_ctx"], budget, wait, exc))
             return False
-        self.up = True
+        self.up, self.url_gone_at = True, None
         self.warmup = self._warm_up(deadline)
         return True
+
+    def _start_failure(self, ctx: int, budget: float, wait: float, exc: Exception) -> str:
+        """Why the server is not up for the point at ``ctx``; a URL server unreachable for a
+        whole start timeout is marked gone."""
+        if self.server.launched:
+            limit = "chunk timeout" if budget < wait else "start timeout"
+            return f"server failed to start ({limit} {budget:.3g} s): {exc}"
+        if budget < wait:
+            return f"server not reachable (chunk timeout {budget:.3g} s): {exc}"
+        if self.url_gone_at is not None:
+            return (
+                f"server not reachable (rechecked for {budget:.3g} s; unreachable through the "
+                f"whole start timeout at ctx {self.url_gone_at}): {exc}"
+            )
+        self.url_gone_at = ctx
+        return f"server not reachable (start timeout {budget:.3g} s): {exc}"
 
     def _warm_up(self, deadline: float) -> dict | None:
         """One short unrecorded request; what happened, never an exception (None: disabled)."""
