@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.sweep import client, launcher, prompts
 from decodecliff.sweep.point import PointError
-from decodecliff.sweep.runner import Chunk, Runner, SweepConfig
+from decodecliff.sweep.runner import URL_RECHECK_S, Chunk, Runner, SweepConfig
 
 NO_SUCCESS = 3  # exit code when no point succeeded
 
@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         default=_default("start_timeout_s"),
         metavar="S",
         help="seconds a server may take to get healthy (a --url server that stayed unreachable "
-        "this long is then looked for 5 s a point)",
+        f"this long is then looked for {URL_RECHECK_S:g} s a point)",
     )
     p.add_argument(
         "--stop-grace",
