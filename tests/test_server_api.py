@@ -434,6 +434,20 @@ def retractions(srv) -> float:
     return float(found[1])
 
 
+def test_a_chat_whose_prompt_fills_the_pool_is_told_so(srv):
+    """Not "prompt + max_new_tokens (1)": the client named no such parameter."""
+    body = {"messages": [{"role": "user", "content": "x" * 5000}]}
+    resp = srv.post("/v1/chat/completions", body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "messages"
+    assert "leaves no room to generate in max_total_num_tokens (4096)" in error["message"]
+    assert "max_new_tokens" not in error["message"]
+    resp = srv.post("/v1/completions", {"prompt": [1] * 4000, "max_tokens": 200})
+    assert resp.status_code == 400 and "200 tokens to generate" in resp.text
+    assert "max_new_tokens" not in resp.text
+
+
 def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
     # Without max_tokens a chat request generates at most its fair share of the pool (pool / max
     # running requests), not the whole pool, so short requests run beside it instead of waiting

@@ -69,8 +69,8 @@ rule sweep_point:
 
 
 rule sweep_point_misnamed:
-    # Every other file under results/sweep/<server>/ (1024.json): misnamed_point stops Snakemake
-    # naming the server's point files before any job, so the rule never runs.
+    # Every other file under results/sweep/<server>/ (64.json): misnamed_point stops Snakemake
+    # naming the server's point files before any job, so this rule's command never runs.
     wildcard_constraints:
         server=r"[^/]+",
         file=r"(?!ctx)[^/]+",
@@ -80,5 +80,7 @@ rule sweep_point_misnamed:
         "results/sweep/{server}/{file}",
     log:
         "results/logs/sweep/{server}/{file}.log",
-    run:
-        raise SystemExit(1)
+    conda:
+        "../../envs/serve.yaml"
+    shell:
+        "exit 1"

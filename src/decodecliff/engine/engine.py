@@ -182,7 +182,8 @@ class Engine:
         need = params.needed_tokens(len(prompt), self.cfg.spec_tokens)
         if need > self.max_total_num_tokens:
             raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens})"
+                # no parameter's name: the OpenAI routes call it max_tokens, /generate otherwise
+                f"prompt ({len(prompt)} tokens) + {params.max_new_tokens} tokens to generate"
                 + (
                     f" + draft tokens ({self.cfg.spec_tokens - 1})"
                     if self.cfg.spec != "none"

@@ -640,5 +640,12 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     # alone would not do: it frees the youngest request, so an old one that grows to the whole
     # pool would starve every later request (retracted or never admitted) until it ends.
     room = lim.max_tokens - len(prompt) - lim.draft_reserve
-    room = max(1, min(room, lim.fair_share or room))
+    if room < 1:
+        drafts = f" and a verify step's {lim.draft_reserve} drafts" if lim.draft_reserve else ""
+        raise BadRequest(
+            f"messages: the prompt ({len(prompt)} tokens{drafts}) leaves no room to generate in "
+            f"max_total_num_tokens ({lim.max_tokens})",
+            "messages",
+        )
+    room = min(room, lim.fair_share or room)
     return _openai(body, lim, [prompt], False, logprobs, default_max=room, ignored=ignored)
