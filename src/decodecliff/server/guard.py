@@ -76,8 +76,9 @@ def _charset(request: web.Request) -> str:
 
 
 def _media_type(request: web.Request) -> None:
-    # A missing Content-Type is taken as JSON (curl and plain clients); a form or text/plain
-    # body is what a web page may send cross-site without asking: refused.
+    # A missing Content-Type is taken as JSON (plain HTTP clients); a form or text/plain body is
+    # what a web page may send cross-site without asking: refused, so `curl -d` (a form) needs
+    # -H 'Content-Type: application/json'.
     if "Content-Type" not in request.headers:
         return
     kind = request.content_type
