@@ -67,7 +67,6 @@ rule sweep_point:
         " --out {params.outdir} > {log} 2>&1"
 
 
-
 rule sweep_point_misnamed:
     # Every other file under results/sweep/<server>/ (64.json): misnamed_point stops Snakemake
     # naming the server's point files before any job, so this rule's command never runs.
