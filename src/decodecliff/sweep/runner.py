@@ -519,15 +519,16 @@ class Runner:
             # what was launched (or tried), so the failed point says how to reproduce it
             res.update(server_command=self.server.command, server_launch=self.server.launches)
             res["server_url"] = self.server.url
-            self._fail(res, self._start_failure(res["requested_ctx"], budget, wait, exc))
+            self._fail(res, self._start_failure(budget, wait, exc))
+            if not self.server.launched and budget >= wait and self.url_gone_at is None:
+                self.url_gone_at = res["requested_ctx"]  # a whole start timeout: gone
             return False
         self.up, self.url_gone_at = True, None
         self.warmup = self._warm_up(deadline)
         return True
 
-    def _start_failure(self, ctx: int, budget: float, wait: float, exc: Exception) -> str:
-        """Why the server is not up for the point at ``ctx``; a URL server unreachable for a
-        whole start timeout is marked gone."""
+    def _start_failure(self, budget: float, wait: float, exc: Exception) -> str:
+        """Why the server is not up after waiting ``budget`` of the ``wait`` it was given."""
         if self.server.launched:
             limit = "chunk timeout" if budget < wait else "start timeout"
             return f"server failed to start ({limit} {budget:.3g} s): {exc}"
@@ -538,7 +539,6 @@ class Runner:
                 f"server not reachable (rechecked for {budget:.3g} s; unreachable through the "
                 f"whole start timeout at ctx {self.url_gone_at}): {exc}"
             )
-        self.url_gone_at = ctx
         return f"server not reachable (start timeout {budget:.3g} s): {exc}"
 
     def _warm_up(self, deadline: float) -> dict | None:
