@@ -61,7 +61,8 @@ def study_config() -> dict:
 def make_workdir(root: Path) -> Path:
     """A working directory holding the recorded raw results, older than anything derived."""
     shutil.copytree(STUDY, root / "results")
-    (root / "notebooks").symlink_to(REPO / "notebooks")
+    for templates in ("notebooks", "workflow"):  # read by the report rules, relative to the workdir
+        (root / templates).symlink_to(REPO / templates)
     (root / "config.yaml").write_text(yaml.safe_dump(study_config(), sort_keys=False))
     lib = root / "results" / "build" / "libdecodecliff_mla.so"
     lib.write_bytes(b"")  # the build rule's other output; the analysis never reads it

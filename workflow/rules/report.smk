@@ -33,7 +33,7 @@ rule notes:
         bench=KERNEL_BENCH,
         # the step anatomy, read where a missed end-to-end target is explained
         **({"engine": ENGINE_BENCH} if "engine" in config else {}),
-        template=os.path.join(workflow.basedir, "workflow/report/notes.md.j2"),
+        template="workflow/report/notes.md.j2",
     output:
         report(NOTES, caption="../report/notes.rst", category="0. Report"),
     params:
