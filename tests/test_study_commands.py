@@ -450,6 +450,21 @@ def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tm
         [_tar(tmp_path / "k2.tar", {"build/build.json": json.dumps(ordered[1])})], tmp_path / "k"
     )
     assert "build/build.json" in merge.unchanged
+
+    # a rebuild of the same tree in another folder (a copy sent beside the working tree) is the
+    # same build; another nvcc flag is not
+    def placed(root: str, *flags: str) -> str:
+        cmd = ["/usr/local/cuda/bin/nvcc", *flags, "-I", f"{root}/csrc", f"{root}/csrc/mla.cu"]
+        return json.dumps(json.loads(record("a")) | {"command": cmd, "library": f"{root}/x.so"})
+
+    runs.merge_calls(
+        [_tar(tmp_path / "p1.tar", {"build/build.json": placed("/w")})], tmp_path / "p"
+    )
+    moved = _tar(tmp_path / "p2.tar", {"build/build.json": placed("/w/.run/tree")})
+    assert "build/build.json" in runs.merge_calls([moved], tmp_path / "p").unchanged
+    flagged = _tar(tmp_path / "p3.tar", {"build/build.json": placed("/w/.run/tree", "-G")})
+    with pytest.raises(ValueError, match=r"other bytes for 1 file.*build/build\.json"):
+        runs.merge_calls([flagged], tmp_path / "p")
     other = json.dumps({"ok": False, "env": {"git": "abc1234", "host": "c"}})
     with pytest.raises(ValueError, match=r"other bytes for 1 file.*build/build\.json"):
         runs.merge_calls([_tar(tmp_path / "c.tar", {"build/build.json": other})], run)

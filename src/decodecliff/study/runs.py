@@ -224,7 +224,7 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
 
 def _same_build(have: bytes, new: bytes) -> bool:
     """Two records of one commit's build on two machines: alike but for the machine (``env``:
-    host, cores); the record first merged stands."""
+    host, cores; the folders the tree and nvcc lay in); the record first merged stands."""
     try:
         mine, theirs = json.loads(have), json.loads(new)
     except ValueError:
@@ -235,7 +235,16 @@ def _same_build(have: bytes, new: bytes) -> bool:
         record.pop("env", None)
         if isinstance(record.get("kernels"), list):  # in the order nvcc's threads ended
             record["kernels"].sort(key=lambda k: json.dumps(k, sort_keys=True))
+        for key in ("command", "library"):
+            record[key] = _placeless(record.get(key))
     return mine == theirs
+
+
+def _placeless(value: object) -> object:
+    """A build command or path with each absolute path cut to its file name."""
+    if isinstance(value, list):
+        return [_placeless(v) for v in value]
+    return PurePosixPath(value).name if isinstance(value, str) and value.startswith("/") else value
 
 
 def _free(run_dir: Path, name: str) -> bool:

@@ -8,8 +8,12 @@
 #   calls 6-8:   a later lease; the runner of main at 7d04547 (unchanged to 3447786), copied to .run/
 #                and sent beside the tree of 7fe4732 (carry .whl .sgl .run); the runner's keys
 #                past BUDGET_S (call 8: the sm120 pair) were not started and are measured later
-#   bash run.sh 1|...|8
-call=${1:?call 1..8}
+#   calls 9-12:  a later lease, the same runner (unchanged to 67a60f2) beside the same tree; each
+#                call rebuilt the kernel first (build_kernel: the record merged is call 3's, the
+#                rebuild alike but for the folders), and the runner's keys past BUDGET_S were
+#                not started (call 9: flashinfer-graph-p1:185000, call 10-11: triton-graph-p1:32000)
+#   bash run.sh 1|...|12
+call=${1:?call 1..12}
 study=scripts/study-h200.txt
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 REAL=$OUT; export OUT=/tmp/o$call; mkdir -p $OUT; trap 'tar -C /tmp -cf $REAL/x.tar o$call' EXIT
@@ -33,4 +37,14 @@ case $call in
 8) REQUIRE_GPU=H200 BUDGET_S=140 CALL_S=215 bash .run/gpu_study_run.sh 7fe4732 $study \
      $(keys 64000 custom-graph-p1 flashinfer-graph-p1 flashinfer-fa3-graph-p1 \
      custom-sm120-graph-p1 flashinfer-sm120-graph-p1) ;;
+9) REQUIRE_GPU=H200 BUDGET_S=400 CALL_S=560 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     sglang-graph-p1:185000 custom-p1:185000 flashinfer-graph-p1:185000 ;;
+10) REQUIRE_GPU=H200 BUDGET_S=450 CALL_S=580 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     flashinfer-graph-p1:185000 $(keys 128000 triton-p1 sglang-graph-p1 triton-graph-p1) \
+     triton-graph-p1:32000 ;;
+11) REQUIRE_GPU=H200 BUDGET_S=470 CALL_S=585 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     $(keys 185000 flashinfer-fa3-graph-p1 flashinfer-sm120-graph-p1 custom-sm120-graph-p1) \
+     $(keys 128000 custom-defrag-p1 custom-p1) triton-graph-p1:32000 ;;
+12) REQUIRE_GPU=H200 BUDGET_S=95 CALL_S=160 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     $(keys 64000 custom-sm120-graph-p1 flashinfer-sm120-graph-p1 custom-defrag-p1) ;;
 esac
