@@ -3,7 +3,7 @@
 # analysis rules, and write raw + summaries + executed notebooks + report into one folder.
 #
 #   scripts/publish_study.sh CONFIG DEST RAW_DIR [RAW_DIR ...]
-#   scripts/publish_study.sh config/h200.yaml results/published/h200 results/runs/h200/*/
+#   scripts/publish_study.sh config/h200.yaml results/published/h200 results/runs/h200/05f0426
 #   scripts/publish_study.sh config/h200.yaml:config/h100.yaml results/published/h100 RAW_DIR...
 #
 # CONFIG: a config file, or several joined by ':' (each overlaying the ones before it, as
@@ -87,6 +87,7 @@ for raw in "$@"; do
 done
 rm -f "$work/results/NOTES.md"
 cd "$work"
+[ -f results/build/build.json ] || fail "no run holds build/build.json, the GPU machine's record of its build"
 cp results/build/build.json "$build_json"
 decodecliff build-kernel --out results/build > /dev/null  # the library the rules name as input
 cp "$build_json" results/build/build.json  # keep the GPU machine's record of its build

@@ -58,7 +58,10 @@ def dry_run(config: Path) -> str:
             (shutil.copytree if src.is_dir() else shutil.copy)(src, Path(tmp) / name)
         cmd = ["snakemake", "-n", "-p", "--configfile", str(config.resolve())]
         cmd += ["--config", "published=null"]
-        return subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True).stdout
+        done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+        if done.returncode:  # snakemake's own words: a config it refuses, a rule it lacks
+            sys.exit(f"snakemake -n failed on {config}:\n{done.stderr.strip()[-2000:]}")
+        return done.stdout
 
 
 def key(command: str) -> str | None:
@@ -123,7 +126,12 @@ def main(argv: list[str]) -> int:
     if not args.call_s > 0:
         p.error(f"--call-s must be > 0, not {args.call_s:g}")
     if args.missing:
-        keys = missing(*args.missing)
+        commands, run = args.missing
+        if not commands.is_file():
+            p.error(f"no commands file {commands}")
+        if not run.is_dir():
+            p.error(f"no run folder {run}")
+        keys = missing(commands, run)
         print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))
         return 0
     if not args.config.is_file():

@@ -65,7 +65,7 @@ def test_the_h200_commands_are_the_rules_own_commands() -> None:
     assert checked >= 3 + 5 * 6  # the build and the benches, and the custom and Triton servers
 
 
-def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path) -> None:
+def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path, capsys) -> None:
     commands = tmp_path / "cmds.txt"
     keys = ["bench_engine", "build_kernel", "a-p1:1024", "a-p1:2048", "a-p1:4096", "a-p1:8192"]
     commands.write_text("".join(f"{k}\tx\n" for k in keys))
@@ -76,8 +76,17 @@ def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path) -> None:
     (sweep / "ctx8192.json").write_text('{"status": "skipped"}')  # the rule's result all the same
     (tmp_path / "run" / "build").mkdir()
     (tmp_path / "run" / "build" / "build.json").write_text("{}")
-    missing = study_commands().missing(commands, tmp_path / "run")
+    run = tmp_path / "run"
+    missing = study_commands().missing(commands, run)
     assert missing == ["bench_engine", "a-p1:2048", "a-p1:4096"]
+    # a mistyped run folder is said so, not read as one that lacks every key
+    wrong = {"run folder": [commands, tmp_path / "rnu"], "commands file": [tmp_path / "x", run]}
+    for what, args in wrong.items():
+        with pytest.raises(SystemExit):
+            study_commands().main(["--missing", *map(str, args)])
+        assert f"no {what} {args[0] if what == 'commands file' else args[1]}" in (
+            capsys.readouterr().err
+        )
 
 
 def fake_runner(tmp_path: Path) -> Path:
@@ -337,6 +346,42 @@ def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_pat
     assert not Path("/tmp/decodecliff-escaped.json").exists()
     with pytest.raises(ValueError, match="holds no study files"):
         runs.merge_calls([_tar(tmp_path / "e.tar", {"build/lib.so": "ELF"})], run)
+    # a call that stopped before packing (another GPU, a failed build) brings back its env.txt
+    with pytest.raises(ValueError, match="'s/env.txt' is no study file"):
+        runs.merge_calls([_tar(tmp_path / "f.tar", {"s/env.txt": "H100\n"})], run)
+    assert not run.exists()
+
+
+def test_a_rerun_cut_short_beside_the_point_it_left_is_filed(tmp_path) -> None:
+    """A key measured again on the same machine and cut short brings back the earlier point
+    unchanged (a point is written whole at its end) beside a new log: the log is the attempt."""
+    from decodecliff.study import runs
+
+    run, key, log = tmp_path / "run", "sweep/s/ctx1.json", "logs/sweep/s/ctx1.log"
+    point = '{"env": {"git": "abc1234"}, "status": "failed", "reason": "timeout"}'
+    runs.merge_calls([_tar(tmp_path / "a.tar", {key: point, log: "first try"})], run)
+    merge = runs.merge_calls([_tar(tmp_path / "b.tar", {key: point, log: "second try"})], run)
+    assert (run / log).read_text() == "first try"
+    assert [n.rsplit("-", 1)[0] for n in merge.filed] == ["failed/logs/sweep/s/ctx1"]
+
+
+def test_a_server_log_cut_inside_a_character_merges(tmp_path) -> None:
+    """A log packed while its server wrote may end inside a UTF-8 character (tqdm's bars)."""
+    from decodecliff.study import runs
+
+    run, log = tmp_path / "run", "sweep/s/server-s.log"
+    full = "\n==== launch 1 at 2026-12-04T10:00:00: ['serve']\nprefill █████\nbye\n".encode()
+    cut = full[: full.index("█".encode()) + 2]
+    for name, data in (("cut", cut), ("full", full)):
+        (tmp_path / name).write_bytes(data)
+    calls = []
+    for name in ("cut", "full"):
+        calls.append(tmp_path / f"{name}.tar")
+        with tarfile.open(calls[-1], "w") as tar:
+            tar.add(tmp_path / name, arcname=log)
+    runs.merge_calls(calls[:1], run)
+    runs.merge_calls(calls[1:], run)
+    assert (run / log).read_bytes() == full
 
 
 def test_a_merge_that_cannot_write_every_file_writes_none(tmp_path: Path) -> None:
@@ -345,7 +390,7 @@ def test_a_merge_that_cannot_write_every_file_writes_none(tmp_path: Path) -> Non
     run = tmp_path / "run"
     run.mkdir()
     (run / "sweep").write_text("a file where a folder must go")
-    call = _tar(tmp_path / "c.tar", {"a.json": "{}", "sweep/s/ctx1.json": "{}"})
+    call = _tar(tmp_path / "c.tar", {"kernels/a.json": "{}", "sweep/s/ctx1.json": "{}"})
     with pytest.raises(ValueError, match=r"sweep/s/ctx1\.json \(a folder, or under a file\)"):
         runs.merge_calls([call], run)
     assert not (run / "a.json").exists()

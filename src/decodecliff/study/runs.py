@@ -103,6 +103,12 @@ def _files(tar: tarfile.TarFile) -> dict[str, bytes]:
             out[name] = tar.extractfile(member).read()
     if not out:
         raise ValueError(f"{tar.name}: holds no study files")
+    if stray := sorted(n for n in out if n.split("/")[0] not in (*STUDY_DIRS, "logs")):
+        raise ValueError(
+            f"{tar.name}: {stray[0]!r} is no study file (those lie under "
+            + ", ".join(f"{d}/" for d in (*STUDY_DIRS, "logs"))
+            + "): a call that stopped before packing its study.tar?"
+        )
     return out
 
 
@@ -125,7 +131,10 @@ def merged_log(have: str, new: str) -> str | None:
             continue  # a launch it lacks (appended below), or one it holds as far or further
         if not block.startswith(mine.rstrip("\n")):
             return None
-        have = have.replace(mine.rstrip("\n"), block.rstrip("\n"), 1)
+        if have.endswith(mine):  # the last launch: taken whole, to its end
+            have = have.removesuffix(mine) + block
+        else:
+            have = have.replace(mine.rstrip("\n"), block.rstrip("\n"), 1)
     extra = [block for header, block in theirs.items() if header not in known]
     sep = "" if not have or have.endswith("\n") else "\n"
     return have + sep + "".join(extra) if extra else have
@@ -187,9 +196,13 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
                     target = merge.added if name in merge.added else merge.replaced
                     target[name] = files.pop(name)
     for log in sorted(n for n in files if RULE_LOG.match(n)):
-        if _point_of(log) not in files and (data := files[log]) != merge.holds(log, run_dir):
+        point = files.get(_point_of(log))
+        # a key cut short: no point came back, or the one the folder holds (a point is written
+        # whole at its end, so a rerun cut short leaves the earlier one beside its own log)
+        rerun = point is None or point == merge.holds(_point_of(log), run_dir)
+        if rerun and (data := files[log]) != merge.holds(log, run_dir):
             files.pop(log)
-            _file_away(log, data, run_dir, merge, data)  # a key cut short: no point came back
+            _file_away(log, data, run_dir, merge, data)
     return files
 
 
@@ -209,10 +222,12 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
         elif have == data or (name == BUILD_RECORD and _same_build(have, data)):
             merge.unchanged.append(name)
         elif SERVER_LOG.match(name):
-            text = merged_log(have.decode(), data.decode())
+            # byte for byte (latin-1): a log packed while its server wrote may end inside a
+            # UTF-8 character (tqdm's bars) and is still a prefix of the log written further
+            text = merged_log(have.decode("latin-1"), data.decode("latin-1"))
             if text is None:
                 merge.conflicts.append(f"{name} (a launch logged otherwise)")
-            elif (text := text.encode()) == have:
+            elif (text := text.encode("latin-1")) == have:
                 merge.unchanged.append(name)
             else:
                 target = merge.added if name in merge.added else merge.extended
