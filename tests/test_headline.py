@@ -18,6 +18,7 @@ from decodecliff.analysis.tables import PRIMARY
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "results" / "published" / "h200"
+CONTEXTS = [1024, 11000, 32000, 64000, 128000, 185000]  # the published sweep's
 REFERENCE = ROOT / "data" / "reference" / "seed-rtx-pro-6000-triton.csv"
 pytestmark = pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published study")
 
@@ -138,6 +139,35 @@ def test_a_fifth_sentence_pairs_the_servers_configured_as_on_sm120(sweep) -> Non
     assert f"{tables.num(custom)} verify steps/s at 185k" in text
     assert f"`flashinfer-sm120-graph-p1` {tables.num(fi)}, {tables.times(custom / fi)}" in text
     assert headline.sm120_pairing(sweep[sweep["server"] != "flashinfer-sm120-graph-p1"]) is None
+
+
+def scaled(sweep: pd.DataFrame, server: str, factor: float, ctx: int | None = None) -> pd.DataFrame:
+    """The sweep with one server's rates (at one context, or all) scaled by ``factor``."""
+    sweep = sweep.copy()
+    at = (sweep["server"] == server) & (ctx is None or sweep["requested_ctx"] == ctx)
+    for col in [c for c in sweep.columns if c.startswith(PRIMARY)]:
+        sweep.loc[at, col] *= factor
+    return sweep
+
+
+def test_the_sm120_pairing_counts_the_contexts_it_says(sweep) -> None:
+    """'behind at N' counts the contexts behind, and the range is the lowest to the highest."""
+    mine = "custom-sm120-graph-p1"
+    ratios = [rate(sweep, mine, c) / rate(sweep, "flashinfer-sm120-graph-p1", c) for c in CONTEXTS]
+    assert min(ratios) > 1, "the published pair: custom ahead everywhere"
+    slow = headline.sm120_pairing(scaled(sweep, mine, 0.5 / max(ratios)))
+    assert f"behind at {len(CONTEXTS)} of {len(CONTEXTS)} contexts" in slow
+    dip = headline.sm120_pairing(scaled(sweep, mine, 0.5 / ratios[-1], CONTEXTS[-1]))
+    assert f"behind at 1 of {len(CONTEXTS)} contexts" in dip
+    assert f"{tables.times(0.5)} to {tables.times(max(ratios[:-1]))} over 1k–185k" in dip
+
+
+def test_the_sm120_pairing_is_of_the_headline_s_servers(sweep) -> None:
+    """A defrag variant built for sm_120 is not the pair's custom server, even sorted first."""
+    rows = scaled(sweep, "custom-sm120-graph-p1", 0.1).query("server == 'custom-sm120-graph-p1'")
+    rows = rows.assign(server="custom-sm120-aaa-defrag-p1", defrag=True)
+    text = headline.sm120_pairing(pd.concat([sweep, rows], ignore_index=True))
+    assert "`custom-sm120-graph-p1`" in text and "aaa" not in text
 
 
 def test_the_figure_draws_the_floor_from_the_study_s_ceilings(sweep) -> None:
@@ -404,6 +434,6 @@ def test_a_lead_of_under_five_percent_is_not_written_1x(sweep) -> None:
             near.loc[at, col] = custom.loc[185000, col] * scale
     text = headline.fastest(near)
     assert "a peer leads there, 1.005x `custom-sm120-graph-p1` at 185k." in text
-    assert [tables.times(r) for r in (1.0, 0.998, 1.04, 0.95, 1.7, 84.2)] == [
-        "1x", "0.998x", "1.04x", "0.95x", "1.7x", "84x"
+    assert [tables.times(r) for r in (1.0, 0.998, 1.004, 1.0514, 0.95, 1.969, 84.2)] == [
+        "1x", "0.998x", "1.004x", "1.05x", "0.95x", "1.97x", "84x"
     ]  # fmt: skip

@@ -219,6 +219,18 @@ def test_report_page_is_self_contained(study: Path) -> None:
 
 
 @pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
+def test_report_kernel_speedups_keep_a_slowdown_visible(study: Path) -> None:
+    """Each speedup cell is the ratio as tables.times words it: 0.967x stays below 1."""
+    import re
+
+    html = (study / "results/report.html").read_text()  # a CPU run: the published study's table
+    start = html.index('id="kernel-speedup-published"')
+    cells = re.findall(r"<td>([^<]*)</td>", html[start : html.index("</table>", start)])
+    speedup = tables.kernel_speedup(summarize.load_study(PUBLISHED).kernels)["speedup"]
+    assert cells and set(cells) <= {tables.times(r) for r in speedup} | {"–"}
+
+
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
 def test_report_checks_the_targets_of_both_studies(study: Path) -> None:
     checked = pd.read_csv(study / "results/tables/report/targets.csv")
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())

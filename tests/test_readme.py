@@ -103,6 +103,20 @@ def test_without_a_triton_server_no_speedup_is_claimed(tmp_path) -> None:
     assert "the larger). With random weights no draft token is accepted" in text
 
 
+def test_the_commits_named_include_the_step_anatomy_s(tmp_path) -> None:
+    """The sentences quote the engine bench: its commit is among those the section names, and
+    several link the file that says which measured what."""
+    import json
+
+    study = copy_study(tmp_path / "study")
+    engine = study / "engine/bench.json"
+    doc = json.loads(engine.read_text())
+    doc["env"]["git"] = "1234567"
+    engine.write_text(json.dumps(doc))
+    text = readme.section(study, "s")
+    assert "`1234567`" in text and "(which measured what: [`s/RUNS.md`](s/RUNS.md))" in text
+
+
 def test_the_end_to_end_sentence_states_the_points_own_workload(tmp_path) -> None:
     """The model, the verify step's length and the acceptance are the point files' own."""
     study = copy_study(tmp_path / "study")
@@ -140,6 +154,13 @@ def test_a_missing_study_or_readme_stops_with_one_line(tmp_path) -> None:
             readme.main(argv)
         assert said in str(stop.value.code) and "\n" not in str(stop.value.code), argv
     assert not (study / "figures").exists() and marked.read_text() == MARKED
+    pointless = tmp_path / "pointless"  # a study's files but its points
+    (pointless / "kernels").mkdir(parents=True)
+    (pointless / "tables/report").mkdir(parents=True)
+    (pointless / "tables/report/targets.csv").write_text("target\n")
+    shutil.copy(study / "kernels/bench.json", pointless / "kernels/bench.json")
+    with pytest.raises(SystemExit, match=r"lacks sweep/<server>/ctx<N>\.json$"):
+        readme.main([str(pointless), str(marked)])
     done = subprocess.run(
         [sys.executable, "-m", "decodecliff.analysis.readme", str(tmp_path / "none"), str(marked)],
         capture_output=True, text=True, timeout=120,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -70,6 +71,26 @@ def test_missed_end_to_end_target_says_by_how_much(published: summarize.Study) -
     assert row["status"] == MISSED and row["measured"] == pytest.approx(ratio)
     assert row["margin"] == f"missed by {1 - ratio / 50:.0%}"
     assert row["subject"].startswith("custom vs triton, 32k (32,768)")
+
+
+def test_the_default_baseline_is_the_baseline_backend_on_the_candidate_s_path(
+    published: summarize.Study,
+) -> None:
+    """An eager candidate is measured against the eager Triton server, a CUDA-graph one against a
+    CUDA-graph Triton server (none here: said so), and ``baseline`` picks the backend."""
+    sweep = published.sweep
+    assert targets.paired_baseline(sweep, "custom", "triton") == "triton"
+    assert targets.paired_baseline(sweep, "custom-graphs", "triton") is None
+    row = check(published, kind="decode_speedup", ctx=32000, min=1, server="custom-graphs")
+    assert (
+        row["status"] == NOT_MEASURED and row["reason"] == "no triton baseline server in the sweep"
+    )
+    graphs = sweep[sweep["server"] == "triton"].assign(server="triton-graphs", cuda_graph=True)
+    study = dataclasses.replace(published, sweep=pd.concat([sweep, graphs], ignore_index=True))
+    row = check(study, kind="decode_speedup", ctx=32000, min=1, server="custom-graphs")
+    assert row["subject"].startswith("custom-graphs vs triton-graphs")
+    row = check(published, kind="decode_speedup", ctx=32000, min=1, baseline="custom")
+    assert row["subject"].startswith("custom vs custom,")
 
 
 def test_verify_steps_are_counted_steps_over_the_decode_wall_time(
@@ -200,6 +221,8 @@ def test_context_matching_takes_the_nearest_point_within_tolerance() -> None:
         ("<=", 0.15, 0.15, "1x under", MET),
         ("<=", 0.15, 0.1845, "missed by 23%", MISSED),
         ("<=", 0.35, 1.45, "missed by 4.14x", MISSED),
+        (">=", 100, 99.6, "missed by 0.4%", MISSED),
+        ("<=", 0.15, 0.1506, "missed by 0.4%", MISSED),
     ],
 )
 def test_margin_arithmetic(op, threshold, measured, text, status) -> None:

@@ -466,29 +466,43 @@ def on_sm120(sweep: pd.DataFrame) -> pd.DataFrame | None:
 
 def sm120_pairing(sweep: pd.DataFrame) -> str | None:
     """The custom and FlashInfer servers run as both configure themselves on sm_120 (its 100 KB
-    of shared memory per SM; kernels/sm120_model.py), side by side: None where the study has no
-    such pair."""
+    of shared memory per SM; kernels/sm120_model.py), side by side: among the headline's servers
+    (no defrag variant, one stream), the first custom one and the FlashInfer one with its CUDA-graph
+    setting; None where the study has no such pair."""
     if "model" not in sweep.columns:
         return None
-    rows = ok(sweep)[lambda d: d["model"] == "sm120"]
+    rows = ok(sweep)
+    sm120 = set(rows.loc[rows["model"] == "sm120", "server"])
+    names = [s for s in servers_that_matter(sweep) if s in sm120]
     backend = rows.groupby("server")["backend"].first()
-    custom = [s for s in backend.index if family(s, backend[s]) == "custom"]
-    peers = [s for s in backend.index if family(s, backend[s]) == "flashinfer"]
-    if not custom or not peers:
+    graphs = style.graph_servers(rows)
+    pairs = [
+        (mine, theirs)
+        for mine in names
+        if family(mine, backend[mine]) == "custom"
+        for theirs in names
+        if family(theirs, backend[theirs]) == "flashinfer" and graphs[theirs] == graphs[mine]
+    ]
+    if not pairs:
         return None
-    mine, theirs = _rates(sweep, custom[0]), _rates(sweep, peers[0])
-    ratio = (mine / theirs).dropna()
+    mine, theirs = pairs[0]
+    mine_rates, their_rates = _rates(sweep, mine), _rates(sweep, theirs)
+    ratio = (mine_rates / their_rates).dropna()
     if ratio.empty:
         return None
-    long = ratio.index[-1]
-    lead = "ahead" if ratio[long] >= 1 else "behind"
+    long, ahead = ratio.index[-1], int((ratio >= 1).sum())
+    lead = (
+        f"ahead at {ahead} of {len(ratio)} contexts"
+        if ratio[long] >= 1
+        else f"behind at {len(ratio) - ahead} of {len(ratio)} contexts"
+    )
     return (
         "**As both configure themselves on sm_120** (100 KB of shared memory per SM; the custom "
         f"kernel's sm_120 build, FlashInfer's fa2 in its sm_120 configuration, on this GPU): "
-        f"`{custom[0]}` {num(mine[long])} verify steps/s at {ctx_label(long)} against "
-        f"`{peers[0]}` {num(theirs[long])}, {times(ratio[long])}; {lead} at "
-        f"{(ratio >= 1).sum()} of {len(ratio)} contexts, {times(ratio.min())}–"
-        f"{times(ratio.max())} from {ctx_label(ratio.index[0])} to {ctx_label(long)}."
+        f"`{mine}` {num(mine_rates[long])} verify steps/s at {ctx_label(long)} against "
+        f"`{theirs}` {num(their_rates[long])}, {times(ratio[long])}; {lead}, "
+        f"{times(ratio.min())} to {times(ratio.max())} over {ctx_label(ratio.index[0])}–"
+        f"{ctx_label(long)}."
     )
 
 

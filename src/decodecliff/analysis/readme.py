@@ -23,7 +23,7 @@ from . import figures, headline, layout, style, summarize, tables, targets
 
 START, END = "<!-- headline:start", "<!-- headline:end -->"
 REFERENCE = Path(__file__).resolve().parents[3] / "data/reference/seed-rtx-pro-6000-triton.csv"
-NEEDS = ("kernels/bench.json", "tables/report/targets.csv")  # a published study's, besides sweep/
+NEEDS = ("kernels/bench.json", "tables/report/targets.csv")  # a published study's, and points
 
 
 def markdown_table(df: pd.DataFrame, labels: int = 1) -> str:
@@ -125,7 +125,7 @@ def measured_at(commits: list[str], rel: str) -> str:
     shas = ", ".join(f"`{c}`" for c in commits)
     if len(commits) == 1:
         return f"commit {shas}"
-    return f"commits {shas} (which measured what: [`{rel}/README.md`]({rel}/README.md))"
+    return f"commits {shas} (which measured what: [`{rel}/RUNS.md`]({rel}/RUNS.md))"
 
 
 def headline_png(study: Path) -> Path:
@@ -160,7 +160,11 @@ def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
     table, counts, baseline, sweep = end_to_end(study)
-    commits = tables.short_commits([*sweep["git"], env["git"]])
+    engine_json = study / "engine/bench.json"  # the step anatomy the sentences quote
+    engine_git = (
+        [json.loads(engine_json.read_text())["env"]["git"]] if engine_json.is_file() else []
+    )
+    commits = tables.short_commits([*sweep["git"], env["git"], *engine_git])
     kernels = kernel_rows(study, [1024, 16384, 65536, 185000])
     ran, tok_s = workload(sweep)
     # the speedups after the '·' are over the Triton server: none where it did not run
@@ -206,6 +210,8 @@ def update(readme: Path, study: Path) -> None:
     if not study.is_dir():
         raise SystemExit(f"{study}: no such study folder")
     lacking = [need for need in NEEDS if not (study / need).is_file()]
+    if not any((study / "sweep").glob("*/ctx*.json")):
+        lacking.append("sweep/<server>/ctx<N>.json")
     if lacking:
         raise SystemExit(f"{study}: not a published study, it lacks {', '.join(lacking)}")
     rel = Path(os.path.relpath(study, readme.parent)).as_posix()

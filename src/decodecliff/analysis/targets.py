@@ -18,7 +18,9 @@ Kernel targets select ``heads`` and ``page_size`` (page size 1 is the scattered 
 context is matched to the measured point whose context is nearest to ``ctx`` (relative
 distance), if within ``ctx_tolerance`` (default 10%): ``ctx: 128000`` finds a 128,000 or a
 131,072-token point, not a 64k one. ``server`` defaults to the first (by name) server of backend
-``custom`` with neither CUDA graphs nor defragmentation, ``baseline_server`` to the Triton one.
+``custom`` with neither CUDA graphs nor defragmentation, ``baseline_server`` to the first server
+of backend ``baseline`` (default ``triton``) on the candidate's engine path (CUDA graphs or not,
+no defragmentation).
 
 ``python -m decodecliff.analysis.targets STUDY --config CONFIG.yaml`` prints the table.
 """
@@ -266,6 +268,16 @@ def candidate_server(sweep: pd.DataFrame, backend: str = "custom") -> str | None
     return names[0] if names else None
 
 
+def paired_baseline(sweep: pd.DataFrame, server: str, backend: str) -> str | None:
+    """The first server (by name) of ``backend`` on ``server``'s engine path: CUDA graphs as it
+    has them, no defragmentation; None where the sweep has none."""
+    cols = {c: sweep[c].map(_flag) if c in sweep else False for c in ("cuda_graph", "defrag")}
+    flags = pd.DataFrame(cols, index=sweep.index).groupby(sweep["server"]).first()
+    rows = flags.loc[sorted(set(sweep.loc[sweep["backend"] == backend, "server"]))]
+    same = rows[(rows["cuda_graph"] == flags.loc[server, "cuda_graph"]) & ~rows["defrag"]]
+    return same.index[0] if len(same) else None
+
+
 def _no_server(sweep: pd.DataFrame, target: Target) -> str:
     if target.server:
         return f"no server {target.server!r} in the sweep"
@@ -306,7 +318,11 @@ def decode_speedup(study: summarize.Study, target: Target) -> Measured:
     if isinstance(server, Measured):
         return server
     try:
-        base = tables.baseline_server(study.sweep, target.baseline_server)
+        base = (
+            tables.baseline_server(study.sweep, target.baseline_server)
+            if target.baseline_server
+            else paired_baseline(study.sweep, server, target.baseline)
+        )
     except ValueError as exc:
         return Measured(None, server, str(exc))
     if base is None:
@@ -367,7 +383,8 @@ def margin(op: str, threshold: float, measured: float) -> tuple[float, str, str]
     if ratio <= 0.5:
         return ratio, f"missed by {1 / ratio:.3g}x" if ratio else "missed", MISSED
     off = (1 - ratio) if op == ">=" else (1 / ratio - 1)
-    return ratio, f"missed by {off:.0%}", MISSED
+    # under 1%, two figures: a near miss is not 'missed by 0%'
+    return ratio, f"missed by {off:.0%}" if off >= 0.01 else f"missed by {off * 100:.2g}%", MISSED
 
 
 def evaluate(study: summarize.Study, targets: list[Target]) -> pd.DataFrame:
