@@ -326,7 +326,12 @@ def decode_speedup(study: summarize.Study, target: Target) -> Measured:
     except ValueError as exc:
         return Measured(None, server, str(exc))
     if base is None:
-        return Measured(None, server, f"no {target.baseline} baseline server in the sweep")
+        return Measured(
+            None,
+            server,
+            f"no {target.baseline} baseline server on {server}'s engine path"
+            " (CUDA graphs as it has them, no defragmentation) in the sweep",
+        )
     subject = f"{server} vs {base}"
     row = _sweep_point(study.sweep, server, target.ctx, target)
     if isinstance(row, str):
