@@ -524,6 +524,12 @@ def test_describe_refuses_what_is_no_run_folder(tmp_path: Path, capsys) -> None:
     (tmp_path / "run/sweep/s/ctx1.json").write_text("{")
     assert runs.main(["describe", str(tmp_path / "run")]) == 1
     assert "ctx1.json" in capsys.readouterr().err
+    (tmp_path / "run/sweep/s/ctx1.json").write_text('{"env": {"git": "abc1234"}}')  # no status
+    assert "(1 no status)" in runs.describe(tmp_path / "run")  # ctx1: a context of 1
+    (tmp_path / "run/kernels").mkdir()
+    (tmp_path / "run/kernels/bench.json").write_text('{"env": {}, "points": {"a": 1}}')
+    assert runs.main(["describe", str(tmp_path / "run")]) == 1
+    assert "its 'points' is no list of objects" in capsys.readouterr().err
 
 
 def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:

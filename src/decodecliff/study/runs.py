@@ -380,6 +380,8 @@ def describe(run_dir: Path) -> str:
         if (run_dir / rel).is_file():
             doc = _read(run_dir / rel)
             items = doc.get(what, [])
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise ValueError(f"{run_dir / rel}: its {what!r} is no list of objects")
             failed = sum(1 for i in items if i.get("status", "ok") not in ("ok", "skipped"))
             rows.append(
                 f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
@@ -404,7 +406,10 @@ def describe(run_dir: Path) -> str:
             continue
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
         stamps = [t for d in docs for t in (d.get("started_at"), d.get("finished_at")) if t]
-        status = [f"{_ctx(ctx)} {d['status']}" for (ctx, _), d in zip(points, docs, strict=True)]
+        status = [
+            f"{_ctx(ctx)} {d.get('status', 'no status')}"
+            for (ctx, _), d in zip(points, docs, strict=True)
+        ]
         requests = sorted({len(d.get("requests") or []) for d in docs})
         rows.append(
             f"| `sweep/{server_dir.name}/` | {commits} | {_when(stamps)} | {len(docs)} "
