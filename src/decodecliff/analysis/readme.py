@@ -143,13 +143,17 @@ def draw_headline(study: Path, reference: Path = REFERENCE) -> Path:
     return figures.save(fig, headline_png(study))
 
 
-def finding(study: Path, rel: str, reference: Path = REFERENCE) -> list[str]:
-    """The headline figure (linked) and the three sentences under it."""
+def engine_doc(study: Path) -> dict | None:
+    """The study's engine bench (the step anatomy the sentences quote), None where it has none."""
+    engine_json = study / "engine/bench.json"
+    return json.loads(engine_json.read_text()) if engine_json.is_file() else None
+
+
+def finding(study: Path, rel: str, doc: dict | None, reference: Path = REFERENCE) -> list[str]:
+    """The headline figure (linked) and the three sentences under it (``doc``: engine_doc's)."""
     loaded = summarize.load_study(study)
     sweep = loaded.sweep
     ref, _ = summarize.reference_table(reference)
-    engine_json = study / "engine/bench.json"
-    doc = json.loads(engine_json.read_text()) if engine_json.is_file() else None
     png = headline_png(study).relative_to(study).as_posix()
     alt = headline.alt_text(sweep)
     sentences = headline.sentences(sweep, headline.engine_rows(doc), ref, loaded.ceilings)
@@ -160,11 +164,10 @@ def section(study: Path, name: str | None = None) -> str:
     """The headline section; ``name`` is how the README links the study (default: its path)."""
     env = json.loads((study / "kernels/bench.json").read_text())["env"]
     table, counts, baseline, sweep = end_to_end(study)
-    engine_json = study / "engine/bench.json"  # the step anatomy the sentences quote
-    engine_git = (
-        [json.loads(engine_json.read_text())["env"]["git"]] if engine_json.is_file() else []
+    engine = engine_doc(study)
+    commits = tables.short_commits(
+        [*sweep["git"], env["git"], *([engine["env"]["git"]] if engine else [])]
     )
-    commits = tables.short_commits([*sweep["git"], env["git"], *engine_git])
     kernels = kernel_rows(study, [1024, 16384, 65536, 185000])
     ran, tok_s = workload(sweep)
     # the speedups after the '·' are over the Triton server: none where it did not run
@@ -173,7 +176,7 @@ def section(study: Path, name: str | None = None) -> str:
     return "\n".join(
         [
             f"{START} — generated from {rel} by `python -m decodecliff.analysis.readme` -->",
-            *finding(study, rel),
+            *finding(study, rel, engine),
             f"Measured on one {env['gpu']} ({env['gpu_capability']}), driver {env['driver']}, "
             f"torch {env['torch']}, Triton {env['triton']}, {measured_at(commits, rel)}; "
             f"the full report is [`{rel}/report.html`]({rel}/report.html).",

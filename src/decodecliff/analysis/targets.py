@@ -258,24 +258,31 @@ def _flag(value) -> bool:
 
 def candidate_server(sweep: pd.DataFrame, backend: str = "custom") -> str | None:
     """The first server (by name) of ``backend`` with neither CUDA graphs nor defragmentation."""
-    if sweep.empty or "backend" not in sweep:
-        return None
-    rows = sweep[sweep["backend"] == backend]
-    for col in ("cuda_graph", "defrag"):
-        if col in rows:
-            rows = rows[~rows[col].map(_flag).astype(bool)]
-    names = sorted(set(rows["server"]))
-    return names[0] if names else None
+    return _first_on_path(sweep, backend, cuda_graph=False)
 
 
 def paired_baseline(sweep: pd.DataFrame, server: str, backend: str) -> str | None:
     """The first server (by name) of ``backend`` on ``server``'s engine path: CUDA graphs as it
     has them, no defragmentation; None where the sweep has none."""
-    cols = {c: sweep[c].map(_flag) if c in sweep else False for c in ("cuda_graph", "defrag")}
-    flags = pd.DataFrame(cols, index=sweep.index).groupby(sweep["server"]).first()
-    rows = flags.loc[sorted(set(sweep.loc[sweep["backend"] == backend, "server"]))]
-    same = rows[(rows["cuda_graph"] == flags.loc[server, "cuda_graph"]) & ~rows["defrag"]]
-    return same.index[0] if len(same) else None
+    graphs = "cuda_graph" in sweep and _flag(
+        sweep.loc[sweep["server"] == server, "cuda_graph"].iloc[0]
+    )
+    return _first_on_path(sweep, backend, cuda_graph=graphs)
+
+
+def _first_on_path(sweep: pd.DataFrame, backend: str, cuda_graph: bool) -> str | None:
+    """The first server (by name) of ``backend`` with CUDA graphs as ``cuda_graph`` says and no
+    defragmentation (a column the sweep lacks reads as off)."""
+    if sweep.empty or "backend" not in sweep:
+        return None
+    rows = sweep[sweep["backend"] == backend]
+    for col, wanted in (("cuda_graph", cuda_graph), ("defrag", False)):
+        if col in rows:
+            rows = rows[rows[col].map(_flag) == wanted]
+        elif wanted:
+            return None
+    names = sorted(set(rows["server"]))
+    return names[0] if names else None
 
 
 def _no_server(sweep: pd.DataFrame, target: Target) -> str:

@@ -103,10 +103,10 @@ def _files(tar: tarfile.TarFile) -> dict[str, bytes]:
             out[name] = tar.extractfile(member).read()
     if not out:
         raise ValueError(f"{tar.name}: holds no study files")
-    if stray := sorted(n for n in out if n.split("/")[0] not in (*STUDY_DIRS, "logs")):
+    if stray := sorted(n for n in out if n.split("/")[0] not in PACKED_DIRS):
         raise ValueError(
             f"{tar.name}: {stray[0]!r} is no study file (those lie under "
-            + ", ".join(f"{d}/" for d in (*STUDY_DIRS, "logs"))
+            + ", ".join(f"{d}/" for d in PACKED_DIRS)
             + "): a call that stopped before packing its study.tar?"
         )
     return out
@@ -196,10 +196,10 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
                     target = merge.added if name in merge.added else merge.replaced
                     target[name] = files.pop(name)
     for log in sorted(n for n in files if RULE_LOG.match(n)):
-        point = files.get(_point_of(log))
+        point = _point_of(log)
         # a key cut short: no point came back, or the one the folder holds (a point is written
         # whole at its end, so a rerun cut short leaves the earlier one beside its own log)
-        rerun = point is None or point == merge.holds(_point_of(log), run_dir)
+        rerun = point not in files or files[point] == merge.holds(point, run_dir)
         if rerun and (data := files[log]) != merge.holds(log, run_dir):
             files.pop(log)
             _file_away(log, data, run_dir, merge, data)
@@ -269,6 +269,7 @@ def _free(run_dir: Path, name: str) -> bool:
 
 
 STUDY_DIRS = ("build", "kernels", "engine", "sweep")  # what the rules write; not gpu-logs/
+PACKED_DIRS = (*STUDY_DIRS, "logs")  # what a call's study.tar holds: the results and rule logs
 MEASURED_DIRS = (*STUDY_DIRS[1:], FAILED)  # what was measured (or attempted) on the GPU
 SHORT = 7  # a commit as the scripts name it (DECODECLIFF_GIT_REV) and git's full hash alike
 
