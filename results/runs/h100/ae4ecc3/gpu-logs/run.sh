@@ -1,6 +1,7 @@
 #!/bin/bash
 # The device calls of run ae4ecc3 (the H100 study, config/h200.yaml:config/h100.yaml), in order,
-# on NVIDIA H100 80GB HBM3: calls 1-3 in one lease, 4-7 in another (env.txt, the same in both).
+# on NVIDIA H100 80GB HBM3: calls 1-3 in one lease, 4-7 in another, 8-12 in a third (env.txt, the
+# same in all three).
 # Each call sent main's working tree with three ignored folders (carry .whl .sgl .run): .run/ held
 # main's gpu_study_run.sh and gpu_env.sh (as at ae4ecc3) and, in .run/head/, a `git archive
 # ae4ecc3 src scripts pyproject.toml` (calls 1-3 also tests/ and notes/kernel-v5, which the keys
@@ -10,13 +11,17 @@
 # keep the call under 64 MiB). The keys ran there, each call's study.tar merged into ../ with `python -m
 # decodecliff.study.runs merge`. Calls 1-4 first asked for an H200
 # (the H200 study of 7fe4732, REQUIRE_GPU=H200), which stopped at once (exit 3): the lent GPU was
-# an H100.
-#   bash run.sh 1..7      (from the repository root, with .run/ laid out as above)
-call=${1:?call 1..7}
+# an H100. Calls 8-12 went through a picker in .run/ that read the lent GPU's name and ran the H200
+# study's keys in .run/h200/ (a `git archive 7fe4732 src scripts pyproject.toml`) on an H200 or
+# these keys in .run/head/ on an H100; the one lease of that session lent an H100. From call 8 the
+# commands file is .run/head/scripts/study-h200-engine.txt: study-h200.txt with the two halves of
+# bench_engine as keys (bench_engine_slow, bench_engine_fast; ../README.md shows how it is made).
+#   bash run.sh 1..12     (from the repository root, with .run/ laid out as above)
+call=${1:?call 1..12}
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 study() {  # BUDGET_S CALL_S KEY...: the study's keys at .run/head's tree
   (cd .run/head && REQUIRE_GPU=H100 BUDGET_S=$1 CALL_S=$2 \
-    bash ../gpu_study_run.sh ae4ecc3 scripts/study-h200.txt "${@:3}")
+    bash ../gpu_study_run.sh ae4ecc3 "${S:-scripts/study-h200.txt}" "${@:3}")
 }
 case $call in
 1) study 330 550 build_kernel bench_kernels triton-graph-p1:1024 custom-graph-p1:1024 ;;
@@ -42,4 +47,17 @@ case $call in
 7) study 50 80 build_kernel custom-p1:32000 flashinfer-sm120-graph-p1:32000 \
      custom-sm120-graph-p1:64000 ;;
    # custom-sm120-graph-p1:64000 not started (past BUDGET_S)
+8) S=scripts/study-h200-engine.txt study 440 580 build_kernel triton-p1:128000 \
+     sglang-graph-p1:128000 triton-graph-p1:128000 triton-graph-p1:32000 ;;
+   # triton-graph-p1:32000 not started (past BUDGET_S)
+9) S=scripts/study-h200-engine.txt study 300 580 build_kernel bench_engine_slow bench_engine_fast ;;
+   # bench_engine_slow took 378 s: bench_engine_fast not started (past BUDGET_S)
+10) S=scripts/study-h200-engine.txt study 400 560 build_kernel bench_engine_fast \
+     triton-graph-p1:32000 ;;
+11) S=scripts/study-h200-engine.txt study 300 420 build_kernel custom-sm120-graph-p1:185000 \
+     flashinfer-fa3-graph-p1:185000 custom-graph-p1:64000 flashinfer-graph-p1:64000 \
+     flashinfer-fa3-graph-p1:64000 ;;
+   # flashinfer-fa3-graph-p1:64000 not started (past BUDGET_S)
+12) S=scripts/study-h200-engine.txt study 90 130 build_kernel flashinfer-fa3-graph-p1:64000 \
+     custom-sm120-graph-p1:64000 flashinfer-sm120-graph-p1:64000 ;;
 esac
