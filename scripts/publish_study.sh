@@ -86,6 +86,9 @@ for raw in "$@"; do
   tar -C "$raw" --exclude ./README.md --exclude ./gpu-logs -cf - . | tar -C "$work/results" -xf -
 done
 rm -f "$work/results/NOTES.md"
+cut=$(python3 -c 'import sys; from pathlib import Path; from decodecliff.study.runs import cut_benches
+print(" ".join(cut_benches(Path(sys.argv[1]))))' "$work/results")
+[ -z "$cut" ] || fail "a bench the runs hold did not finish (measure it again): $cut"
 cd "$work"
 [ -f results/build/build.json ] || fail "no run holds build/build.json, the GPU machine's record of its build"
 cp results/build/build.json "$build_json"

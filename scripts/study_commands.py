@@ -12,7 +12,10 @@ of the workflow. `gpu_study_run.sh` runs them on a GPU machine that has no Snake
 too long for one machine lease is measured in parts at one commit. Run it where the peers are
 visible (FlashInfer importable, DECODECLIFF_SGLANG_PATH or SGLang installed): a point the plan
 would skip here (`--skip-reason`) stops it, since it would be skipped there too. `--missing`
-prints the keys of such a file whose result a run folder (laid out as results/) lacks yet;
+prints the keys of such a file whose result a run folder (laid out as results/) lacks yet (a
+point that failed and a bench cut short count as lacking; a key ``bench_engine_PART``, a part of
+``bench_engine`` written to engine/bench-PART.json, counts as measured once that part finished or
+the parts were joined into engine/bench.json);
 with `--like` an earlier run of the same study, one line per device call instead: the keys,
 longest first, packed into calls of at most `--call-s` seconds of that run's point times (give
 the call's 10 minutes less the start of the slowest point: each call's last key may start late),
@@ -30,7 +33,13 @@ import tempfile
 from pathlib import Path
 
 from decodecliff.study import paths
-from decodecliff.study.runs import MEASURED_STATUS, plan_calls, point_seconds, point_status
+from decodecliff.study.runs import (
+    MEASURED_STATUS,
+    bench_finished,
+    plan_calls,
+    point_seconds,
+    point_status,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = [
@@ -70,23 +79,37 @@ def key(command: str) -> str | None:
     return next((k for word, (k, _) in RULES.items() if f"decodecliff {word} " in command), None)
 
 
+ENGINE_PART = re.compile(r"bench_engine_(\w+)")  # a part of bench_engine: engine/bench-PART.json
+
+
 def result_of(name: str) -> str:
     """The file under results/ that the command of key ``name`` writes last."""
-    path = paths.point_file(*name.split(":")) if ":" in name else OUTPUTS[name]
+    if ":" in name:
+        path = paths.point_file(*name.split(":", 1))
+    elif part := ENGINE_PART.fullmatch(name):
+        path = paths.ENGINE_BENCH.replace("bench.json", f"bench-{part[1]}.json")
+    elif name in OUTPUTS:
+        path = OUTPUTS[name]
+    else:
+        raise ValueError(f"unknown key {name!r}: not a rule's, bench_engine_PART or SERVER:CTX")
     return path.removeprefix(f"{paths.RESULTS}/")
 
 
 def missing(commands: Path, run: Path) -> list[str]:
-    """The keys of ``commands`` with no result in ``run``: no file, or a point that failed."""
+    """The keys of ``commands`` with no result in ``run``: no file, a point that failed, or a
+    bench cut short (an engine part counts as measured once the parts are joined, too)."""
     keys = [line.split("\t")[0] for line in commands.read_text().splitlines() if line]
     return [k for k in keys if not measured(run, k)]
 
 
 def measured(run: Path, key: str) -> bool:
-    result = run / result_of(key)
-    if not result.is_file():
+    if ENGINE_PART.fullmatch(key) and measured(run, "bench_engine"):
+        return True
+    rel = result_of(key)
+    if not (run / rel).is_file():
         return False
-    return ":" not in key or point_status(result.read_bytes()) in MEASURED_STATUS
+    data = (run / rel).read_bytes()
+    return point_status(data) in MEASURED_STATUS if ":" in key else bench_finished(rel, data)
 
 
 def calls(keys: list[str], like: Path, call_s: float) -> str:
@@ -131,7 +154,10 @@ def main(argv: list[str]) -> int:
             p.error(f"no commands file {commands}")
         if not run.is_dir():
             p.error(f"no run folder {run}")
-        keys = missing(commands, run)
+        try:
+            keys = missing(commands, run)
+        except ValueError as exc:
+            p.error(f"{commands}: {exc}")
         print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))
         return 0
     if not args.config.is_file():

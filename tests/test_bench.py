@@ -50,6 +50,7 @@ def test_bench_cli_tiny_cpu_run(tmp_path: Path) -> None:
     assert {"copy_gbs", "matmul_tflops", "device"} <= doc["ceilings"].keys()
     assert doc["ceilings"]["copy_gbs"] > 0 and doc["ceilings"]["matmul_tflops"] > 0
     assert doc["env"]["torch"] and doc["config"]["device"] == "cpu"
+    assert doc["complete"] is True  # written at the end: a call cut short leaves it false
     points = doc["points"]
     # per (page size, ctx): decode torch + 2 triton variants + custom; chain and tree 3 each
     assert len(points) == 2 * 2 * (4 + 3 + 3)

@@ -190,6 +190,11 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     other = {**parts[1], "env": {**parts[1]["env"], "git": "0000000"}}
     with pytest.raises(ValueError, match="differ in git"):
         engine_merge.merge([parts[0], other])
+    # one commit, whether its checkout was marked dirty or named by its full hash
+    commit = "ae4ecc3" + "0" * 33
+    gits = (commit, "ae4ecc3-dirty")
+    alike = [{**p, "env": {**p["env"], "git": g}} for p, g in zip(parts, gits, strict=True)]
+    assert len(engine_merge.merge(alike)["rows"]) == len(doc["rows"])
     otherwise = {**parts[1], "args": {**parts[1]["args"], "dtype": "float64", "repeats": 3}}
     with pytest.raises(ValueError, match="differ in dtype, repeats"):
         engine_merge.merge([parts[0], otherwise])

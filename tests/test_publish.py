@@ -122,6 +122,21 @@ def test_a_file_in_two_runs_stops_before_any_work(tmp_path: Path) -> None:
     assert not dest.exists()
 
 
+def test_a_bench_its_run_did_not_finish_stops_before_any_work(tmp_path: Path) -> None:
+    import json
+
+    first, second = split_runs(tmp_path)
+    engine = first / "engine" / "bench.json"
+    doc = json.loads(engine.read_text())
+    del doc["targets"]  # the bench writes its targets last: a call stopped before they came
+    engine.write_text(json.dumps(doc))
+    done, dest = publish(tmp_path, first, second)
+    assert done.returncode == 2 and "did not finish (measure it again): engine/bench.json" in (
+        done.stderr
+    )
+    assert not dest.exists()
+
+
 def test_a_run_s_gpu_logs_never_replace_hand_kept_ones(tmp_path: Path) -> None:
     first, _ = split_runs(tmp_path)
     kept = tmp_path / "published" / "gpu-logs" / "env.txt"

@@ -201,3 +201,8 @@ def test_links_are_relative_to_the_readme_s_folder(tmp_path, monkeypatch) -> Non
     assert (study / "figures/compare/headline.png").is_file()
     readme.main(["./results/h200", "./docs/README.md"])
     assert marked.read_text() == text
+    drawn = (study / "figures/compare/headline.png").read_bytes()
+    monkeypatch.chdir(study)  # "." names the study all the same: the figure's title says h200
+    readme.main([".", "../../docs/README.md"])
+    assert marked.read_text() == text
+    assert (study / "figures/compare/headline.png").read_bytes() == drawn

@@ -89,6 +89,33 @@ def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path, capsys) 
         )
 
 
+def test_a_bench_cut_short_or_a_part_of_one_is_measured_only_once_finished(tmp_path, capsys):
+    """Both benches rewrite their document as they go: one a call cut short is still missing
+    (the engine's lacks its targets, the kernel bench's says it is not complete); the halves of
+    the engine bench count as measured once finished, or once joined into its document."""
+    import json
+
+    keys = ["bench_kernels", "bench_engine", "bench_engine_slow", "bench_engine_fast"]
+    commands = tmp_path / "cmds.txt"
+    commands.write_text("".join(f"{k}\tx\n" for k in keys))
+    run = tmp_path / "run"
+    (run / "kernels").mkdir(parents=True)
+    (run / "engine").mkdir()
+    missing = study_commands().missing
+    bench = run / "kernels/bench.json"
+    bench.write_text(json.dumps({"env": {}, "points": [], "complete": False}))
+    (run / "engine/bench.json").write_text(json.dumps({"env": {}, "rows": []}))  # no targets
+    (run / "engine/bench-slow.json").write_text(json.dumps({"env": {}, "rows": [], "targets": []}))
+    assert missing(commands, run) == ["bench_kernels", "bench_engine", "bench_engine_fast"]
+    bench.write_text(json.dumps({"env": {}, "points": []}))  # written before `complete` was
+    (run / "engine/bench.json").write_text(json.dumps({"env": {}, "rows": [], "targets": []}))
+    assert missing(commands, run) == []  # the halves joined
+    commands.write_text("bench_engine_slow\tx\nbench_kernel\tx\n")  # a key of no rule
+    with pytest.raises(SystemExit):
+        study_commands().main(["--missing", str(commands), str(run)])
+    assert "unknown key 'bench_kernel'" in capsys.readouterr().err
+
+
 def fake_runner(tmp_path: Path) -> Path:
     """The runner in a tree of its own, its GPU machine's set-up left out, with commands that
     write where the rules write."""
@@ -320,6 +347,36 @@ def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_
     assert "try 3; 1 logs of keys cut short before their point" in described
     with pytest.raises(ValueError, match="other bytes"):  # two results: the publisher decides
         runs.merge_calls([_tar(tmp_path / "d.tar", {key: point("ok", 4)})], run)
+
+
+def test_a_bench_cut_short_stands_until_a_finished_one_takes_its_place(tmp_path) -> None:
+    import json
+
+    from decodecliff.study import runs
+
+    def engine(n: int, finished: bool) -> str:
+        doc = {"env": {"git": "abc1234"}, "rows": [{"n": i} for i in range(n)]}
+        return json.dumps({**doc, "targets": []} if finished else doc)
+
+    run, key, log = tmp_path / "run", "engine/bench-slow.json", "logs/engine/bench_engine-slow.log"
+    runs.merge_calls([_tar(tmp_path / "a.tar", {key: engine(2, False), log: "cut"})], run)
+    assert "| `engine/bench-slow.json` | `abc1234` | - | 2 rows, 0 failed, cut short |" in (
+        runs.describe(run)
+    )
+    merge = runs.merge_calls([_tar(tmp_path / "b.tar", {key: engine(4, True), log: "done"})], run)
+    assert set(merge.replaced) == {key, log} and len(merge.filed) == 2
+    assert len(json.loads((run / key).read_text())["rows"]) == 4
+    # a later call cut short never displaces it; its document and log are kept on record
+    merge = runs.merge_calls([_tar(tmp_path / "c.tar", {key: engine(1, False), log: "cut"})], run)
+    assert not merge.replaced and len(merge.filed) == 2  # named by this attempt's document
+    assert len(json.loads((run / key).read_text())["rows"]) == 4
+    described = runs.describe(run)
+    assert "4 rows, 0 failed |" in described and "; 2 benches cut short, measured again |" in (
+        described
+    )
+    assert "0 logs of keys cut short before their point" in described  # each beside its bench
+    with pytest.raises(ValueError, match="other bytes"):  # two finished: the publisher decides
+        runs.merge_calls([_tar(tmp_path / "d.tar", {key: engine(5, True)})], run)
 
 
 def test_filed_logs_pair_with_their_points_wherever_the_run_folder_lies(tmp_path) -> None:

@@ -138,7 +138,8 @@ def draw_headline(study: Path, reference: Path = REFERENCE) -> Path:
     style.apply()
     loaded = summarize.load_study(study)
     ref, _ = summarize.reference_table(reference)
-    title = f"{summarize.study_title(study.name, loaded.sweep)}: verify steps/s against context"
+    name = study.resolve().name  # "h200" also where the study is given as "."
+    title = f"{summarize.study_title(name, loaded.sweep)}: verify steps/s against context"
     fig = headline.figure(loaded.sweep, ref, title, loaded.ceilings)
     return figures.save(fig, headline_png(study))
 

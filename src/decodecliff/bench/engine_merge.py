@@ -20,6 +20,7 @@ from pathlib import Path
 
 from decodecliff.engine.config import DEFAULT_GEMM, gemm_label
 from decodecliff.jsonio import unwritable, write_json
+from decodecliff.study.runs import short_commit
 
 from .engine import check_targets
 
@@ -41,13 +42,19 @@ JOINED = {"command", "args", "env", "ceilings", "targets_spec", "targets", "part
 def _check_alike(docs: list[dict]) -> None:
     first = docs[0]
     for doc in docs[1:]:
-        differ = [k for k in SAME_ENV if doc["env"].get(k) != first["env"].get(k)]
+        differ = [k for k in SAME_ENV if _env_value(doc, k) != _env_value(first, k)]
         differ += [
             k for k in {*doc["args"], *first["args"]} - set(SELECTION)
             if doc["args"].get(k) != first["args"].get(k)
         ]  # fmt: skip
         if differ:
             raise ValueError(f"parts differ in {', '.join(sorted(differ))}: not one measurement")
+
+
+def _env_value(doc: dict, key: str) -> object:
+    """An ``env`` entry as parts must share it: the commit as `runs` compares commits."""
+    value = doc["env"].get(key)
+    return short_commit(value) if key == "git" else value
 
 
 def _joined_args(docs: list[dict]) -> dict:

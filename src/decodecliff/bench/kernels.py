@@ -555,6 +555,7 @@ def run(args: argparse.Namespace) -> dict:
         "schema": SCHEMA, "env": envinfo.collect(), "ceilings": ceilings,
         "config": {**config, "device": str(device)}, "peers": peer_versions(),
         "triton_native_config": native_config(device), "points": [],
+        "complete": False,  # rewritten after every point; true once the last is done
     }  # fmt: skip
     runner = Runner(args, device, ceilings)
     shapes = [
@@ -568,6 +569,8 @@ def run(args: argparse.Namespace) -> dict:
     with BenchProgress(total, quiet=args.quiet) as progress:
         for shape in shapes:
             run_shape(runner, doc, *shape, progress)
+    doc["complete"] = True
+    write_json(args.out, doc, default=str)
     return doc
 
 

@@ -21,6 +21,9 @@ server on the machine, so a folder is filled by merging, not by copying over:
   failed one: the failed attempt is filed under ``failed/`` (its path, a hash of its bytes), with
   its rule log, so the key counts as missing until measured and its failures stay on record; a
   rule log that came back without its point (a key cut short) is filed there too;
+* a bench document cut short (``bench_finished``: each bench rewrites it as it goes) is taken
+  where the folder has none, and likewise never displaces one and gives way to a finished one,
+  the cut attempt and its rule log filed under ``failed/``;
 * a file it holds with other bytes (a point measured twice, another build record, a launch
   logged otherwise), a measurement of another commit or on another GPU, or a path that is not
   a file in the folder stops the merge before anything is written: which measurement stands is
@@ -50,7 +53,11 @@ from pathlib import Path, PurePosixPath
 BUILD_RECORD = "build/build.json"
 BUILD_LOGS = ("build/", "logs/build/")  # the build's own files and its rule's log
 POINT = re.compile(r"^sweep/[^/]+/ctx\d+\.json$")  # paths.point_file, under results/
-RULE_LOG = re.compile(r"^logs/sweep/[^/]+/ctx\d+\.log$")  # the sweep_point rule's log
+BENCH = re.compile(r"^(kernels|engine)/bench(-[^/]+)?\.json$")  # a bench's document, or a part's
+# the rule logs of the points and the benches (logs/engine/bench_engine-slow.log: a part's)
+RULE_LOG = re.compile(
+    r"^logs/(sweep/[^/]+/ctx\d+|kernels/bench_kernels|engine/bench_engine(-[^/]+)?)\.log$"
+)
 FAILED = "failed"  # attempts that gave no key its result, kept on record
 MEASURED_STATUS = ("ok", "skipped")  # a point's status where the point is the key's result
 SERVER_LOG = re.compile(r"^sweep/[^/]+/server-[^/]+\.log$")
@@ -142,12 +149,17 @@ def merged_log(have: str, new: str) -> str | None:
 
 def point_status(data: bytes) -> str | None:
     """A point file's ``status``; None where the bytes are no JSON object with one."""
+    doc = _json_object(data)
+    status = doc.get("status") if doc is not None else None
+    return status if isinstance(status, str) else None
+
+
+def _json_object(data: bytes) -> dict | None:
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return None
-    status = doc.get("status") if isinstance(doc, dict) else None
-    return status if isinstance(status, str) else None
+    return doc if isinstance(doc, dict) else None
 
 
 def failed_point(data: bytes) -> bool:
@@ -155,13 +167,47 @@ def failed_point(data: bytes) -> bool:
     return point_status(data) not in (None, *MEASURED_STATUS)
 
 
-def _rule_log(point: str) -> str:
-    return f"logs/{point.removesuffix('.json')}.log"
+def bench_finished(name: str, data: bytes) -> bool:
+    """Whether the bench document ``name`` was written at its bench's end, not cut short (each
+    bench rewrites it after every point or group): the engine bench adds its targets last, the
+    kernel bench sets ``complete`` (a document from before that field reads as finished)."""
+    doc = _json_object(data)
+    if doc is None:
+        return False
+    return "targets" in doc if name.startswith("engine/") else doc.get("complete", True) is True
 
 
-def _point_of(log: str) -> str:
-    """The point a rule log belongs to (logs/sweep/S/ctxN.log: sweep/S/ctxN.json)."""
-    return log.removeprefix("logs/").removesuffix(".log") + ".json"
+def _rule_log(result: str) -> str:
+    """The rule log beside a result: logs/sweep/S/ctxN.log for sweep/S/ctxN.json, and
+    logs/engine/bench_engine-slow.log for engine/bench-slow.json."""
+    folder, _, name = result.removesuffix(".json").partition("/")
+    if BENCH.match(result):
+        name = name.replace("bench", f"bench_{folder}", 1)
+    return f"logs/{folder}/{name}.log"
+
+
+def _result_of(log: str) -> str:
+    """The result a rule log belongs to (the inverse of ``_rule_log``)."""
+    folder, _, name = log.removeprefix("logs/").removesuffix(".log").partition("/")
+    if RULE_LOG.match(log) and folder != "sweep":
+        name = name.replace(f"bench_{folder}", "bench", 1)
+    return f"{folder}/{name}.json"
+
+
+def _attempt(name: str, data: bytes) -> bool:
+    """Whether a point or bench file records an attempt, not its key's result: a point that
+    failed, a bench document cut short (bytes that are neither merge by the usual rules)."""
+    if POINT.match(name):
+        return failed_point(data)
+    return _json_object(data) is not None and not bench_finished(name, data)
+
+
+def _is_result(name: str, data: bytes) -> bool:
+    """Whether a point or bench file is its key's result: an ok or skipped point, a finished
+    bench."""
+    if POINT.match(name):
+        return point_status(data) in MEASURED_STATUS
+    return bench_finished(name, data)
 
 
 def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge, attempt: bytes) -> None:
@@ -176,30 +222,30 @@ def _file_away(name: str, data: bytes, run_dir: Path, merge: Merge, attempt: byt
 
 
 def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict[str, bytes]:
-    """Take the failed attempts and the points that replace them out of ``files`` into
+    """Take the failed or cut attempts, and the results that replace them, out of ``files`` into
     ``merge``; the files left merge by the usual rules."""
     files = dict(files)
-    for point in sorted(n for n in files if POINT.match(n)):
-        log = _rule_log(point)
-        have, new = merge.holds(point, run_dir), files[point]
+    for result in sorted(n for n in files if POINT.match(n) or BENCH.match(n)):
+        log = _rule_log(result)
+        have, new = merge.holds(result, run_dir), files[result]
         if have is None or have == new:
             continue
-        if failed_point(new):  # a failure never displaces what the folder holds
-            for name in (point, log):
+        if _attempt(result, new):
+            for name in (result, log):  # a failure never displaces what the folder holds
                 if name in files:
                     _file_away(name, files.pop(name), run_dir, merge, new)
-        elif failed_point(have) and point_status(new) in MEASURED_STATUS:
-            for name in (point, log):
+        elif _attempt(result, have) and _is_result(result, new):
+            for name in (result, log):
                 if (old := merge.holds(name, run_dir)) is not None:
                     _file_away(name, old, run_dir, merge, have)
                 if name in files:  # added earlier in this merge, or on disk already
                     target = merge.added if name in merge.added else merge.replaced
                     target[name] = files.pop(name)
     for log in sorted(n for n in files if RULE_LOG.match(n)):
-        point = _point_of(log)
-        # a key cut short: no point came back, or the one the folder holds (a point is written
+        result = _result_of(log)
+        # a key cut short: no result came back, or the one the folder holds (a point is written
         # whole at its end, so a rerun cut short leaves the earlier one beside its own log)
-        rerun = point not in files or files[point] == merge.holds(point, run_dir)
+        rerun = result not in files or files[result] == merge.holds(result, run_dir)
         if rerun and (data := files[log]) != merge.holds(log, run_dir):
             files.pop(log)
             _file_away(log, data, run_dir, merge, data)
@@ -287,7 +333,12 @@ def _env(data: bytes) -> dict:
 def commit_of(data: bytes) -> str | None:
     """The commit a result file was measured at (its ``env``), '-dirty' dropped, to its first
     seven characters; None for files without one (logs, a build record older than its env)."""
-    git = _env(data).get("git")
+    return short_commit(_env(data).get("git"))
+
+
+def short_commit(git: object) -> str | None:
+    """An ``env.git`` as one commit: '-dirty' dropped (a mark of the checkout around the tree
+    that ran, not of the tree), to its first seven characters; None where it is no string."""
     return git.removesuffix("-dirty")[:SHORT] if isinstance(git, str) else None
 
 
@@ -377,28 +428,22 @@ def describe(run_dir: Path) -> str:
     if not run_dir.is_dir():
         raise ValueError(f"no run folder {run_dir}")
     rows = ["| file(s) | commit | measured (UTC) | what |", "|---|---|---|---|"]
-    for rel, what in (("kernels/bench.json", "points"), ("engine/bench.json", "rows")):
-        if (run_dir / rel).is_file():
-            doc = _read(run_dir / rel)
-            items = doc.get(what, [])
-            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                raise ValueError(f"{run_dir / rel}: its {what!r} is no list of objects")
-            failed = sum(1 for i in items if i.get("status", "ok") not in ("ok", "skipped"))
-            rows.append(
-                f"| `{rel}` | `{doc['env'].get('git')}` | - | {len(items):,} {what}, "
-                f"{failed} failed |"
-            )
+    rows += [_bench_row(run_dir, rel) for rel in bench_files(run_dir)]
     filed = run_dir / FAILED
-    docs = [_read(f) for f in sorted(filed.rglob("*.json"))]
+    names = [f.relative_to(filed).as_posix() for f in sorted(filed.rglob("*.json"))]
+    docs = [_read(filed / n) for n in names if not BENCH.match(_attempt_of(n))]
+    benches = [n for n in names if BENCH.match(_attempt_of(n))]
     logs = [f.relative_to(filed).as_posix() for f in filed.rglob("*.log")]
-    cut = [log for log in logs if not (filed / _point_of(log)).is_file()]  # no point beside it
-    if docs or cut:
+    cut = [log for log in logs if not (filed / _result_of(log)).is_file()]  # no result beside it
+    if docs or cut or benches:
         commits = ", ".join(f"`{c}`" for c in dict.fromkeys(d["env"].get("git") for d in docs))
         reasons = sorted({str(d.get("reason") or d.get("status")) for d in docs})
         rows.append(
             f"| `{FAILED}/` | {commits or '-'} | - | {len(docs)} failed points kept apart (their "
             f"keys measured again, or failed again): {'; '.join(reasons) or '-'}; {len(cut)} "
-            "logs of keys cut short before their point |"
+            f"logs of keys cut short before their point"
+            + (f"; {len(benches)} benches cut short, measured again" if benches else "")
+            + " |"
         )
     for server_dir in sorted((run_dir / "sweep").glob("*/")):
         points = _point_files(server_dir)
@@ -418,6 +463,34 @@ def describe(run_dir: Path) -> str:
             f"({', '.join(status)}), {' or '.join(map(str, requests))} requests each |"
         )
     return "\n".join(rows)
+
+
+def bench_files(run_dir: Path) -> list[str]:
+    """The bench documents (and parts of one) a run folder holds, under it, kernels' first."""
+    found = (p for d in ("kernels", "engine") for p in sorted((run_dir / d).glob("*.json")))
+    return [rel for p in found if BENCH.match(rel := p.relative_to(run_dir).as_posix())]
+
+
+def cut_benches(run_dir: Path) -> list[str]:
+    """The bench documents of a run folder that their bench did not finish."""
+    return [b for b in bench_files(run_dir) if not bench_finished(b, (run_dir / b).read_bytes())]
+
+
+def _bench_row(run_dir: Path, rel: str) -> str:
+    doc = _read(run_dir / rel)
+    what = "rows" if rel.startswith("engine/") else "points"
+    items = doc.get(what, [])
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError(f"{run_dir / rel}: its {what!r} is no list of objects")
+    failed = sum(1 for i in items if i.get("status", "ok") not in MEASURED_STATUS)
+    cut = "" if bench_finished(rel, (run_dir / rel).read_bytes()) else ", cut short"
+    git = doc["env"].get("git")
+    return f"| `{rel}` | `{git}` | - | {len(items):,} {what}, {failed} failed{cut} |"
+
+
+def _attempt_of(filed: str) -> str:
+    """The path a file under failed/ had (its attempt's hash taken off the name)."""
+    return re.sub(r"-[0-9a-f]{8}(\.\w+)$", r"\1", filed)
 
 
 def point_seconds(run_dir: Path) -> dict[str, float]:
