@@ -5,6 +5,8 @@
     scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/05f0426
     scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/7fe4732 \
         --like results/runs/h200/05f0426 --call-s 400
+    scripts/study_commands.py --split-engine scripts/study-h200.txt slow='triton sglang' \
+        > scripts/study-h200-engine.txt
 
 Each line is ``KEY<TAB>COMMAND``: ``build_kernel``, ``bench_kernels``, ``bench_engine`` or
 ``SERVER:CTX`` (one sweep point), the rule's own shell command from ``snakemake -n -p`` on a copy
@@ -19,7 +21,11 @@ the parts were joined into engine/bench.json);
 with `--like` an earlier run of the same study, one line per device call instead: the keys,
 longest first, packed into calls of at most `--call-s` seconds of that run's point times (give
 the call's 10 minutes less the start of the slowest point: each call's last key may start late),
-then the keys it has no time for (the benches).
+then the keys it has no time for (the benches). `--split-engine` prints a commands file with
+``bench_engine`` split by its backends into parts that fit a call each: ``bench_engine_NAME``
+for each ``NAME=BACKENDS`` given, then ``bench_engine_rest`` for the backends left, each the
+rule's command writing engine/bench-NAME.json and its own log (join them with
+``python -m decodecliff.bench.engine_merge``).
 """
 
 from __future__ import annotations
@@ -112,6 +118,34 @@ def measured(run: Path, key: str) -> bool:
     return point_status(data) in MEASURED_STATUS if ":" in key else bench_finished(rel, data)
 
 
+def split_engine(commands: str, parts: list[str]) -> str:
+    """``commands`` with ``bench_engine`` also given as parts, each ``NAME=BACKENDS`` (the rest of
+    its backends: ``rest``), each writing engine/bench-NAME.json and its own log."""
+    lines = commands.splitlines()
+    whole = next((c for k, _, c in (ln.partition("\t") for ln in lines) if k == "bench_engine"), "")
+    found = re.search(r"--backends (.+?) --", whole)
+    if found is None:
+        raise ValueError("no bench_engine command with --backends")
+    backends, named = found[1].split(), {}
+    for part in parts:
+        name, _, given = part.partition("=")
+        if not re.fullmatch(r"\w+", name) or name == "rest" or name in named or not given.split():
+            raise ValueError(f"{part!r}: give NAME=BACKENDS, each NAME a word other than rest")
+        named[name] = given.split()
+    taken = [b for each in named.values() for b in each]
+    unknown = [b for b in taken if b not in backends]
+    if unknown or len(set(taken)) < len(taken):
+        raise ValueError(f"not a split of {' '.join(backends)}: {' '.join(unknown or taken)}")
+    if rest := [b for b in backends if b not in taken]:
+        named["rest"] = rest
+    for name, chosen in named.items():
+        command = whole.replace(found[0], f"--backends {' '.join(chosen)} --")
+        command = command.replace("engine/bench.json", f"engine/bench-{name}.json")
+        command = command.replace("bench_engine.log", f"bench_engine-{name}.log")
+        lines.append(f"bench_engine_{name}\t{command}")
+    return "\n".join(lines) + "\n"
+
+
 def calls(keys: list[str], like: Path, call_s: float) -> str:
     """One line per device call: its keys, then its estimate as a comment."""
     if not like.is_dir():
@@ -141,13 +175,26 @@ def main(argv: list[str]) -> int:
         help="with --missing: pack the keys into device calls by this run's point times",
     )  # fmt: skip
     p.add_argument("--call-s", type=float, default=400.0, help="seconds of points a call")
+    p.add_argument(
+        "--split-engine", nargs="+", metavar=("COMMANDS", "NAME=BACKENDS"),
+        help="print COMMANDS with bench_engine also split into parts by its backends",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if (args.config is None) == (args.missing is None):
-        p.error("give a config, or --missing COMMANDS RUN")
+    if sum(x is not None for x in (args.config, args.missing, args.split_engine)) != 1:
+        p.error("give a config, --missing COMMANDS RUN or --split-engine COMMANDS NAME=BACKENDS")
     if args.like is not None and args.missing is None:
         p.error("--like plans what --missing finds: give --missing COMMANDS RUN")
     if not args.call_s > 0:
         p.error(f"--call-s must be > 0, not {args.call_s:g}")
+    if args.split_engine:
+        commands, *parts = args.split_engine
+        if not Path(commands).is_file() or not parts:
+            p.error(f"--split-engine: give a commands file and NAME=BACKENDS, not {commands}")
+        try:
+            print(split_engine(Path(commands).read_text(), parts), end="")
+        except ValueError as exc:
+            p.error(f"--split-engine: {exc}")
+        return 0
     if args.missing:
         commands, run = args.missing
         if not commands.is_file():

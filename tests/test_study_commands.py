@@ -116,6 +116,33 @@ def test_a_bench_cut_short_or_a_part_of_one_is_measured_only_once_finished(tmp_p
     assert "unknown key 'bench_kernel'" in capsys.readouterr().err
 
 
+def test_the_engine_bench_splits_into_parts_that_join_back(tmp_path: Path, capsys) -> None:
+    """Each part is the rule's command with a share of its backends, its own output and log."""
+    module = study_commands()
+    commands = (REPO / "scripts" / "study-h200.txt").read_text()
+    split = module.split_engine(commands, ["slow=triton sglang"]).splitlines()
+    assert split[: len(commands.splitlines())] == commands.splitlines()  # the file as it was
+    parts = dict(line.split("\t", 1) for line in split[len(commands.splitlines()) :])
+    assert list(parts) == ["bench_engine_slow", "bench_engine_rest"]
+    whole = dict(line.split("\t", 1) for line in commands.splitlines())["bench_engine"]
+    backends = re.search(r"--backends (.+?) --", whole)[1].split()
+    chosen = [re.search(r"--backends (.+?) --", c)[1].split() for c in parts.values()]
+    assert chosen[0] == ["triton", "sglang"] and sorted(chosen[0] + chosen[1]) == sorted(backends)
+    for name, command in parts.items():
+        part = name.removeprefix("bench_engine_")
+        assert f"--out results/engine/bench-{part}.json " in command
+        assert f"> results/logs/engine/bench_engine-{part}.log 2>&1" in command
+        assert re.sub(r"--backends .+? --", "", command).replace(f"-{part}.", ".") == re.sub(
+            r"--backends .+? --", "", whole
+        )  # nothing else changed
+    for bad in (["slow=triton nvidia"], ["slow=triton", "again=triton"], ["rest=triton"], ["x"]):
+        with pytest.raises(ValueError):
+            module.split_engine(commands, bad)
+    with pytest.raises(SystemExit):
+        module.main(["--split-engine", str(REPO / "scripts" / "study-h200.txt"), "slow=cuda"])
+    assert "not a split of" in capsys.readouterr().err
+
+
 def fake_runner(tmp_path: Path) -> Path:
     """The runner in a tree of its own, its GPU machine's set-up left out, with commands that
     write where the rules write."""
