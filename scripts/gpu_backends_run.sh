@@ -54,10 +54,8 @@
 # against float64 and the planted masks in both builds and timed in both builds at 185k
 # (chain16, tree64; 8 and 64 heads); the source is restored after each, and no set starts
 # past BUDGET_S (give the sets over two calls with V5_PATCHES where one call cannot hold all).
-# .whl holds FlashInfer's wheels for the device's Python 3.12 (flashinfer-python 0.5.3,
-# apache-tvm-ffi 0.1.15.post2), installed without dependencies; .sgl the part of SGLang 0.5.23's
-# wheel the peers read (sglang/kernels/ops/attention, srt/utils, srt/layers/attention/
-# triton_backend.py and its dist-info: the whole wheel would pass the call's size limit).
+# .whl holds FlashInfer's wheels for the device's Python 3.12, .sgl the part of SGLang's wheel
+# the peers read: scripts/gpu_carry.sh makes both.
 set -uo pipefail
 export DECODECLIFF_GIT_REV=$1
 shift
