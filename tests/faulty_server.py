@@ -5,12 +5,13 @@ with an error event mid-generation, as SGLang's server does when a request fails
     python tests/faulty_server.py --port P --nan-in info|meta|after
     python tests/faulty_server.py --port P --error-mid-stream
     python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|bad-figures|
-        negative-prompt
+        negative-prompt|abort
 
 (--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of 0
 in its info: JSON of the wrong shape; a last chunk whose optional figures are of the wrong kind
 (spec_verify_ct 1.5, verify_step_ms -3, spec_accept_length "3"), or a prompt_tokens of -1 in
-every chunk: values of the wrong kind.)
+every chunk: values of the wrong kind; or, for abort, one chunk of no token whose finish reason
+is SGLang's abort, then [DONE]: a request the server gave up.)
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def build(
         n = body["sampling_params"]["max_new_tokens"]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if shape == "abort":
+            reason = {"type": "abort", "message": "aborted"}
+            meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": 0}
+            chunk = {"text": "", "output_ids": [], "meta_info": meta | {"finish_reason": reason}}
+            await resp.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+            return resp
         for i in range(1, n + 1):
             prompt = -1 if shape == "negative-prompt" else len(body["input_ids"])
             meta = {"prompt_tokens": prompt, "completion_tokens": i}
@@ -77,7 +84,8 @@ if __name__ == "__main__":
     p.add_argument("--nan-in", choices=["info", "meta", "after"])
     p.add_argument("--error-mid-stream", action="store_true")
     p.add_argument(
-        "--shape", choices=["list-chunk", "text-meta", "vocab0", "bad-figures", "negative-prompt"]
+        "--shape",
+        choices=["list-chunk", "text-meta", "vocab0", "bad-figures", "negative-prompt", "abort"],
     )
     args = p.parse_args()
     app = build(args.nan_in, args.error_mid_stream, args.shape)

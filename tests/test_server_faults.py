@@ -65,6 +65,11 @@ PROBES = [
      b'{"n": 64}}', {}, 400, "at most 256"),
     ("unknown fields", b'{"text": "a", "mystery": 1}', {}, 400, "mystery"),
     ("a long value", b'{"text": "a", "stream": "' + b"x" * 100_000 + b'"}', {}, 400, "stream"),
+    ("a stop string too long", b'{"text": "a", "sampling_params": {"stop": "' + b"x" * 4097
+     + b'"}}', {}, 400, "at most 4096 characters"),
+    ("a neutral list given as 0", b'{"text": "a", "lora_path": 0}', {}, 400, "lora_path = 0"),
+    ("a false flag given as 0", b'{"text": "a", "return_hidden_states": 0}', {}, 400,
+     "return_hidden_states = 0"),
 ]  # fmt: skip
 
 
@@ -76,6 +81,27 @@ def test_malformed_requests_get_a_short_4xx(srv, body, headers, status, fragment
     message = resp.json()["error"]["message"]
     assert fragment in message and len(message) < 400  # values are truncated
     assert srv.get("/health").status_code == 200
+
+
+def test_a_stop_string_forming_is_held_back_by_one_pass_over_the_output() -> None:
+    """What is held back is the longest proper prefix of a stop string that the output ends
+    with, read token by token (never the whole output again: long stops cost no more)."""
+    import random
+
+    from decodecliff.server.jobs import _forming
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        stops = [tuple(rng.choices(range(3), k=rng.randint(1, 8))) for _ in range(3)]
+        out, forming = [], [0] * len(stops)
+        for token in rng.choices(range(3), k=40):
+            out.append(token)
+            forming = [_forming(s, k, token) for s, k in zip(stops, forming, strict=True)]
+            held = max(
+                k for s in stops for k in range(min(len(s) - 1, len(out)) + 1)
+                if tuple(out[len(out) - k :]) == s[:k]
+            )  # fmt: skip
+            assert max(forming) == held, (stops, out)
 
 
 def test_a_same_site_page_and_plain_clients_are_served(srv):

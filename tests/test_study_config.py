@@ -334,6 +334,10 @@ def test_url_server_is_swept_where_it_runs() -> None:
     cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"
     point = Study(cfg).point("torch-chain16-p1", 256)
     assert point.target == "--url http://gpu-node:30000" and point.skip_reason is None
+    for url in ("http://gpu-node:abc", "http://gpu-node:99999", "gpu-node:30000"):
+        cfg["sweep"]["servers"][0]["url"] = url
+        with pytest.raises(config.ConfigError, match=r"servers\[0\]\.url.*no http\(s\)://HOST"):
+            config.check(cfg)
 
 
 @pytest.mark.parametrize("preset", ["h200", "rtx-pro-6000"])

@@ -172,6 +172,9 @@ def test_what_a_sweep_could_not_write_is_a_usage_error_before_anything_runs(tmp_
         ("127.0.0.1:30000", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
         ("ftp://h:1", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
         ("http://h:1/?x=1", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
+        ("http://127.0.0.1:abc", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
+        ("http://127.0.0.1:99999", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
+        ("http://127.0.0.1:0", "--url must be http(s)://HOST[:PORT][/PREFIX]"),
     ],
 )
 def test_a_url_that_is_no_server_is_a_usage_error(tmp_path, capsys, url, message):

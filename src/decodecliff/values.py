@@ -1,10 +1,12 @@
 """What counts as a number in a value read from JSON or YAML: one definition for the study's
 config, the point files, the sweep's time limits and the server's requests. A bool is never a
-number (Python's True == 1; JSON's true is not 1). Torch-free."""
+number (Python's True == 1; JSON's true is not 1). And what counts as a server's URL, for the
+study's config and the sweep alike. Torch-free."""
 
 from __future__ import annotations
 
 import math
+from urllib.parse import urlsplit
 
 
 def is_int(value: object) -> bool:
@@ -30,3 +32,17 @@ def is_finite_number(value: object) -> bool:
 def is_positive_seconds(value: object) -> bool:
     """A time limit that can run out."""
     return is_finite_number(value) and value > 0
+
+
+def is_server_url(url: object) -> bool:
+    """Whether ``url`` is http(s)://HOST[:PORT][/PREFIX], a port being 1..65535 (a server a sweep
+    reaches: it adds /health, /generate, ... to it; a prefix: a server behind a proxy)."""
+    if not isinstance(url, str):
+        return False
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0  # urlsplit reads the port when asked
+    except ValueError:  # not a number, or past 65535
+        return False
+    web = parts.scheme in ("http", "https") and bool(parts.hostname)
+    return web and not parts.query and port_ok

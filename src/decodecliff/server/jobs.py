@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,8 @@ class Choice:
     status: int = 200
     sent: int = 0  # output tokens already streamed to the client
     opened: bool = False  # a chunk of this choice has been streamed
+    forming: list[int] = field(default_factory=list)  # how much of each stop string ends the output
+    scanned: int = 0  # output tokens read into `forming`
     last_token_at: float | None = None
 
     def matched_stop(self) -> tuple[int, ...] | None:
@@ -95,13 +98,36 @@ class Choice:
         if self.finished:
             stop = self.matched_stop() if parsed.trim_stop else None
             return n - len(stop) if stop else n
-        hold = 0
-        for seq in parsed.stop_strings:
-            for k in range(min(len(seq) - 1, n), hold, -1):
-                if tuple(self.ids[n - k :]) == seq[:k]:
-                    hold = k
-                    break
-        return n - hold
+        stops = list(parsed.stop_strings)
+        if len(self.forming) != len(stops):
+            self.forming, self.scanned = [0] * len(stops), 0
+        for token in self.ids[self.scanned :]:  # each token read once, whatever the stops' length
+            self.forming = [_forming(s, k, token) for s, k in zip(stops, self.forming, strict=True)]
+        self.scanned = n
+        return n - max(self.forming, default=0)
+
+
+@functools.lru_cache(maxsize=256)
+def _borders(seq: tuple[int, ...]) -> tuple[int, ...]:
+    """For each prefix of ``seq``, the length of its longest proper prefix that is also its suffix
+    (Knuth-Morris-Pratt), so a partial match falls back without reading the output again."""
+    borders, k = [0] * len(seq), 0
+    for i in range(1, len(seq)):
+        while k and seq[i] != seq[k]:
+            k = borders[k - 1]
+        k += seq[i] == seq[k]
+        borders[i] = k
+    return tuple(borders)
+
+
+def _forming(seq: tuple[int, ...], k: int, token: int) -> int:
+    """How much of ``seq`` the output ends with once ``token`` follows an end matching ``k`` of
+    it: the longest proper prefix (a whole match finishes the request, in the engine)."""
+    borders = _borders(seq)
+    while k and seq[k] != token:
+        k = borders[k - 1]
+    k += seq[k] == token
+    return borders[k - 1] if k == len(seq) else k
 
 
 class Batch:

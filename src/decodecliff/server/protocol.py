@@ -24,6 +24,7 @@ MAX_TEMPERATURE = 100.0
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
+MAX_STOP_CHARS = 4096  # a stop string's length: each is matched as the output grows
 MAX_CHOICES = 256  # engine requests one HTTP request may start (prompts x n)
 
 _short = reprlib.Repr()
@@ -170,6 +171,8 @@ def _stop(value: object, name: str, lim: Limits) -> dict[tuple[int, ...], str]:
         raise BadRequest(f"{name} must be a string or a list of strings", name)
     if len(items) > MAX_STOP or any(not s for s in items):
         raise BadRequest(f"{name} takes 1..{MAX_STOP} non-empty strings", name)
+    if any(len(s) > MAX_STOP_CHARS for s in items):
+        raise BadRequest(f"{name}: each string takes at most {MAX_STOP_CHARS} characters", name)
     tok = lim.tokenizer
     return {tuple(tok.encode(s)): s for s in items if tok.representable(s)}
 
@@ -193,13 +196,23 @@ def _refuse(
         raise BadRequest(f"unsupported parameter(s): {names}{more}")
     for key, ok in neutral.items():
         value = body.get(key)
-        if value is None or value == ok or (ok == () and not value):
+        if value is None or _neutral(value, ok):
             continue
         raise BadRequest(f"{where}{key} = {show(value)} is not supported", where + key)
     for key, default in ignored.items():  # an ignored flag is still a flag
         if isinstance(default, bool):
             _flag(body, key, where)
     return [where + k for k, default in ignored.items() if body.get(k) not in (None, default)]
+
+
+def _neutral(value: object, ok: object) -> bool:
+    """Whether ``value`` is the neutral ``ok`` of its field, as a value of the field's own type:
+    () stands for an empty list, object or string, a bool is no number, a number no bool."""
+    if ok == ():
+        return isinstance(value, (list, dict, str)) and not value
+    if isinstance(ok, bool) or isinstance(value, bool):
+        return value is ok
+    return isinstance(value, (int, float)) and value == ok
 
 
 def _fan_out(prompts: list, n: int, lim: Limits) -> None:
@@ -625,6 +638,7 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise BadRequest("response_format other than text is not supported", "response_format")
+    _flag(body, "parallel_tool_calls")  # with no tools it changes nothing, but is still a flag
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise BadRequest("tool_choice is not supported (no tools)", "tool_choice")
     if _bool(body.get("add_generation_prompt", True), "add_generation_prompt") is not True:

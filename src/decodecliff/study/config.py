@@ -26,7 +26,7 @@ from decodecliff.engine.config import DEFAULT_GEMM
 from decodecliff.helpformat import did_you_mean
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
-from decodecliff.values import is_finite_number, is_int
+from decodecliff.values import is_finite_number, is_int, is_server_url
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
@@ -265,6 +265,9 @@ def check(cfg: dict) -> None:
             registry.check_options(server["backend"], server["backend_options"])
         except ValueError as exc:
             raise ConfigError(f"{key}.backend_options", str(exc)) from None
+        if server.get("url") and not is_server_url(server["url"]):
+            why = f"{server['url']!r} is no http(s)://HOST[:PORT][/PREFIX]"
+            raise ConfigError(f"{key}.url", why)
         if not server.get("url"):
             _check_template(sweep, server, key)
             if not (gpu_only and sweep["device"] != "cuda"):  # else recorded as skipped

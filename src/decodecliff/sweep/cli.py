@@ -16,12 +16,12 @@ import threading
 import time
 from dataclasses import fields
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.sweep import client, launcher, prompts
 from decodecliff.sweep.point import PointError
 from decodecliff.sweep.runner import URL_RECHECK_S, Chunk, Runner, SweepConfig
+from decodecliff.values import is_server_url
 
 NO_SUCCESS = 3  # exit code when no point succeeded
 
@@ -272,8 +272,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 def _check_url(url: str) -> None:
     """http(s)://HOST[:PORT][/PREFIX]: the sweep adds /health, /generate, ... to it (a prefix:
     a server behind a proxy)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+    if not is_server_url(url):
         raise ValueError(f"--url must be http(s)://HOST[:PORT][/PREFIX], got {url!r}")
 
 

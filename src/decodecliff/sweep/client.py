@@ -169,4 +169,13 @@ async def stream(
         rec.completion_tokens = last
     if rec.error is None and not rec.done:
         rec.error = "stream ended before [DONE]"
+    elif rec.error is None and (_aborted(rec.finish_reason) or not rec.completion_tokens):
+        why = json.dumps(rec.finish_reason)[:300]
+        rec.error = f"the stream finished with {rec.completion_tokens or 0} tokens: finish {why}"
     return rec
+
+
+def _aborted(reason: object) -> bool:
+    """Whether a finish reason says the server gave the request up (SGLang's {"type": "abort"})."""
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    return kind == "abort"
