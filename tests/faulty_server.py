@@ -4,14 +4,14 @@ with an error event mid-generation, as SGLang's server does when a request fails
 
     python tests/faulty_server.py --port P --nan-in info|meta|after
     python tests/faulty_server.py --port P --error-mid-stream
-    python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|bad-figures|
-        negative-prompt|abort
+    python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|vocab-huge|
+        bad-figures|negative-prompt|abort
 
-(--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of 0
-in its info: JSON of the wrong shape; a last chunk whose optional figures are of the wrong kind
-(spec_verify_ct 1.5, verify_step_ms -3, spec_accept_length "3"), or a prompt_tokens of -1 in
-every chunk: values of the wrong kind; or, for abort, one chunk of no token whose finish reason
-is SGLang's abort, then [DONE]: a request the server gave up.)
+(--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of
+0 or 10^30 in its info: JSON of the wrong shape; a last chunk whose optional figures are of the
+wrong kind (spec_verify_ct 1.5, verify_step_ms -3, spec_accept_length "3"), or a prompt_tokens
+of -1 in every chunk: values of the wrong kind; or, for abort, one chunk of no token whose
+finish reason is SGLang's abort, then [DONE]: a request the server gave up.)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def build(
     async def info(_request: web.Request) -> web.Response:
         calls["info"] += 1
         bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
-        vocab = 0 if shape == "vocab0" else 1000
+        vocab = {"vocab0": 0, "vocab-huge": 10**30}.get(shape, 1000)
         body = {"max_total_num_tokens": 100000, "vocab_size": vocab, "load": NAN if bad else 0.0}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
@@ -85,7 +85,15 @@ if __name__ == "__main__":
     p.add_argument("--error-mid-stream", action="store_true")
     p.add_argument(
         "--shape",
-        choices=["list-chunk", "text-meta", "vocab0", "bad-figures", "negative-prompt", "abort"],
+        choices=[
+            "list-chunk",
+            "text-meta",
+            "vocab0",
+            "vocab-huge",
+            "bad-figures",
+            "negative-prompt",
+            "abort",
+        ],  # fmt: skip
     )
     args = p.parse_args()
     app = build(args.nan_in, args.error_mid_stream, args.shape)

@@ -300,8 +300,9 @@ def test_optional_server_figures_of_the_wrong_kind_are_dropped_with_a_warning(tm
     assert len(dropped) == 3 and "spec_verify_ct 1.5" in " ".join(dropped), point["warnings"]
 
 
-def test_a_server_vocabulary_below_two_is_taken_as_unknown(tmp_path):
-    _faulty_sweep(tmp_path, [16], "--shape", "vocab0")
+@pytest.mark.parametrize("shape", ["vocab0", "vocab-huge"])
+def test_a_server_vocabulary_below_two_or_past_int32_is_taken_as_unknown(tmp_path, shape):
+    _faulty_sweep(tmp_path, [16], "--shape", shape)
     point = _points(tmp_path)[16]
     assert point["status"] == "ok", point["reason"]
     assert point["prompt"]["id_range"]["source"] == "default"

@@ -607,9 +607,9 @@ class Runner:
 
     def _prompt_ids(self) -> prompts.IdRange:
         """The ids prompts draw from: the server's vocabulary where it gives a usable one (an int
-        of at least 2), else --vocab-size, else the default range."""
+        of 2 up to what an int32 token id holds), else --vocab-size, else the default range."""
         vocab = launcher.info_field(self.info, "vocab_size")
-        usable = isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 2
+        usable = isinstance(vocab, int) and not isinstance(vocab, bool) and 2 <= vocab <= 2**31
         return prompts.id_range(vocab if usable else None, self.cfg.vocab_size)
 
     def _id_range(self, res: dict, ctx: int) -> prompts.IdRange:
