@@ -268,24 +268,21 @@ def test_a_chunk_of_the_wrong_shape_fails_its_point_in_one_line(tmp_path, shape,
     assert "Traceback" not in point["reason"] + done.stderr
 
 
-def test_a_token_count_that_is_not_a_count_fails_its_point_and_the_sweep_goes_on(tmp_path):
-    done = _faulty_sweep(tmp_path, [16, 24], "--shape", "negative-prompt")
+@pytest.mark.parametrize(
+    ("shape", "reason"),
+    [
+        ("negative-prompt", "prompt_tokens is -1, not a token count"),  # no token count
+        ("abort", 'finished with 0 tokens: finish {"type": "abort"'),  # a request given up
+    ],
+)
+def test_a_point_the_server_answers_badly_fails_and_the_sweep_goes_on(tmp_path, shape, reason):
+    done = _faulty_sweep(tmp_path, [16, 24], "--shape", shape)
     assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
     points = _points(tmp_path)
     assert sorted(points) == [16, 24]
     for point in points.values():
         assert point["status"] == "failed"
-        assert "prompt_tokens is -1, not a token count" in point["reason"], point["reason"]
-
-
-def test_a_request_the_server_gave_up_fails_its_point_and_the_sweep_goes_on(tmp_path):
-    done = _faulty_sweep(tmp_path, [16, 24], "--shape", "abort")
-    assert done.returncode == 3, done.stderr  # no point succeeded, and the sweep went on
-    points = _points(tmp_path)
-    assert sorted(points) == [16, 24]
-    for point in points.values():
-        assert point["status"] == "failed"
-        assert 'finished with 0 tokens: finish {"type": "abort"' in point["reason"], point["reason"]
+        assert reason in point["reason"], point["reason"]
 
 
 def test_optional_server_figures_of_the_wrong_kind_are_dropped_with_a_warning(tmp_path):
