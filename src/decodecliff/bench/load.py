@@ -27,7 +27,7 @@ import httpx
 
 from decodecliff import envinfo
 from decodecliff.helpformat import DefaultsHelpFormatter
-from decodecliff.jsonio import write_json
+from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 
 READY = "decodecliff server ready at "
@@ -246,7 +246,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="extra `decodecliff serve` argument (repeat for several)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"),
                    help="JSON record to write")  # fmt: skip
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what would fail once the server is up, or after the load ran (a record lost)."""
+    from decodecliff.engine.config import PRESETS
+
+    if args.preset not in PRESETS:
+        p.error(f"--preset {args.preset!r}: one of {', '.join(sorted(PRESETS))}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        p.error(f"--device {args.device!r}: cpu or cuda[:N]")
+    for name in ("requests", "threads", "max_running_requests"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.disconnect_fraction <= 1:  # NaN too
+        p.error(f"--disconnect-fraction must be in 0..1, got {args.disconnect_fraction}")
+    if args.max_total_tokens < (need := max(PROMPT_LENS) + max(OUTPUT_LENS)):
+        p.error(f"--max-total-tokens must hold the longest request, {need} tokens")
+    if (why := unwritable(args.out)) is not None:
+        p.error(f"--out: {why}")
 
 
 def cli(argv: list[str]) -> int:
@@ -283,12 +304,17 @@ def cli(argv: list[str]) -> int:
     s = summary
     print(
         f"{s['completed']} completed, {s['disconnected']} disconnected in {s['wall_s']:.2f} s: "
-        f"{s['requests_per_s']:.2f} req/s, p99 latency {s['latency_s']['p99']:.3f} s, "
-        f"/health max {s['health']['max_s']:.3f} s; checks "
+        f"{s['requests_per_s']:.2f} req/s, p99 latency {_s(s['latency_s']['p99'])}, "
+        f"/health max {_s(s['health']['max_s'])}; checks "
         + ("passed" if s["ok"] else f"FAILED: {[k for k, v in s['checks'].items() if not v]}")
         + f" -> {args.out}"
     )
     return 0 if s["ok"] else 1
+
+
+def _s(seconds: float | None) -> str:
+    """Seconds for the summary line; "-" where nothing was timed (every client walked away)."""
+    return "-" if seconds is None else f"{seconds:.3f} s"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""`decodecliff bench-load`: its options are checked before the server starts, and a load where
+every client walks away still gives its record and summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodecliff.bench import load
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--preset", "bogus"], "--preset 'bogus': one of"),
+        (["--device", "gpu"], "--device 'gpu': cpu or cuda"),
+        (["--requests", "0"], "--requests must be at least 1"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--max-running-requests", "0"], "--max-running-requests must be at least 1"),
+        (["--disconnect-fraction", "2"], "--disconnect-fraction must be in 0..1"),
+        (["--disconnect-fraction", "nan"], "--disconnect-fraction must be in 0..1"),
+        (["--max-total-tokens", "10"], "--max-total-tokens must hold the longest request"),
+    ],
+)
+def test_bad_options_are_refused_before_the_server_starts(tmp_path, capsys, args, said) -> None:
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    with pytest.raises(SystemExit) as exc:
+        load.parse_args([*args, "--out", str(kept)])
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+    assert kept.read_text() == "{}"
+
+
+def test_an_out_that_cannot_be_written_is_refused(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        load.parse_args(["--out", str(tmp_path)])
+    assert "--out:" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a server and a load
+def test_a_load_where_every_client_walks_away_is_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    cmd = [sys.executable, "-m", "decodecliff.cli", "bench-load", "--requests", "4"]
+    cmd += ["--disconnect-fraction", "1", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["completed"] == 0 and summary["disconnected"] == 4
+    assert "p99 latency -," in done.stdout and "checks passed" in done.stdout
