@@ -226,6 +226,9 @@ def test_bad_config_is_rejected_clearly():
         EngineConfig(l2_overlap_mb=65, device="cuda").validate()
     with pytest.raises(ValueError, match="--l2-overlap-mb needs a CUDA device"):
         EngineConfig(l2_overlap_mb=8, device="cpu").validate()
+    for seed in ({"seed": 10**23}, {"seed": -1}, {"scatter_seed": 2**63}):  # torch's are 64-bit
+        with pytest.raises(ValueError, match="seed must be in 0..4611686018427387904"):
+            EngineConfig(**seed).validate()
 
 
 def test_sixty_one_layers_stay_finite():

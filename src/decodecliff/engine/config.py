@@ -98,6 +98,9 @@ GEMM_PREFETCH_MB = 16
 CHAINED_GEMMS = ("pdl", "cublas-pdl")  # chained by dependent launch (cublas-pdl: but the GEMMs)
 
 
+MAX_SEED = 2**62  # torch seeds are 64-bit; a request's seed adds its number to this one
+
+
 def option(default: Any, help: str, **checks: Any) -> Any:
     """An EngineConfig field that is also a `decodecliff serve` option: ``help`` is its help text;
     ``choices``, ``min`` and ``max`` are checked by validate() (and offered by the parser);
@@ -206,11 +209,15 @@ class EngineConfig:
         None,
         "shuffle the initial free list with this seed (page size 1: scattered slots; "
         "default: in order)",
+        min=0,
+        max=MAX_SEED,
     )
     seed: int = option(
         0,
         "seed of the synthetic weights, and of sampling for requests that give none (plus "
         "the request's number)",
+        min=0,
+        max=MAX_SEED,
     )
     threads: int | None = option(
         None, "CPU threads for torch (default: torch's own choice, all cores)", min=1
