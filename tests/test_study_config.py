@@ -334,6 +334,12 @@ def test_url_server_is_swept_where_it_runs() -> None:
     cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"
     point = Study(cfg).point("torch-chain16-p1", 256)
     assert point.target == "--url http://gpu-node:30000" and point.skip_reason is None
+    del cfg["sweep"]["servers"][0]["url"]
+    for key in ("--api-key secret", "--api-key=secret"):  # the sweep could not send it
+        cfg["sweep"]["servers"][0]["args"] = key
+        with pytest.raises(config.ConfigError, match=r"\.args.*set \$DECODECLIFF_API_KEY"):
+            config.check(cfg)
+    cfg["sweep"]["servers"][0].pop("args")
     for url in ("http://gpu-node:abc", "http://gpu-node:99999", "gpu-node:30000"):
         cfg["sweep"]["servers"][0]["url"] = url
         with pytest.raises(config.ConfigError, match=r"servers\[0\]\.url.*no http\(s\)://HOST"):

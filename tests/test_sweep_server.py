@@ -142,6 +142,16 @@ def test_short_sweep_end_to_end_and_rerun_one_point(tmp_path):
     assert rerun["server_log"] == str(log) and "==== launch 1" in log.read_text()
 
 
+def test_a_server_that_requires_a_key_is_swept_with_the_environment_s(tmp_path, monkeypatch):
+    """$DECODECLIFF_API_KEY: the key the server it launches requires, and the key it sends."""
+    monkeypatch.setenv(launcher.API_KEY_ENV, "s3cret")
+    done = _sweep(tmp_path, [48])
+    assert done.returncode == 0, done.stderr
+    point = _points(tmp_path)[48]
+    assert point["status"] == "ok", point["reason"]
+    assert point["server_info"]["max_total_num_tokens"] >= 48  # read with the key as well
+
+
 def test_server_killed_mid_point_is_a_failed_point_then_restarts(tmp_path):
     fault = _Fault(64, signal.SIGKILL)
     results = _run_with_fault(tmp_path, fault, [64, 80])

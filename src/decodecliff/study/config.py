@@ -390,6 +390,11 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
             serve.check(words[at + 2 :], auto_device=sweep["device"])
         except ValueError as exc:
             raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
+        if any(w == "--api-key" or w.startswith("--api-key=") for w in words[at + 2 :]):
+            why = (
+                "--api-key: the sweep would send no key; set $DECODECLIFF_API_KEY, which both read"
+            )
+            raise ConfigError(where, why)
 
 
 def _check_pool(sweep: dict, server: dict, key: str) -> None:

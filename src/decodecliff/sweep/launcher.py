@@ -93,6 +93,16 @@ def render_command(template: str, host: str, port: int | str) -> tuple[dict[str,
     return env, words
 
 
+API_KEY_ENV = "DECODECLIFF_API_KEY"  # the key `decodecliff serve` requires where it is set
+
+
+def auth() -> dict[str, str]:
+    """The headers of every request to the server: the key of $DECODECLIFF_API_KEY, as a server
+    started in the same environment requires it (and as an OpenAI client sends its key)."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def healthy(url: str, timeout: float = 5.0) -> bool:
     """GET /health answers 200 within ``timeout``."""
     return health_problem(url, timeout) is None
@@ -111,7 +121,7 @@ def server_info(url: str, timeout: float = 10.0) -> dict:
     """The server's self-description (/get_server_info, or /server_info on newer SGLang)."""
     for path in ("/get_server_info", "/server_info"):
         try:
-            resp = httpx.get(url.rstrip("/") + path, timeout=timeout)
+            resp = httpx.get(url.rstrip("/") + path, timeout=timeout, headers=auth())
         except httpx.HTTPError:
             continue
         if resp.status_code == 200:
@@ -137,7 +147,8 @@ def info_field(info: dict, key: str) -> object:
 def flush_cache(url: str, timeout: float = 30.0) -> bool:
     """Ask the server to drop its prefix cache; False when it cannot."""
     try:
-        return httpx.post(url.rstrip("/") + "/flush_cache", timeout=timeout).status_code == 200
+        resp = httpx.post(url.rstrip("/") + "/flush_cache", timeout=timeout, headers=auth())
+        return resp.status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -579,7 +579,7 @@ class Runner:
     async def _warm_up_async(self, ids: list[int], timeout: float) -> client.StreamRecord:
         rec = client.StreamRecord()
         limits = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
-        async with httpx.AsyncClient(timeout=limits) as http:
+        async with httpx.AsyncClient(timeout=limits, headers=launcher.auth()) as http:
             cfg = self.cfg
             request = client.stream(
                 http, self.server.url, cfg.api, ids, cfg.warmup_gen_tokens, rec, None, cfg.model
@@ -637,7 +637,7 @@ class Runner:
         recs = [client.StreamRecord() for _ in ids]
         limits = httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
         pool = httpx.Limits(max_connections=len(ids) + 4)
-        async with httpx.AsyncClient(timeout=limits, limits=pool) as http:
+        async with httpx.AsyncClient(timeout=limits, limits=pool, headers=launcher.auth()) as http:
             cfg = self.cfg
             tasks = [
                 asyncio.create_task(
