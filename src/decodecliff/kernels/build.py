@@ -325,16 +325,18 @@ def parser() -> argparse.ArgumentParser:
         "--require",
         type=int,
         nargs="*",
-        default=list(REQUIRED_ARCHS),
-        help=f"SASS that must be present (default: {_words(REQUIRED_ARCHS)})",
+        default=None,
+        help="SASS that must be present, among --arch (default: those of "
+        f"{_words(REQUIRED_ARCHS)} that --arch names)",
     )
     p.add_argument(
         "--sm120-model",
         type=int,
         metavar="ARCH",
-        help="also build, for this GPU's architecture (90 on an H200), the library that runs "
-        "with sm_120's per-SM resources and the shared-memory shim a peer is preloaded with "
-        "(kernels/sm120_model.py); needs nvcc and a C compiler (default: not built)",
+        help="also build, for this GPU's architecture (90 on an H200; one of --arch), the "
+        "library that runs with sm_120's per-SM resources and the shared-memory shim a peer is "
+        "preloaded with (kernels/sm120_model.py); needs nvcc and a C compiler (default: not "
+        "built)",
     )
     return p
 
@@ -345,13 +347,20 @@ MIN_ARCH = 80  # the kernel's mma.sync, ldmatrix and cp.async
 def cli(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.require is None:
+        args.require = [a for a in REQUIRED_ARCHS if a in args.arch]
     low = [
         a for a in [*args.arch, *args.require, args.sm120_model] if a is not None and a < MIN_ARCH
     ]
     if low:
         p.error(f"architecture {low[0]}: the kernel needs sm_{MIN_ARCH} or newer")
-    if args.out.exists() and not args.out.is_dir():
-        p.error(f"--out {args.out} is a file, not a folder")
+    if unbuilt := sorted(set(args.require) - set(args.arch)):
+        p.error(f"--require {_words(unbuilt)}: not among --arch {_words(args.arch)}")
+    if args.sm120_model is not None and args.sm120_model not in args.arch:
+        p.error(f"--sm120-model {args.sm120_model}: not among --arch {_words(args.arch)}")
+    held = next(q for q in (args.out, *args.out.absolute().parents) if q.exists())
+    if not held.is_dir():
+        p.error(f"--out {args.out}: {held} is a file, not a folder")
     try:
         info = build(args.arch, args.out, args.require)
         if args.sm120_model is not None:
