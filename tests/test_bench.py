@@ -98,6 +98,8 @@ def test_bench_skips_points_over_the_time_budget(tmp_path: Path) -> None:
         (["--warmup", "-3"], "--warmup must be >= 0"),
         (["--max-seconds-per-point", "nan"], "--max-seconds-per-point must be positive"),
         (["--seed", str(2**64)], "--seed must be in"),
+        (["--contexts", "64", "64"], "--contexts names 64 twice"),  # its points measured twice
+        (["--backends", "torch", "torch"], "--backends names torch twice"),
     ],
 )
 def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str, capsys) -> None:

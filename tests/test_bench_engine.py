@@ -154,7 +154,8 @@ def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path, capsys):
     legacy["rows"] = [{**r, "backend": "torch", "gemm": "pdl", "context": 65} for r in cut["rows"]]
     assert engine_merge.merge([doc, legacy])["rows"][-1]["backend"] == "torch + pdl GEMMs"
     for bad, said in (
-        (["fused", "fused"], "--gemm names a path twice"),
+        (["fused", "fused"], "--gemm names fused twice"),
+        (["cublas", "--contexts", "64", "64"], "--contexts names 64 twice"),  # rows written twice
         (["cublas", "pdl", "--parts", "gemms"], "--parts gemms takes one --gemm path"),
     ):
         with pytest.raises(SystemExit) as exc:

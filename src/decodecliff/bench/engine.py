@@ -63,7 +63,7 @@ from decodecliff.kernels.api import NoAttention
 from decodecliff.kernels.registry import BACKENDS, parse_spec, spec_label
 
 from . import gemms, roofline, timeline
-from .timing import refuse_unusable, sync, wall_ms, wall_times_ms
+from .timing import refuse_repeats, refuse_unusable, sync, wall_ms, wall_times_ms
 
 if TYPE_CHECKING:
     from torch.profiler import profile
@@ -579,8 +579,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         low, high = bounds[name]["min"], bounds[name]["max"]
         if not low <= getattr(args, name) <= high:
             p.error(f"--{name.replace('_', '-')} must be in {low}..{high}")
-    if len(set(args.gemm)) < len(args.gemm):
-        p.error(f"--gemm names a path twice: {args.gemm}")
+    refuse_repeats(
+        p, gemm=args.gemm, backends=args.backends, contexts=args.contexts, modes=args.modes,
+        paths=args.paths, parts=args.parts, loop_contexts=args.loop_contexts,
+    )  # fmt: skip
     if "gemms" in args.parts and len(args.gemm) > 1:  # it times one path's configurations
         p.error("--parts gemms takes one --gemm path (pdl: the Triton configurations chained)")
     for spec, gemm in itertools.product(dict.fromkeys(MODES[m] for m in args.modes), args.gemm):

@@ -39,7 +39,7 @@ from ..kernels.custom import VARIANTS as CUSTOM_VARIANTS
 from ..kernels.peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
 from ..kernels.registry import BACKENDS, get_backend, unavailable
 from . import core, roofline
-from .timing import refuse_unusable, wall_ms
+from .timing import refuse_repeats, refuse_unusable, wall_ms
 
 SCHEMA = "decodecliff.kernel-bench/1"
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 32768, 65536, 131072, 185000]
@@ -539,6 +539,10 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--max-seconds-per-point must be positive, got {args.max_seconds_per_point}")
     if not 0 <= args.seed < 2**63:
         p.error(f"--seed must be in 0..2^63-1, got {args.seed}")
+    refuse_repeats(
+        p, backends=args.backends, modes=args.modes, contexts=args.contexts,
+        page_sizes=args.page_sizes, heads=args.heads,
+    )  # fmt: skip
     refuse_unusable(p, args.device, args.out)
 
 

@@ -39,6 +39,15 @@ def refuse_unusable(parser: argparse.ArgumentParser, device: str, out: str | os.
         parser.error(f"--out: {why}")
 
 
+def refuse_repeats(parser: argparse.ArgumentParser, **lists: list | None) -> None:
+    """Exit through ``parser.error`` where a list option names a value twice (its points would be
+    measured and written twice): ``refuse_repeats(p, contexts=args.contexts)``."""
+    for name, values in lists.items():
+        twice = [v for i, v in enumerate(values or []) if v in (values or [])[:i]]
+        if twice:
+            parser.error(f"--{name.replace('_', '-')} names {twice[0]} twice")
+
+
 def sync(device: torch.device | str) -> None:
     """Wait for the device's queued work (nothing to wait for on a CPU)."""
     device = torch.device(device)
