@@ -47,6 +47,15 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys) -> None:
     assert exc.value.code == 2 and "error:" in capsys.readouterr().err
 
 
+def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys) -> None:
+    (tmp_path / "kept.json").write_text("{}")
+    for out in (tmp_path / "kept.json", tmp_path / "kept.json" / "sub"):
+        with pytest.raises(SystemExit) as exc:
+            ck.parse_args(["--out", str(out)])
+        assert exc.value.code == 2 and "kept.json is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "kept.json").read_text() == "{}"
+
+
 def test_every_option_says_its_default_and_no_markup() -> None:
     parser = ck.parser()
     text = parser.format_help()

@@ -49,3 +49,11 @@ def unwritable(path: str | os.PathLike) -> str | None:
     if not os.access(path.parent, os.W_OK | os.X_OK):
         return f"{path.parent} is not writable"
     return None
+
+
+def not_a_folder(path: str | os.PathLike) -> str | None:
+    """Why ``path`` could not be an output folder (it, or the first of its parents that exists, is
+    a file), or None. Asked before a run that would write there does any work."""
+    path = Path(path)
+    held = next(q for q in (path, *path.absolute().parents) if q.exists())
+    return None if held.is_dir() else f"{held} is a file, not a folder"

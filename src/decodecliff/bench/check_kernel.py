@@ -34,7 +34,7 @@ import torch
 
 from .. import envinfo
 from ..helpformat import DefaultsHelpFormatter
-from ..jsonio import write_json
+from ..jsonio import not_a_folder, write_json
 from ..kernels.api import AttentionBackend, AttnBatch
 from ..kernels.custom import VARIANTS
 from ..kernels.registry import get_backend
@@ -590,6 +590,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--cases must be >= 0")
     if args.launches < 1:
         p.error("--launches must be >= 1")
+    if why := not_a_folder(args.out):
+        p.error(f"--out {args.out}: {why}")
     args.variants = list(dict.fromkeys(args.variants))
     return args
 

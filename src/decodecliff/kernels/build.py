@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .. import envinfo
+from ..jsonio import not_a_folder
 from . import abi, sass
 
 CSRC = Path(__file__).parent / "csrc"
@@ -358,9 +359,8 @@ def cli(argv: list[str]) -> int:
         p.error(f"--require {_words(unbuilt)}: not among --arch {_words(args.arch)}")
     if args.sm120_model is not None and args.sm120_model not in args.arch:
         p.error(f"--sm120-model {args.sm120_model}: not among --arch {_words(args.arch)}")
-    held = next(q for q in (args.out, *args.out.absolute().parents) if q.exists())
-    if not held.is_dir():
-        p.error(f"--out {args.out}: {held} is a file, not a folder")
+    if why := not_a_folder(args.out):
+        p.error(f"--out {args.out}: {why}")
     try:
         info = build(args.arch, args.out, args.require)
         if args.sm120_model is not None:
