@@ -52,7 +52,8 @@ def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys) -> None:
     for out in (tmp_path / "kept.json", tmp_path / "kept.json" / "sub"):
         with pytest.raises(SystemExit) as exc:
             ck.parse_args(["--out", str(out)])
-        assert exc.value.code == 2 and "kept.json is a file, not a folder" in capsys.readouterr().err
+        said = capsys.readouterr().err
+        assert exc.value.code == 2 and "kept.json is a file, not a folder" in said
     assert (tmp_path / "kept.json").read_text() == "{}"
 
 
