@@ -13,7 +13,7 @@
 # (the H200 study of 7fe4732, REQUIRE_GPU=H200), which stopped at once (exit 3): the lent GPU was
 # an H100. Calls 8-12 went through a picker in .run/ that read the lent GPU's name and ran the H200
 # study's keys in .run/h200/ (a `git archive 7fe4732 src scripts pyproject.toml`) on an H200 or
-# these keys in .run/head/ on an H100; the one lease of that session lent an H100. From call 8 the
+# these keys in .run/head/ on an H100; the third lease lent an H100. From call 8 the
 # commands file is .run/head/scripts/study-h200-engine.txt: study-h200.txt with the two halves of
 # bench_engine as keys (bench_engine_slow, bench_engine_fast; ../README.md shows how it is made).
 #   bash run.sh 1..12     (from the repository root, with .run/ laid out as above)
