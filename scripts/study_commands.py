@@ -39,13 +39,7 @@ import tempfile
 from pathlib import Path
 
 from decodecliff.study import paths
-from decodecliff.study.runs import (
-    MEASURED_STATUS,
-    bench_finished,
-    plan_calls,
-    point_seconds,
-    point_status,
-)
+from decodecliff.study.runs import is_result, plan_calls, point_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = [
@@ -112,10 +106,7 @@ def measured(run: Path, key: str) -> bool:
     if ENGINE_PART.fullmatch(key) and measured(run, "bench_engine"):
         return True
     rel = result_of(key)
-    if not (run / rel).is_file():
-        return False
-    data = (run / rel).read_bytes()
-    return point_status(data) in MEASURED_STATUS if ":" in key else bench_finished(rel, data)
+    return (run / rel).is_file() and is_result(rel, (run / rel).read_bytes())
 
 
 def split_engine(commands: str, parts: list[str]) -> str:

@@ -168,12 +168,15 @@ def failed_point(data: bytes) -> bool:
 
 
 def bench_finished(name: str, data: bytes) -> bool:
-    """Whether the bench document ``name`` was written at its bench's end, not cut short (each
-    bench rewrites it after every point or group): the engine bench adds its targets last, the
-    kernel bench sets ``complete`` (a document from before that field reads as finished)."""
+    """Whether the bench document ``name`` was written at its bench's end, not cut short."""
     doc = _json_object(data)
-    if doc is None:
-        return False
+    return doc is not None and _finished(name, doc)
+
+
+def _finished(name: str, doc: dict) -> bool:
+    """Each bench rewrites its document after every point or group: the engine bench adds its
+    targets last, the kernel bench sets ``complete`` (a document from before that field reads as
+    finished)."""
     return "targets" in doc if name.startswith("engine/") else doc.get("complete", True) is True
 
 
@@ -199,12 +202,13 @@ def _attempt(name: str, data: bytes) -> bool:
     failed, a bench document cut short (bytes that are neither merge by the usual rules)."""
     if POINT.match(name):
         return failed_point(data)
-    return _json_object(data) is not None and not bench_finished(name, data)
+    doc = _json_object(data)
+    return doc is not None and not _finished(name, doc)
 
 
-def _is_result(name: str, data: bytes) -> bool:
-    """Whether a point or bench file is its key's result: an ok or skipped point, a finished
-    bench."""
+def is_result(name: str, data: bytes) -> bool:
+    """Whether a point or bench file (``name`` under results/) is its key's result: an ok or
+    skipped point, a finished bench."""
     if POINT.match(name):
         return point_status(data) in MEASURED_STATUS
     return bench_finished(name, data)
@@ -234,7 +238,7 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
             for name in (result, log):  # a failure never displaces what the folder holds
                 if name in files:
                     _file_away(name, files.pop(name), run_dir, merge, new)
-        elif _attempt(result, have) and _is_result(result, new):
+        elif _attempt(result, have) and is_result(result, new):
             for name in (result, log):
                 if (old := merge.holds(name, run_dir)) is not None:
                     _file_away(name, old, run_dir, merge, have)
@@ -483,7 +487,7 @@ def _bench_row(run_dir: Path, rel: str) -> str:
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ValueError(f"{run_dir / rel}: its {what!r} is no list of objects")
     failed = sum(1 for i in items if i.get("status", "ok") not in MEASURED_STATUS)
-    cut = "" if bench_finished(rel, (run_dir / rel).read_bytes()) else ", cut short"
+    cut = "" if _finished(rel, doc) else ", cut short"
     git = doc["env"].get("git")
     return f"| `{rel}` | `{git}` | - | {len(items):,} {what}, {failed} failed{cut} |"
 
