@@ -8,8 +8,8 @@ import sys
 PROBE = """
 import os, signal, sys
 from decodecliff.study.interrupt import hangup_as_interrupt
-if sys.argv[1] == "nohup":
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+# each mode sets the disposition it names: a suite run under nohup would pass its ignore on
+signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv[1] == "nohup" else signal.SIG_DFL)
 print(hangup_as_interrupt(), flush=True)
 try:
     os.kill(os.getpid(), signal.SIGHUP)
