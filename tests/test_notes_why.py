@@ -140,3 +140,17 @@ def test_where_a_peer_is_faster_is_every_such_point_of_each_view() -> None:
         ("this GPU without wgmma", "chain16", "flashinfer (fa2)", "1.32x")
     ]
     assert notes.peer_rows(SimpleNamespace(kernels=kernels.iloc[:0]))[1] == "No kernel point ran."
+
+
+def test_a_decode_speedup_without_a_named_baseline_explains_the_baseline_it_measured() -> None:
+    """The schema's default target names no servers: it compares the eager custom server with
+    the eager Triton one, and its step anatomy is of those two, not of another Triton server."""
+    study = summarize.load_study(STUDY)
+    specs = targets.parse([{"kind": "decode_speedup", "ctx": 128000, "min": 50}])
+    checked = targets.evaluate(study, specs)
+    assert checked["subject"].iloc[0].startswith("custom-p1 vs triton-p1,")
+    assert checked["status"].iloc[0] == targets.MISSED
+    (row,) = notes.why_rows(study, checked, specs)
+    assert "`custom-p1`: custom eager at 128k" in row["why"]
+    assert "`triton-p1`: triton eager at 128k" in row["why"]
+    assert "triton-graph-p1" not in row["why"]

@@ -366,8 +366,8 @@ def why_rows(
         else:
             server = spec.server or targets.candidate_server(study.sweep, spec.backend)
             found = [_server_anatomy(study, rows, server, spec.ctx)]
-            if spec.kind == "decode_speedup":
-                base = tables.baseline_server(study.sweep, spec.baseline_server)
+            if spec.kind == "decode_speedup":  # the baseline the target was measured against
+                base = targets.baseline_of(study.sweep, server, spec)
                 found.append(_server_anatomy(study, rows, base, spec.ctx) if base else "")
             if spec.kind == "verify_steps_per_s":
                 found.append(f"the target's {_num(spec.threshold)} steps/s is a step of "

@@ -320,16 +320,21 @@ def _server(study: summarize.Study, target: Target) -> str | Measured:
     return server
 
 
+def baseline_of(sweep: pd.DataFrame, server: str, target: Target) -> str | None:
+    """The server a decode_speedup target compares ``server`` against: its ``baseline_server``,
+    else the first of backend ``baseline`` on ``server``'s engine path (ValueError where the
+    named one is not in the sweep)."""
+    if target.baseline_server:
+        return tables.baseline_server(sweep, target.baseline_server)
+    return paired_baseline(sweep, server, target.baseline)
+
+
 def decode_speedup(study: summarize.Study, target: Target) -> Measured:
     server = _server(study, target)
     if isinstance(server, Measured):
         return server
     try:
-        base = (
-            tables.baseline_server(study.sweep, target.baseline_server)
-            if target.baseline_server
-            else paired_baseline(study.sweep, server, target.baseline)
-        )
+        base = baseline_of(study.sweep, server, target)
     except ValueError as exc:
         return Measured(None, server, str(exc))
     if base is None:
