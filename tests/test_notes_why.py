@@ -154,3 +154,18 @@ def test_a_decode_speedup_without_a_named_baseline_explains_the_baseline_it_meas
     assert "`custom-p1`: custom eager at 128k" in row["why"]
     assert "`triton-p1`: triton eager at 128k" in row["why"]
     assert "triton-graph-p1" not in row["why"]
+
+
+def test_a_kernel_target_is_explained_at_the_series_it_measured(why) -> None:
+    """The target measures the custom kernel as the engine runs it (its auto rule), not the
+    fastest of the variants it picks from: its floor line cites that same point."""
+    study = summarize.load_study(STUDY)
+    spec = targets.Target(kind="kernel_copy_fraction", mode="decode", ctx=185000, min=0.7)
+    measured = targets.evaluate(study, [spec])["measured"].iloc[0]
+    kernels = study.kernels
+    row = kernels[(kernels["series"] == "custom") & (kernels["mode"] == "decode")]
+    row = row[(row["ctx"] == 185000) & (row["heads"] == 8) & (row["page_size"] == 1)].iloc[0]
+    assert measured == pytest.approx(row["gbs"] / row["copy_gbs"])
+    text = why["decode at 185k: custom effective bandwidth"]
+    assert text.startswith(f"custom {tables.num(row['ms'])} ms, ")
+    assert f"{row['floor_ms'] / row['ms']:.0%} of the roofline" in text

@@ -260,7 +260,7 @@ def _kernel_why(kernels: pd.DataFrame, t: targets.Target) -> str | None:
     if t.mode:
         good = good[good["mode"] == t.mode]
     if t.kind in ("kernel_ms", "kernel_copy_fraction"):
-        rows = good[good["backend"] == t.backend]
+        rows = tables.as_run(good, t.backend)  # the series the target measured
         if rows.empty:
             return None
         near = min(rows["ctx"].unique(), key=lambda c: abs(c / t.ctx - 1))
