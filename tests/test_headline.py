@@ -437,3 +437,25 @@ def test_a_lead_of_under_five_percent_is_not_written_1x(sweep) -> None:
     assert [tables.times(r) for r in (1.0, 0.998, 1.004, 1.0514, 0.95, 1.969, 84.2)] == [
         "1x", "0.998x", "1.004x", "1.05x", "0.95x", "1.97x", "84x"
     ]  # fmt: skip
+
+
+def test_a_baseline_that_does_not_slow_down_is_no_cliff(sweep, engine) -> None:
+    """Where the baseline runs faster at its longest context than at its shortest, the sentence,
+    the alt text and the figure's label say so: nothing 'falls', nothing is '0.5x slower'."""
+    flat = sweep.copy()
+    at = (flat["server"] == "sglang-graph-p1") & (flat["requested_ctx"] == 185000)
+    for col in [c for c in flat.columns if c.startswith(PRIMARY)]:
+        flat.loc[at, col] = 100.0
+    ratio = tables.times(100.0 / rate(flat, "sglang-graph-p1", 1024))
+    ref = summarize.reference_table(REFERENCE)[0]
+    collapse = headline.collapse(flat, engine, ref)
+    assert collapse.startswith("**What collapses:** nothing: `sglang-graph-p1`")
+    assert f"at 1k and 100 at 185k, {ratio} faster." in collapse
+    assert "falls" not in collapse and "slower" not in collapse and "same cliff" not in collapse
+    alt = headline.alt_text(flat)
+    assert "sglang-graph-p1 rises from 57.7 to 100 verify steps/s" in alt and "falls" not in alt
+    style.apply()
+    fig = headline.figure(flat, None, "no cliff")
+    (label,) = [t.get_text() for t in fig.axes[0].texts if "cliff" in t.get_text()]
+    assert label.startswith("no cliff: sglang-graph-p1") and f"({ratio} faster)" in label
+    plt.close(fig)

@@ -54,6 +54,18 @@ class Facts:
     missing: str = ""  # the baseline's points that did not run, with why ('' where all ran)
 
 
+def falls(f: Facts) -> bool:
+    """Whether the baseline's rate fell from its shortest to its longest context."""
+    return bool(f.rate_long < f.rate_short)
+
+
+def change(f: Facts) -> str:
+    """'99x slower' where the baseline's rate fell, '1.73x faster' where it did not."""
+    if falls(f):
+        return f"{times(f.rate_short / f.rate_long)} slower"
+    return f"{times(f.rate_long / f.rate_short)} faster"
+
+
 def family(server: str, backend: object) -> str:
     """Which kind of server it is: sglang, triton, flashinfer, custom, or its backend."""
     for name in FAMILY_ORDER:
@@ -200,9 +212,9 @@ def _annotate(ax, f: Facts) -> None:
     if f.baseline is None or f.short == f.long:
         return
     label = ax.text(
-        0, 0, f"the cliff: {f.baseline}\n{num(f.rate_short)} → {num(f.rate_long)} steps/s "
-        f"from {ctx_label(f.short)} to {ctx_label(f.long)} ({times(f.rate_short / f.rate_long)} "
-        "slower)", transform=ax.transAxes, ha="left", fontsize=8,
+        0, 0, f"{'the' if falls(f) else 'no'} cliff: {f.baseline}\n{num(f.rate_short)} → "
+        f"{num(f.rate_long)} steps/s from {ctx_label(f.short)} to {ctx_label(f.long)} "
+        f"({change(f)})", transform=ax.transAxes, ha="left", fontsize=8,
         color=style.color(f.baseline), fontweight="bold", bbox=LABEL_BOX,
     )  # fmt: skip
     _place_clear(ax, label)
@@ -266,8 +278,9 @@ def alt_text(sweep: pd.DataFrame) -> str:
     cliff = win = ""
     if f.baseline and f.short != f.long:
         cliff = (
-            f"{f.baseline} falls from {num(f.rate_short)} to {num(f.rate_long)} verify steps/s "
-            f"between {ctx_label(f.short)} and {ctx_label(f.long)}."
+            f"{f.baseline} {'falls' if falls(f) else 'rises'} from {num(f.rate_short)} to "
+            f"{num(f.rate_long)} verify steps/s between {ctx_label(f.short)} and "
+            f"{ctx_label(f.long)}."
         )
     if f.winner:
         win = f"{f.winner} runs {num(f.win_rate)}, {times(f.win_rate / f.rate_long)} that."
@@ -376,6 +389,12 @@ def collapse(
     backend = str(ok(sweep).groupby("server")["backend"].first()[f.baseline])
     graphs = style.graph_servers(sweep)[f.baseline]
     who = WHO.get(family(f.baseline, backend), "the baseline")
+    if not falls(f):  # no cliff: nothing for the step anatomy to explain
+        return (
+            f"**What collapses:** nothing: `{f.baseline}`, {who}, runs {num(f.rate_short)} "
+            f"verify steps/s at {ctx_label(f.short)} and {num(f.rate_long)} at "
+            f"{ctx_label(f.long)}, {change(f)}{missing}."
+        )
     return (
         f"**What collapses:** `{f.baseline}`, {who}, falls from "
         f"{num(f.rate_short)} verify steps/s at {ctx_label(f.short)} to {num(f.rate_long)} at "
