@@ -318,3 +318,20 @@ def test_a_published_study_keeps_the_targets_it_was_judged_by() -> None:
     default = yaml.safe_load(SCHEMA.read_text())["properties"]["targets"]["default"]
     assert set(own["target"]) != {t.label for t in targets.parse(default)}
     assert targets.published(PUBLISHED) is None  # no table of its own: judged by this run's
+
+
+def test_a_point_without_decode_tok_s_is_not_measured_and_says_why(
+    published: summarize.Study,
+) -> None:
+    """A point whose requests each returned one token has no decode rate: the target is not
+    measured, with that reason, not with none."""
+    sweep = published.sweep.copy()
+    at = (sweep["server"] == "custom") & (sweep["requested_ctx"] == 32768)
+    sweep.loc[at, "decode_tok_s"] = float("nan")
+    study = dataclasses.replace(published, sweep=sweep)
+    row = check(study, kind="decode_speedup", ctx=32000, min=1)
+    assert row["status"] == NOT_MEASURED and pd.isna(row["measured"])
+    assert row["reason"].startswith("no decode tok/s recorded for custom there")
+    spec = targets.parse([{"kind": "decode_speedup", "ctx": 32000, "min": 1}])
+    shown = targets.display_table(targets.evaluate(study, spec))
+    assert shown["status"].iloc[0] == f"{NOT_MEASURED}: {row['reason']}"

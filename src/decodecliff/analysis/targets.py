@@ -359,6 +359,12 @@ def decode_speedup(study: summarize.Study, target: Target) -> Measured:
             None, subject, f"baseline {base} {base_row['status']}: {base_row['reason']}"
         )
     subject += f": {row['decode_tok_s']:.3g} vs {base_row['decode_tok_s']:.3g} tok/s"
+    unrecorded = [s for s, r in ((server, row), (base, base_row)) if pd.isna(r["decode_tok_s"])]
+    if unrecorded:
+        return Measured(
+            None, subject, f"no decode tok/s recorded for {' and '.join(unrecorded)} there"
+            " (a request of one token has no decode time)"
+        )  # fmt: skip
     return Measured(float(row["decode_tok_s"]) / float(base_row["decode_tok_s"]), subject)
 
 
