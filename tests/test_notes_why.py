@@ -169,3 +169,29 @@ def test_a_kernel_target_is_explained_at_the_series_it_measured(why) -> None:
     text = why["decode at 185k: custom effective bandwidth"]
     assert text.startswith(f"custom {tables.num(row['ms'])} ms, ")
     assert f"{row['floor_ms'] / row['ms']:.0%} of the roofline" in text
+
+
+def test_an_end_to_end_target_cites_its_servers_verify_step_not_another_mode() -> None:
+    """An engine bench of several modes (decode and chain) gives each server the anatomy of the
+    step it runs: a chain verify for a chain-speculating server, whichever mode comes first."""
+    study = summarize.load_study(STUDY)
+    rows = notes.engine_rows(study.root)
+    decode = [
+        r | {"mode": "decode", "step_ms": r["step_ms"] / 10, "attention_ms": r["attention_ms"] / 10}
+        for r in rows
+    ]
+    specs = targets.parse(
+        [{"kind": "verify_steps_per_s", "ctx": 185000, "min": 100, "server": "custom-graph-p1"}]
+    )
+    checked = targets.evaluate(study, specs)
+    (alone,) = notes.why_rows(study, checked, specs, rows)
+    (mixed,) = notes.why_rows(study, checked, specs, decode + rows)
+    assert mixed["why"] == alone["why"]
+    chain = next(
+        r for r in rows
+        if r["backend"] == "custom" and r["path"] == "graphs" and r["context"] == 185000
+    )  # fmt: skip
+    assert f"step {chain['step_ms']:.3g} (" in mixed["why"]
+    sweep = study.sweep.assign(spec='{"mode": "none"}')
+    (plain,) = notes.why_rows(dataclasses.replace(study, sweep=sweep), checked, specs, decode)
+    assert plain["why"].startswith("`custom-graph-p1`: custom CUDA graphs at 185k: step ")

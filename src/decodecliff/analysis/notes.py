@@ -300,16 +300,22 @@ def engine_rows(root: Path) -> list[dict]:
 
 
 def _anatomy(
-    rows: list[dict], backend: str, graphs: bool, ctx: int, gemm: str, label: str | None = None
+    rows: list[dict],
+    backend: str,
+    graphs: bool,
+    ctx: int,
+    gemm: str,
+    label: str | None = None,
+    mode: str = "chain",
 ) -> str | None:
     """'custom, CUDA graphs, 185k: step 21.1 ms (floor 6.27) = attention 15.8 (4.02) + ...': the
     rows of the backend's configuration named ``label`` where the bench has it, else of its
-    first on the same GEMM path."""
+    first on the same GEMM path, of the step ``mode`` (the engine bench's: decode, chain, tree)."""
     path = "graphs" if graphs else "eager"
     mine = [
         r for r in rows
         if backend_of(str(r.get("backend", ""))) == backend and r.get("path") == path
-        and r.get("gemm", DEFAULT_GEMM) == gemm
+        and r.get("gemm", DEFAULT_GEMM) == gemm and r.get("mode", "chain") == mode
     ]  # fmt: skip
     mine = [r for r in mine if r["backend"] == label] or mine
     if not mine:
@@ -338,6 +344,21 @@ def _ms(value: float) -> str:
     return _num(value, ",.0f") if abs(value) >= 100 else _num(value)
 
 
+# a server's speculation (its config's spec.mode) -> the engine bench's mode of that step
+STEP_MODES = {"none": "decode", "chain": "chain", "tree": "tree"}
+
+
+def _step_mode(spec: object) -> str:
+    """The engine bench's mode of a server's verify step: its spec's, a chain where unrecorded."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError:
+            spec = None
+    mode = spec.get("mode") if isinstance(spec, dict) else None
+    return STEP_MODES.get(mode, "chain")
+
+
 def _server_anatomy(study: summarize.Study, rows: list[dict], server: str, ctx: int) -> str:
     sweep = study.sweep[study.sweep["server"] == server]
     if sweep.empty or not rows:
@@ -346,7 +367,7 @@ def _server_anatomy(study: summarize.Study, rows: list[dict], server: str, ctx: 
     graphs = str(first.get("cuda_graph")).strip().lower() in ("true", "1", "1.0")
     backend, gemm = str(first.get("backend")), tables.server_gemm(study.sweep, server)
     label = tables.engine_label(study.sweep, server) if backend == "custom" else None
-    text = _anatomy(rows, backend, graphs, ctx, gemm, label)
+    text = _anatomy(rows, backend, graphs, ctx, gemm, label, _step_mode(first.get("spec")))
     return f"`{server}`: {text}" if text else ""
 
 
