@@ -335,3 +335,25 @@ def test_a_point_without_decode_tok_s_is_not_measured_and_says_why(
     spec = targets.parse([{"kind": "decode_speedup", "ctx": 32000, "min": 1}])
     shown = targets.display_table(targets.evaluate(study, spec))
     assert shown["status"].iloc[0] == f"{NOT_MEASURED}: {row['reason']}"
+
+
+def test_a_kernel_time_of_a_backend_of_several_series_is_its_fastest_named() -> None:
+    """SGLang's extend and verify kernels both run a chain16 point: the target counts the faster
+    one and names it, whichever the bench recorded first (a failed one never counts)."""
+    study = kernel_study(
+        [
+            {"backend": "sglang", "triton_config": "extend", "mode": "chain16", "ctx": 185000,
+             "ms": 29.0, "gbs": 7.0},
+            {"backend": "sglang", "triton_config": "split", "mode": "chain16", "ctx": 185000,
+             "ms": None, "status": "failed", "reason": "out of memory"},
+            {"backend": "sglang", "triton_config": "verify", "mode": "chain16", "ctx": 185000,
+             "ms": 1.06, "gbs": 200.0},
+        ]
+    )  # fmt: skip
+    row = check(study, kind="kernel_ms", mode="chain16", ctx=185000, max=2, backend="sglang")
+    assert row["measured"] == pytest.approx(1.06) and row["status"] == MET
+    assert row["subject"].startswith("sglang (verify), chain16, 8 heads, page size 1, 185k")
+    row = check(
+        study, kind="kernel_copy_fraction", mode="chain16", ctx=185000, min=0.01, backend="sglang"
+    )
+    assert row["measured"] == pytest.approx(200.0 / 4000.0)

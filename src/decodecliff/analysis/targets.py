@@ -191,7 +191,9 @@ def _kernel_rows(kernels: pd.DataFrame, target: Target, backend: str) -> pd.Data
 
 
 def _kernel_point(kernels: pd.DataFrame, target: Target) -> pd.Series | Measured:
-    """The candidate's row at the target's mode and context, or why there is none."""
+    """The candidate's row at the target's mode and context, or why there is none; where the
+    backend ran several series there (a Triton baseline's block configs, SGLang's extend and
+    verify kernels), its fastest, named."""
     rows = _kernel_rows(kernels, target, target.backend)
     subject = f"{target.backend}, {target.mode}, {_shape(target)}"
     if isinstance(rows, str):
@@ -199,10 +201,15 @@ def _kernel_point(kernels: pd.DataFrame, target: Target) -> pd.Series | Measured
     ctx = _nearest(rows["ctx"], target.ctx, target.ctx_tolerance)
     if ctx is None:
         return Measured(None, subject, _no_context(rows, target))
-    row = rows[rows["ctx"] == ctx].iloc[0]
+    at = rows[rows["ctx"] == ctx]
     subject += f", {tables.ctx_label(ctx)} ({ctx:,})"
-    if row["status"] != "ok":
+    good = at[at["status"] == "ok"]
+    if good.empty:
+        row = at.iloc[0]
         return Measured(None, subject, f"{row['status']}: {row['reason']}")
+    row = good.loc[good["ms"].idxmin()]
+    if row["series"] != target.backend:
+        subject = f"{row['series']}, {subject.split(', ', 1)[1]}"
     return row.rename(subject)
 
 
