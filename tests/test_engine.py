@@ -422,3 +422,21 @@ def test_pool_keeps_page_break_counts_in_step_with_its_page_lists():
     assert pool.fragmentation()["request_page_breaks"] == sum(
         page_breaks(p) for p in pool.owners.values()
     )
+
+
+def test_pool_fragmentation_can_be_read_while_requests_come_and_go():
+    # The server reads engine.stats() from its own thread: the engine may open or close a request
+    # between any two bytecodes of the read. A page list whose len() opens one stands in for it.
+    pool = engine(max_total_tokens=64, max_running_requests=4).pool
+    first = pool.open()
+    pool.reserve(first, 10)
+
+    class OpensARequest(list):
+        def __len__(self) -> int:
+            if pool.free_rows:
+                pool.reserve(pool.open(), 3)
+            return super().__len__()
+
+    pool.owners[first] = OpensARequest(pool.owners[first])
+    info = pool.fragmentation()
+    assert info["request_page_breaks"] == 0 and len(pool.owners) == 2

@@ -147,9 +147,13 @@ class KVPool:
 
     # fragmentation and defragmentation ---------------------------------------------------------
     def fragmentation(self) -> dict:
-        """Page breaks per page boundary over running requests (0 = every request contiguous)."""
+        """Page breaks per page boundary over running requests (0 = every request contiguous).
+
+        The server reads it from its own thread while the engine's opens and closes requests:
+        the page lists are copied out first (in one call, under the GIL), never iterated live.
+        """
         breaks = sum(self.breaks.values())
-        bounds = sum(max(len(p) - 1, 0) for p in self.owners.values())
+        bounds = sum(max(len(p) - 1, 0) for p in list(self.owners.values()))
         return {
             "request_page_breaks": breaks,
             "request_fragmentation": breaks / bounds if bounds else 0.0,
