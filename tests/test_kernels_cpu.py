@@ -208,6 +208,42 @@ def test_backend_errors() -> None:
         tb.TritonAttention()(batch)
 
 
+def _strided_lengths(batch):
+    """The batch with kv_lens a strided view of the same values (column 0 of a [B, 2] tensor)."""
+    lens = batch.meta.kv_lens
+    batch.meta.kv_lens = torch.stack([lens, torch.zeros_like(lens)], 1)[:, 0]
+    return batch
+
+
+def test_triton_refuses_lengths_and_masks_its_kernels_would_misread() -> None:
+    # The kernels index kv_lens and the tree mask through raw pointers: a strided kv_lens had
+    # given wrong rows silently, a tree mask narrower than the draft was read out of bounds.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    batch = _strided_lengths(random_batch([100, 40], 4, heads=2, page_size=4, seed=1))
+    assert relative_error(TorchAttention()(batch), reference_attention(batch)) < BF16_TOL
+    with pytest.raises(ValueError, match="kv_lens and q_indptr must be contiguous"):
+        tb.TritonAttention()(batch)
+    batch = random_batch([100, 40], 5, heads=2, tree=True, seed=1)
+    batch.meta.tree_mask = batch.meta.tree_mask[:, :3, :3].contiguous()
+    with pytest.raises(ValueError, match="tree_mask must be"):
+        tb.TritonAttention()(batch)
+
+
+def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
+    from decodecliff.kernels import custom
+    from decodecliff.kernels.api import AttnMeta
+
+    monkeypatch.setattr(AttnMeta, "device", property(lambda self: torch.device("cuda")))
+    custom.validate_meta(random_batch([100, 40], 4, tree=True).meta)  # as the engine plans it
+    batch = _strided_lengths(random_batch([100, 40], 4, seed=1))
+    with pytest.raises(ValueError, match="kv_lens and q_indptr must be contiguous"):
+        custom.validate_meta(batch.meta)
+    batch = random_batch([100, 40], 5, tree=True, seed=1)
+    batch.meta.tree_mask = batch.meta.tree_mask[:, :3, :3].contiguous()
+    with pytest.raises(ValueError, match="n >= max_q_len"):
+        custom.validate_meta(batch.meta)
+
+
 def test_relative_error_flags_nan() -> None:
     ref = torch.ones(2, 3)
     assert math.isinf(relative_error(torch.full((2, 3), float("nan")), ref))

@@ -337,6 +337,11 @@ def validate_meta(meta: AttnMeta) -> None:
         meta.q_indptr.dtype == torch.int32 and meta.q_indptr.shape == (b + 1,),
         "q_indptr: int32 [B + 1]",
     )
+    # the kernel reads both through their data pointers, as flat arrays
+    _check(
+        meta.kv_lens.is_contiguous() and meta.q_indptr.is_contiguous(),
+        "kv_lens and q_indptr must be contiguous",
+    )
     tm = meta.tree_mask
     _check(
         tm is None
@@ -346,8 +351,9 @@ def validate_meta(meta: AttnMeta) -> None:
             and tm.is_contiguous()
             and tm.shape[0] >= b
             and tm.shape[1] == tm.shape[2]
+            and (meta.max_q_len is None or tm.shape[1] >= meta.max_q_len)
         ),
-        "tree_mask must be contiguous bool [B, n, n]",
+        "tree_mask must be contiguous bool [B, n, n] with n >= max_q_len",
     )
 
 

@@ -380,6 +380,16 @@ def _meta_problem(meta: AttnMeta) -> str | None:
         return "page_table must be int32 [B, max_pages]"
     if meta.page_table.device != meta.device:
         return "page_table and kv_lens must be on the same device"
+    if not (meta.kv_lens.is_contiguous() and meta.q_indptr.is_contiguous()):
+        return "kv_lens and q_indptr must be contiguous (the kernels read them as flat arrays)"
+    tm, max_q = meta.tree_mask, meta.max_q_len
+    if tm is not None and (
+        tm.dim() != 3
+        or tm.stride(2) != 1
+        or tm.shape[0] < meta.batch_size
+        or (max_q is not None and min(tm.shape[1], tm.shape[2]) < max_q)
+    ):
+        return "tree_mask must be [>= B, >= max_q_len, >= max_q_len] with unit last stride"
     if meta.device.type == "cuda" and INTERPRETED:
         return "the triton backend was loaded for the CPU; tensors are on a CUDA device"
     if meta.device.type != "cuda" and not INTERPRETED:
