@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of the custom kernel's variants at the study's main shapes (one GPU call).
-#   OUT=dir scripts/profile_kernels.sh "v1:185000:16:8" "auto:185000:1:8:batch=4:splits=132" ...
-#   (VARIANT:SHAPE, SHAPE as `decodecliff check-kernel --launch` takes it:
-#    CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree][:batch=B][:splits=S])
+#   OUT=dir scripts/profile_kernels.sh "v1:185000:16:8" "v4:185000:1:8:batch=4:splits=132" ...
+#   (VARIANT:SHAPE, VARIANT one of v1..v5 as `decodecliff check-kernel --variants` takes it, not
+#    auto; SHAPE as its --launch takes it: CTX:Q_LEN:HEADS[:PAGE_SIZE][:tree][:batch=B][:splits=S])
 #   SM120_MODEL=1: the sm_120-model library (sm_120's registers and 100 KB per SM, on this GPU)
 # InstructionStats and SourceCounters give the executed instructions and where warps stall: the
 # dynamic side of the static loop counts build-kernel records (kernels/sass.py). Each report is
