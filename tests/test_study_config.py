@@ -124,6 +124,13 @@ BAD = {
         _set("sweep.servers[1].name", "torch-chain16-p1"),
         "config.sweep.servers[1].name",
     ),
+    "numeric-server-name": (_set("sweep.servers[1].name", "64"), "config.sweep.servers[1].name"),
+    "float-server-name": (_set("sweep.servers[0].name", "1e3"), "config.sweep.servers[0].name"),
+    "missing-value-server-name": (
+        _set("sweep.servers[2].name", "NA"),
+        "config.sweep.servers[2].name",
+    ),
+    "boolean-server-name": (_set("sweep.servers[1].name", "True"), "config.sweep.servers[1].name"),
     "duplicate-point": (
         lambda c: c["sweep"]["servers"][0]["chunks"].append(
             {"contexts": [256], "timeout_s": 10, "point_timeout_s": 5}

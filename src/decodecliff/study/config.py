@@ -256,6 +256,13 @@ def check(cfg: dict) -> None:
                 f"{key}.name",
                 f"server name {server['name']!r} is used twice (names must be unique)",
             )
+        if not _reads_back_as_text(server["name"]):
+            why = (
+                f"server name {server['name']!r} reads as a number or a missing value in the "
+                "summary tables and notebook parameters; give it a letter (e.g. "
+                f"'p{server['name']}')"
+            )
+            raise ConfigError(f"{key}.name", why)
         _check_points(server, key)
         # A GPU-only backend's server is recorded as skipped on a CPU: its switches never run.
         gpu_only = server["backend"] in registry.GPU_ONLY
@@ -290,6 +297,20 @@ def check(cfg: dict) -> None:
             registry.parse_spec(spec)
         except ValueError as exc:
             raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
+
+
+# Names pandas reads from a CSV cell (and papermill from a -p value) as other than text: missing
+# values and booleans, beside whatever float() takes (64, 1e3, nan, inf).
+NOT_TEXT = {"na", "null", "none", "true", "false"}
+
+
+def _reads_back_as_text(name: str) -> bool:
+    """Whether a server name reads back as itself from the summary CSV and a notebook's -p."""
+    try:
+        float(name)
+    except ValueError:
+        return name.lower() not in NOT_TEXT
+    return False
 
 
 def check_inputs(
