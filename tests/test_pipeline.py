@@ -209,6 +209,15 @@ def test_forcerun_of_a_point_plans_that_point_and_its_dependents(study: Path) ->
     assert plan.get("render_report") == 1, plan
 
 
+def test_a_config_value_given_again_reruns_nothing(study: Path) -> None:
+    """--config and --configfile reorder the config's keys (Snakemake puts what they set
+    first): the same values so given must not rerun the notes and the report."""
+    again = ["--config", "reference=" + small_config()["reference"]]
+    done = snakemake(study, "--cores", "1", "--dry-run", *again)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Nothing to be done" in done.stdout + done.stderr, job_counts(done.stdout)
+
+
 def test_a_changed_parameter_reruns_the_notebooks_that_show_it(study: Path) -> None:
     """The notebooks' papermill parameters are recorded with their jobs, so a config edit that
     reaches only them (tau, the description the report embeds) reruns them, and no point."""

@@ -38,8 +38,9 @@ rule notes:
         report(NOTES, caption="../report/notes.rst", category="0. Report"),
     params:
         study=lambda wildcards, input: os.path.dirname(os.path.dirname(input.bench)),
-        # a function: the config's command templates hold braces that are not wildcards
-        config=lambda wildcards: yaml.safe_dump(config, sort_keys=False),
+        # a function: the config's command templates hold braces that are not wildcards; keys
+        # sorted, as Snakemake orders them by what --config and --configfile set
+        config=lambda wildcards: yaml.safe_dump(config, sort_keys=True),
     log:
         "results/logs/report/notes.log",
     conda:

@@ -164,7 +164,8 @@ def papermill_options(values: dict) -> str:
     before any -p, so they come in that order here too), shell-quoted."""
     args = []
     for key in [k for k in values if k in YAML_PARAMETERS]:
-        args += ["-y", json.dumps({key: values[key]})]
+        # keys sorted: the config's order is what --config and --configfile set, not its content
+        args += ["-y", json.dumps({key: values[key]}, sort_keys=True)]
     for key in [k for k in values if k not in YAML_PARAMETERS]:
         args += ["-p", key, str(values[key])]
     return " ".join(shlex.quote(arg) for arg in args)
