@@ -43,7 +43,8 @@ def refuse_repeats(parser: argparse.ArgumentParser, **lists: list | None) -> Non
     """Exit through ``parser.error`` where a list option names a value twice (its points would be
     measured and written twice): ``refuse_repeats(p, contexts=args.contexts)``."""
     for name, values in lists.items():
-        twice = [v for i, v in enumerate(values or []) if v in (values or [])[:i]]
+        values = values or []
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
         if twice:
             parser.error(f"--{name.replace('_', '-')} names {twice[0]} twice")
 

@@ -288,44 +288,22 @@ def validate(batch: AttnBatch, out: torch.Tensor) -> None:
         kv.dim() == 3 and kv.shape[2] == D_QK and kv.is_contiguous(),
         "kv_cache must be contiguous [pages, page_size, 576]",
     )
-    pt = batch.meta.page_table
-    _check(
-        pt.dtype == torch.int32 and pt.dim() == 2 and pt.stride(1) == 1,
-        "page_table must be int32 [B, max_pages] with unit column stride",
-    )
-    b = batch.meta.batch_size
-    _check(
-        batch.meta.kv_lens.dtype == torch.int32 and batch.meta.kv_lens.shape == (b,),
-        "kv_lens: int32 [B]",
-    )
-    _check(
-        batch.meta.q_indptr.dtype == torch.int32 and batch.meta.q_indptr.shape == (b + 1,),
-        "q_indptr: int32 [B + 1]",
-    )
-    _check(pt.shape[0] >= b, "page_table needs a row per request")
+    meta = batch.meta
+    validate_meta(meta)
     _check(
         out.dtype == torch.bfloat16
         and out.is_contiguous()
         and out.shape == (q.shape[0], q.shape[1], D_V),
         "out must be bf16 [T, H, 512]",
     )
-    tensors = [kv, pt, batch.meta.kv_lens, batch.meta.q_indptr, out]
-    tm = batch.meta.tree_mask
-    if tm is not None:
-        _check(
-            tm.dtype in (torch.bool, torch.uint8)
-            and tm.dim() == 3
-            and tm.is_contiguous()
-            and tm.shape[0] >= b
-            and tm.shape[1] == tm.shape[2],
-            "tree_mask must be contiguous bool [B, n, n]",
-        )
-        tensors.append(tm)
+    tensors = [kv, meta.page_table, meta.kv_lens, meta.q_indptr, out]
+    if meta.tree_mask is not None:
+        tensors.append(meta.tree_mask)
     _check(all(t.device == q.device for t in tensors), "all tensors must be on q's device")
 
 
 def validate_meta(meta: AttnMeta) -> None:
-    """The metadata checks of ``validate`` for a planned step (the tensors' own go in run())."""
+    """The metadata checks, of a planned step and of each call (``validate``: the tensors' own)."""
     pt, b = meta.page_table, meta.batch_size
     _check(meta.device.type == "cuda", "tensors must be on a CUDA device")
     _check(
