@@ -210,6 +210,24 @@ def test_f5_the_api_key_guards_everything_but_health():
             assert httpx.get(s.url + path).status_code == 200, path
         client = OpenAI(base_url=s.url + "/v1", api_key="s3cret", max_retries=0)
         assert client.completions.create(model="tiny", prompt="a", max_tokens=2).choices
+        # a key of bytes that are not UTF-8 (no client library sends one: a raw request)
+        answer = _raw_request(
+            s,
+            b"GET /get_server_info HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer s3cr\xe9t\r\nConnection: close\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+        assert s.get("/health").status_code == 200
+
+
+def _raw_request(srv: Server, request: bytes) -> bytes:
+    """The server's whole answer to ``request``, sent as bytes (the connection closed after)."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return answer
 
 
 # shutting down and starting ----------------------------------------------------------------------

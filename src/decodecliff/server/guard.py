@@ -155,6 +155,10 @@ def _hostname(url: str) -> str | None:
         return None
 
 
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
 def access_middleware(settings: Settings) -> Callable:
     """Host/Origin checks for a loopback server and the API key, as one aiohttp middleware."""
     local = is_loopback(settings.host)
@@ -176,7 +180,8 @@ def access_middleware(settings: Settings) -> Callable:
         if settings.api_key is not None and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             want = f"Bearer {settings.api_key}"
-            if not hmac.compare_digest(given.encode(), want.encode()):
+            # a header's bytes that are not UTF-8 come as surrogates: compared as the bytes sent
+            if not hmac.compare_digest(_raw(given), _raw(want)):
                 raise web.HTTPUnauthorized(
                     text="missing or wrong API key (Authorization: Bearer <key>)",
                     headers={"WWW-Authenticate": "Bearer"},
