@@ -427,6 +427,17 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
         assert ("store" in resp.headers.get("warning", "")) == extra["store"]
 
 
+def test_a_chat_asking_for_text_output_alone_is_served(client, srv):
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=3, modalities=["text"]
+    )
+    assert chat.usage.completion_tokens <= 3
+    for other in (["text", "audio"], ["audio"], "text"):
+        resp = srv.post("/v1/chat/completions", {"messages": msgs, "modalities": other})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "modalities"
+
+
 @pytest.mark.slow  # a long chat streams beside the short requests
 def retractions(srv) -> float:
     """The server's count of running requests sent back to the queue (its /metrics)."""

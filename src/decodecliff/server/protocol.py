@@ -210,6 +210,8 @@ def _neutral(value: object, ok: object) -> bool:
     () stands for an empty list, object or string, a bool is no number, a number no bool."""
     if ok == ():
         return isinstance(value, (list, dict, str)) and not value
+    if isinstance(ok, list):  # a list of strings, e.g. modalities ["text"]
+        return isinstance(value, list) and value == ok
     if isinstance(ok, bool) or isinstance(value, bool):
         return value is ok
     return isinstance(value, (int, float)) and value == ok
