@@ -4,6 +4,7 @@ fault probes of issue 26 (F1-F12), against the real server (tiny preset, CPU).""
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 import socket
 import subprocess
@@ -274,3 +275,20 @@ def test_f12_impossible_settings_are_one_line_errors(args, fragment):
     lines = done.stderr.strip().splitlines()
     assert fragment in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert len([ln for ln in lines if "error" in ln]) == 1
+
+
+@pytest.mark.slow  # starts a server that fails
+def test_a_tokenizer_that_cannot_be_written_leaves_no_partial_file(tmp_path):
+    """A file size limit (as a full disk) stops the tokenizer's write: a one-line error, and
+    nothing half-written in the tokenizer's folder."""
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+
+    folder = tmp_path / "tokenizer"
+    cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--preset", "tiny", "--device"]
+    cmd += ["cpu", "--port", "0", "--max-total-tokens", "1024", "--tokenizer-dir", str(folder)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert done.returncode == 2 and "File too large" in done.stderr, done.stderr[-2000:]
+    assert [p.name for p in folder.iterdir()] == []

@@ -100,6 +100,9 @@ def write_hf(folder: Path, vocab_size: int, max_length: int) -> Path:
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
         tmp = folder / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        finally:  # a write that failed (a full disk) leaves no partial file behind
+            tmp.unlink(missing_ok=True)
     return folder
