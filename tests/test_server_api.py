@@ -438,7 +438,6 @@ def test_a_chat_asking_for_text_output_alone_is_served(client, srv):
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "modalities"
 
 
-@pytest.mark.slow  # a long chat streams beside the short requests
 def retractions(srv) -> float:
     """The server's count of running requests sent back to the queue (its /metrics)."""
     found = re.search(r"^sglang:num_retractions_total\{.*\} (\S+)$", srv.get("/metrics").text, re.M)
@@ -459,6 +458,7 @@ def test_a_chat_whose_prompt_fills_the_pool_is_told_so(srv):
     assert "max_new_tokens" not in resp.text
 
 
+@pytest.mark.slow  # a long chat streams beside the short requests
 def test_a_chat_without_max_tokens_leaves_room_for_the_others(srv):
     # Without max_tokens a chat request generates at most its fair share of the pool (pool / max
     # running requests), not the whole pool, so short requests run beside it instead of waiting
