@@ -480,6 +480,52 @@ def test_a_merge_that_cannot_write_every_file_writes_none(tmp_path: Path) -> Non
     assert not (run / "a.json").exists()
 
 
+def test_a_merge_stopped_part_way_is_completed_by_merging_again(tmp_path, monkeypatch) -> None:
+    """Stopped inside any one file's write (^C, a full disk): no half file is left, no failed
+    attempt that a point displaced is lost, and the same merge again gives the whole result."""
+    import json
+
+    from decodecliff.study import runs
+
+    def point(status: str) -> str:
+        return json.dumps({"env": {"git": "abc1234"}, "status": status, "pad": "x" * 100})
+
+    key, log = "sweep/s/ctx1.json", "logs/sweep/s/ctx1.log"
+    failed = _tar(tmp_path / "a.tar", {key: point("failed"), log: "server died"})
+    measured = {key: point("ok"), log: "ok", "sweep/s/ctx2.json": point("ok"), LOG: launch(1)}
+    measured["logs/sweep/s/ctx2.log"] = "ok too"
+    again = _tar(tmp_path / "b.tar", measured)
+
+    def tree(run: Path) -> dict[str, bytes]:
+        return {
+            f.relative_to(run).as_posix(): f.read_bytes() for f in run.rglob("*") if f.is_file()
+        }
+
+    whole = tmp_path / "whole"
+    runs.merge_calls([failed], whole)
+    runs.merge_calls([again], whole)
+    assert len(tree(whole)) == 7  # the failed point and its log filed apart
+    write_bytes = Path.write_bytes
+    for stop in range(1, 8):
+        run = tmp_path / f"run{stop}"
+        runs.merge_calls([failed], run)
+        writes = []
+
+        def cut(path: Path, data: bytes, stop=stop, writes=writes) -> int:
+            writes.append(path)
+            if len(writes) == stop:
+                write_bytes(path, data[: len(data) // 2])
+                raise KeyboardInterrupt
+            return write_bytes(path, data)
+
+        monkeypatch.setattr(Path, "write_bytes", cut)
+        with pytest.raises(KeyboardInterrupt):
+            runs.merge_calls([again], run)
+        monkeypatch.setattr(Path, "write_bytes", write_bytes)
+        runs.merge_calls([again], run)
+        assert tree(run) == tree(whole), stop
+
+
 def test_an_empty_file_then_another_in_one_merge_is_a_conflict(tmp_path: Path) -> None:
     from decodecliff.study import runs
 

@@ -34,6 +34,8 @@ server on the machine, so a folder is filled by merging, not by copying over:
   match (but for the machine and the order in which nvcc's threads listed the kernels), writes
   logs that differ only in temporary names and that order;
 * the build's marker files and libraries are not results and are left out.
+* each file is written whole (a temporary file renamed), so a merge stopped part way is
+  completed by merging the same calls again.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tarfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -240,7 +244,8 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
                     _file_away(name, files.pop(name), run_dir, merge, new)
         elif _attempt(result, have) and is_result(result, new):
             for name in (result, log):
-                if (old := merge.holds(name, run_dir)) is not None:
+                # (a log the same as the one that came: written by a merge stopped part way)
+                if (old := merge.holds(name, run_dir)) is not None and old != files.get(name):
                     _file_away(name, old, run_dir, merge, have)
                 if name in files:  # added earlier in this merge, or on disk already
                     target = merge.added if name in merge.added else merge.replaced
@@ -392,10 +397,25 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
             f"{run_dir} holds other bytes for {len(names)} file(s) (nothing written): "
             + ", ".join(names)
         )
-    for name, data in merge.writes().items():
-        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        (run_dir / name).write_bytes(data)
+    # each file whole, the failed attempts first and the points and benches last (after their
+    # logs), so that merging the same calls again completes a merge stopped part way: a point
+    # that came is not read as a rerun cut short, nor does one displace what is not yet on record
+    writes = merge.writes()
+    last = [n for n in writes if POINT.match(n) or BENCH.match(n)]
+    for name in [*merge.filed, *(n for n in writes if n not in last), *last]:
+        _write_whole(run_dir / name, writes[name])
     return merge
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` into a temporary file beside ``path``, renamed over it: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _when(stamps: list[str]) -> str:
