@@ -595,6 +595,34 @@ def test_a_run_folder_holds_one_gpu(tmp_path: Path) -> None:
     assert not (run / "sweep/t").exists()
 
 
+def test_a_run_folder_named_for_a_commit_and_gpu_takes_no_other_s_measurements(tmp_path) -> None:
+    """results/runs/h200/05f0426 names its commit and GPU: the first call merged into it is held
+    to them too, not only the calls after it to the first's."""
+    import json
+
+    from decodecliff.study import runs
+
+    def point(git: str, gpu: str) -> dict[str, str]:
+        return {"sweep/s/ctx1.json": json.dumps({"env": {"git": git, "gpu": gpu}, "status": "ok"})}
+
+    run = tmp_path / "results/runs/h200/05f0426"
+    for git, gpu, what in (
+        ("7fe4732", "NVIDIA H200", "another commit"),
+        ("05f0426", "NVIDIA H100 80GB HBM3", "another GPU"),
+    ):
+        call = _tar(tmp_path / "c.tar", point(git, gpu))
+        with pytest.raises(ValueError, match=f"named for {what} than its measurements'"):
+            runs.merge_calls([call], run)
+        assert not run.exists()
+    for git in ("05f0426-dirty", "05f0426" + "0" * 33):
+        call = _tar(tmp_path / "c.tar", point(git, "NVIDIA H200"))
+        assert set(runs.merge_calls([call], run).added) == {"sweep/s/ctx1.json"}
+        shutil.rmtree(run)
+    # a folder laid out otherwise names nothing
+    call = _tar(tmp_path / "c.tar", point("7fe4732", "NVIDIA H100 80GB HBM3"))
+    assert runs.merge_calls([call], tmp_path / "runs/05f0426").added
+
+
 def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tmp_path) -> None:
     import json
 

@@ -25,7 +25,8 @@ server on the machine, so a folder is filled by merging, not by copying over:
   where the folder has none, and likewise never displaces one and gives way to a finished one,
   the cut attempt and its rule log filed under ``failed/``;
 * a file it holds with other bytes (a point measured twice, another build record, a launch
-  logged otherwise), a measurement of another commit or on another GPU, or a path that is not
+  logged otherwise), a measurement of another commit or on another GPU (than the folder's
+  others, or than a folder laid out as ``runs/GPU/COMMIT`` is named for), or a path that is not
   a file in the folder stops the merge before anything is written: which measurement stands is
   the publisher's decision;
 * a tar with no study files, or a name that would land outside the folder, is refused;
@@ -372,6 +373,22 @@ def _held(
     return found
 
 
+def _named(run_dir: Path) -> tuple[Callable[[str], bool] | None, Callable[[str], bool] | None]:
+    """Whether a commit, and a GPU, is the one a run folder laid out as ``runs/GPU/COMMIT`` is
+    named for (results/runs/h200/05f0426: 05f0426, an H200); None where it is not so laid out."""
+    place = run_dir.resolve()
+    if place.parent.parent.name != "runs" or not re.fullmatch(r"[0-9a-f]{7,40}", place.name):
+        return None, None
+
+    def alnum(text: str) -> str:
+        return re.sub(r"[^0-9a-z]", "", text.lower())
+
+    return (
+        lambda commit: commit == place.name[:SHORT],
+        lambda gpu: alnum(place.parent.name) in alnum(gpu),
+    )
+
+
 def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     """Merge the calls' files into ``run_dir`` in the given order; on a conflict write nothing."""
     merge = Merge()
@@ -384,11 +401,17 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     # the build is the commit's whatever GPU compiled it (_same_build): its records have no say
     # in the GPU the measurements were taken on
     checks = (("commit", commit_of, (*STUDY_DIRS, FAILED)), ("GPU", gpu_of, MEASURED_DIRS))
-    for what, read, dirs in checks:
+    for (what, read, dirs), named in zip(checks, _named(run_dir), strict=True):
         if len(found := _held(run_dir, merge, read, dirs)) > 1:
             raise ValueError(
                 f"a run folder holds one {what}'s measurements; these are of "
                 + ", ".join(f"{value} ({name})" for value, name in found.items())
+                + " (nothing written)"
+            )
+        if named is not None and (other := [v for v in found if not named(v)]):
+            raise ValueError(
+                f"{run_dir} is named for another {what} than its measurements': these are of "
+                + ", ".join(f"{value} ({found[value]})" for value in other)
                 + " (nothing written)"
             )
     if merge.conflicts:
