@@ -196,7 +196,10 @@ def main(argv: list[str]) -> int:
             keys = missing(commands, run)
         except ValueError as exc:
             p.error(f"{commands}: {exc}")
-        print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))
+        try:
+            print(" ".join(keys) if args.like is None else calls(keys, args.like, args.call_s))
+        except ValueError as exc:  # a file of the earlier run that gives no point's time
+            p.error(f"--like: {exc}")
         return 0
     if not args.config.is_file():
         p.error(f"no config file {args.config}")

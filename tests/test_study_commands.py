@@ -746,3 +746,32 @@ def test_what_a_run_lacks_is_packed_into_calls_by_an_earlier_run_s_times(tmp_pat
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == ["a:1 d:1", "b:1 c:1", "bench_engine"]
     assert lines[0].endswith(f"# call 1: ~401 s in {earlier}")
+
+
+def test_an_earlier_run_whose_point_gives_no_time_is_said_so(tmp_path, capsys) -> None:
+    """--like reads each point's start and finish: a file that gives none is named, no traceback."""
+    import json
+
+    commands = tmp_path / "cmds.txt"
+    commands.write_text("a:1\tx\n")
+    (tmp_path / "run").mkdir()
+    earlier = tmp_path / "earlier" / "sweep" / "a"
+    earlier.mkdir(parents=True)
+
+    def point(finish: str) -> str:
+        return json.dumps(
+            {"env": {}, "started_at": "2026-12-04T17:00:00+00:00", "finished_at": finish}
+        )
+
+    for text, said in (
+        ("{", "Expecting property name"),
+        (point("later"), "Invalid isoformat string"),
+        (point("2026-12-04T17:01:00"), "offset-naive"),
+    ):
+        (earlier / "ctx1.json").write_text(text)
+        args = ["--missing", str(commands), str(tmp_path / "run"), f"--like={earlier.parents[1]}"]
+        with pytest.raises(SystemExit) as stopped:
+            study_commands().main(args)
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and f"--like: {earlier / 'ctx1.json'}: " in err, err
+        assert said in err

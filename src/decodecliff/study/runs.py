@@ -549,7 +549,10 @@ def point_seconds(run_dir: Path) -> dict[str, float]:
             doc = _read(f)
             start, finish = doc.get("started_at"), doc.get("finished_at")
             if start and finish:
-                span = datetime.fromisoformat(finish) - datetime.fromisoformat(start)
+                try:
+                    span = datetime.fromisoformat(finish) - datetime.fromisoformat(start)
+                except (TypeError, ValueError) as exc:  # no ISO time, or one with a zone and not
+                    raise ValueError(f"{f}: started_at, finished_at: {exc}") from None
                 seconds[f"{server_dir.name}:{ctx}"] = span.total_seconds()
     return seconds
 
