@@ -25,7 +25,7 @@ then the keys it has no time for (the benches). `--split-engine` prints a comman
 ``bench_engine`` split by its backends into parts that fit a call each: ``bench_engine_NAME``
 for each ``NAME=BACKENDS`` given, then ``bench_engine_rest`` for the backends left, each the
 rule's command writing engine/bench-NAME.json and its own log (join them with
-``python -m decodecliff.bench.engine_merge``).
+``python -m decodecliff.bench.engine_merge``); a file split already is refused.
 """
 
 from __future__ import annotations
@@ -113,6 +113,9 @@ def split_engine(commands: str, parts: list[str]) -> str:
     """``commands`` with ``bench_engine`` also given as parts, each ``NAME=BACKENDS`` (the rest of
     its backends: ``rest``), each writing engine/bench-NAME.json and its own log."""
     lines = commands.splitlines()
+    if split := [k for k, _, _ in (ln.partition("\t") for ln in lines) if ENGINE_PART.fullmatch(k)]:
+        # parts again would give a key two commands (the runner runs both) and a backend two parts
+        raise ValueError(f"the commands are split already ({' '.join(split)}): split the whole")
     whole = next((c for k, _, c in (ln.partition("\t") for ln in lines) if k == "bench_engine"), "")
     found = re.search(r"--backends (.+?) --", whole)
     if found is None:

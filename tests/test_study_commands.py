@@ -138,6 +138,9 @@ def test_the_engine_bench_splits_into_parts_that_join_back(tmp_path: Path, capsy
     for bad in (["slow=triton nvidia"], ["slow=triton", "again=triton"], ["rest=triton"], ["x"]):
         with pytest.raises(ValueError):
             module.split_engine(commands, bad)
+    # a file split already is split no further: its keys would repeat, a backend run twice
+    with pytest.raises(ValueError, match="split already .bench_engine_slow bench_engine_rest."):
+        module.split_engine("\n".join(split), ["fast=custom"])
     with pytest.raises(SystemExit):
         module.main(["--split-engine", str(REPO / "scripts" / "study-h200.txt"), "slow=cuda"])
     assert "not a split of" in capsys.readouterr().err
