@@ -12,7 +12,8 @@
 # starts before its set-up. BUDGET_S: start no key after this many seconds. CALL_S (560): a key
 # still running then is stopped (SIGTERM: the sweep records its point failed and stops its
 # server) and packed, before the device call's own limit of 600 s would lose it. A key given
-# twice runs once; a point this machine measured at this commit already is not measured again.
+# twice runs once, one with two lines in COMMANDS not at all; a point this machine measured at
+# this commit already is not measured again.
 # Exit status: 0 when every key gave its result, 4 when a key failed, was stopped or was not
 # started (each named at the end), 3 for another GPU than REQUIRE_GPU, 1 for a failed build.
 # REQUIRE_GPU=H200:
@@ -37,6 +38,10 @@ run_key() {
   local cmd log rc limit
   cmd=$(command_of "$1")
   [ -n "$cmd" ] || { echo "no command for $1 in $commands"; return 1; }
+  if [[ $cmd == *$'\n'* ]]; then  # a key of two lines in the file (one appended again)
+    echo "$(wc -l <<< "$cmd") commands for $1 in $commands: none run"
+    return 1
+  fi
   log=$(grep -oE '> results/logs/[^ ]+' <<< "$cmd" | tail -n 1)
   log=${log#> }
   mkdir -p "$(dirname "$log")"

@@ -236,6 +236,12 @@ def test_no_key_starts_past_the_budget_and_an_unknown_key_says_so(tmp_path: Path
     assert not (tree / POINT.format("a")).exists()
     done = run(tree, "nope:9")
     assert "no command for nope:9" in done.stdout and done.returncode == 4
+    # a key with two lines in the file (one appended again) runs neither
+    with (tree / "cmds.txt").open("a") as f:
+        f.write("b:1\techo again > results/logs/sweep/b/ctx1.log\n")
+    done = run(tree, "b:1")
+    assert "2 commands for b:1 in cmds.txt: none run" in done.stdout and done.returncode == 4
+    assert not (tree / POINT.format("b")).exists()
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="needs flock (util-linux)")
