@@ -443,6 +443,15 @@ def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_pat
     with pytest.raises(ValueError, match="'s/env.txt' is no study file"):
         runs.merge_calls([_tar(tmp_path / "f.tar", {"s/env.txt": "H100\n"})], run)
     assert not run.exists()
+    # in a call's tar, its study.tar is named by the call's: which of the calls merged it was
+    named = re.escape(f"{tmp_path / 'g.tar'}:./s/study.tar: ")
+    call = _tar(tmp_path / "g.tar", {"../x.json": "{}"}, inner=True)
+    with pytest.raises(ValueError, match=f"^{named}'../x.json' would land outside"):
+        runs.merge_calls([_tar(tmp_path / "a.tar", {"sweep/s/ctx1.json": "{}"}), call], run)
+    call = _tar(tmp_path / "g.tar", {"env.txt": "H100\n"}, inner=True)
+    with pytest.raises(ValueError, match=f"^{named}'env.txt' is no study file"):
+        runs.merge_calls([call], run)
+    assert not run.exists()
 
 
 def test_a_rerun_cut_short_beside_the_point_it_left_is_filed(tmp_path) -> None:

@@ -96,28 +96,28 @@ def study_files(tar_path: Path) -> dict[str, bytes]:
     with tarfile.open(tar_path) as outer:
         inner = [m for m in outer.getmembers() if m.isfile() and m.name.endswith("study.tar")]
         if not inner:
-            return _files(outer)
+            return _files(outer, str(tar_path))
         if len(inner) > 1:
             raise ValueError(f"{tar_path}: more than one study.tar ({[m.name for m in inner]})")
         data = outer.extractfile(inner[0]).read()
-    with tarfile.open(fileobj=io.BytesIO(data)) as study:
-        return _files(study)
+    with tarfile.open(fileobj=io.BytesIO(data)) as study:  # a tar of no name: named here
+        return _files(study, f"{tar_path}:{inner[0].name}")
 
 
-def _files(tar: tarfile.TarFile) -> dict[str, bytes]:
+def _files(tar: tarfile.TarFile, label: str) -> dict[str, bytes]:
     out = {}
     for member in tar.getmembers():
         name = member.name.removeprefix("./")
         path = PurePosixPath(name)
         if path.is_absolute() or ".." in path.parts:
-            raise ValueError(f"{tar.name}: {name!r} would land outside the run folder")
+            raise ValueError(f"{label}: {name!r} would land outside the run folder")
         if member.isfile() and not LEFT_OUT.search(name):
             out[name] = tar.extractfile(member).read()
     if not out:
-        raise ValueError(f"{tar.name}: holds no study files")
+        raise ValueError(f"{label}: holds no study files")
     if stray := sorted(n for n in out if n.split("/")[0] not in PACKED_DIRS):
         raise ValueError(
-            f"{tar.name}: {stray[0]!r} is no study file (those lie under "
+            f"{label}: {stray[0]!r} is no study file (those lie under "
             + ", ".join(f"{d}/" for d in PACKED_DIRS)
             + "): a call that stopped before packing its study.tar?"
         )
