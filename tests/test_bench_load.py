@@ -51,3 +51,15 @@ def test_a_load_where_every_client_walks_away_is_recorded(tmp_path: Path) -> Non
     summary = json.loads(out.read_text())["summary"]
     assert summary["completed"] == 0 and summary["disconnected"] == 4
     assert "p99 latency -," in done.stdout and "checks passed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("n", "q", "rank"),
+    [(10, 50, 5), (100, 99, 99), (100, 50, 50), (4, 50, 2), (2, 50, 1), (10, 90, 9), (7, 99, 7)],
+)
+def test_percentiles_are_the_nearest_rank(n: int, q: float, rank: int) -> None:
+    """The value at rank ceil(q% x n) of the sorted values (p50 of 1..10 is 5, p99 of 1..100 is
+    99), whatever the order they came in."""
+    values = [float(v) for v in range(n, 0, -1)]
+    assert load.percentile(values, q) == rank
+    assert load.percentile([], q) is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import socket
 import statistics
@@ -145,7 +146,8 @@ def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]  # nearest rank
+    rank = math.ceil(q * len(xs) / 100)  # nearest rank: the smallest covering q% of the values
+    return xs[min(len(xs) - 1, max(0, rank - 1))]
 
 
 async def load(url: str, jobs: list[Job]) -> dict:
