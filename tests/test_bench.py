@@ -108,6 +108,25 @@ def test_bench_rejects_bad_arguments(tmp_path: Path, args: list[str], message: s
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "option, values",
+    [
+        ("--decode-splits", ["8", "8"]),
+        ("--index-dtypes", ["int32", "int32"]),
+        ("--flashinfer-backends", ["fa2", "fa2"]),
+        ("--custom-variants", ["v4", "v4"]),
+    ],
+)
+def test_a_variant_named_twice_is_refused(tmp_path: Path, option, values, capsys) -> None:
+    """Each would time the same variant twice and write two points of one label."""
+    code, out = bench_here(
+        tmp_path, "--backends", "torch", "--contexts", "64", "--modes", "decode", "--heads", "2",
+        "--page-sizes", "1", "--repeats", "1", "--quiet", option, *values,
+    )  # fmt: skip
+    assert code == 2 and f"{option} names {values[0]} twice" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys) -> None:
     (tmp_path / "bench.json").mkdir()  # bench_here's --out is a folder
     code, _ = bench_here(tmp_path, "--backends", "torch", "--contexts", "64")

@@ -541,7 +541,9 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--seed must be in 0..2^63-1, got {args.seed}")
     refuse_repeats(
         p, backends=args.backends, modes=args.modes, contexts=args.contexts,
-        page_sizes=args.page_sizes, heads=args.heads,
+        page_sizes=args.page_sizes, heads=args.heads, decode_splits=args.decode_splits,
+        index_dtypes=args.index_dtypes, flashinfer_backends=args.flashinfer_backends,
+        custom_variants=args.custom_variants,
     )  # fmt: skip
     refuse_unusable(p, args.device, args.out)
 
