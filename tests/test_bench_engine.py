@@ -93,6 +93,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.cli(["--device", "cpu", "--paths", "graphs", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and "CUDA" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # else a document without the part, and no reason
+        bench.cli(["--device", "cpu", "--parts", "gemms", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "--parts gemms needs a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
     with pytest.raises(SystemExit):
         bench.cli(["--device", "cpu", "--contexts", "0", "--out", str(tmp_path / "x.json")])
     capsys.readouterr()

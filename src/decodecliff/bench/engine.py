@@ -585,6 +585,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )  # fmt: skip
     if "gemms" in args.parts and len(args.gemm) > 1:  # it times one path's configurations
         p.error("--parts gemms takes one --gemm path (pdl: the Triton configurations chained)")
+    if args.device != "cuda" and "gemms" in args.parts:  # cuBLAS, cuBLASLt and Triton kernels
+        p.error("--parts gemms needs a CUDA device")
     for spec, gemm in itertools.product(dict.fromkeys(MODES[m] for m in args.modes), args.gemm):
         try:  # the engine's own limits
             engine_config(args, args.backends[0], spec, 1 << 20, False, gemm).validate()
