@@ -89,6 +89,20 @@ def test_loop_drafter_and_host_parts_and_the_targets(doc):
     )
 
 
+@pytest.mark.parametrize("spec", ["chain", "tree"])
+def test_the_host_time_outside_a_step_leaves_out_every_step(spec):
+    """Two tokens: the prefill emits the first, one decode step the second, so the time outside
+    the step is the decode wall less that one step."""
+    import argparse
+
+    args = argparse.Namespace(gen=2, chunk_size=4096, draft_len=6, tree_nodes=16, threads=1, seed=0)
+    row = bench.bench_host(64, spec, args)
+    assert row["tokens"] == 2
+    outside = row["decode_ms_per_token"] - row["step_ms_mean"]
+    assert row["outside_step_ms_per_token"] == pytest.approx(outside, rel=1e-9, abs=1e-9)
+    assert row["outside_step_ms_per_token"] < row["decode_ms_per_token"]
+
+
 def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.cli(["--device", "cpu", "--paths", "graphs", "--out", str(tmp_path / "x.json")])

@@ -456,8 +456,9 @@ def bench_host(context: int, spec: str, args: argparse.Namespace) -> dict:
         "prefill_ms": req.prefill_ms,
         "step_ms_mean": statistics.fmean(req.decode_ms),
         "decode_ms_per_token": decode_wall_ms / (n - 1),
-        # decode wall minus the synchronised steps in it, per token after the first
-        "outside_step_ms_per_token": (decode_wall_ms - sum(req.decode_ms[1:])) / (n - 1),
+        # decode wall minus the synchronised steps in it (every decode step runs after the first
+        # token, which the prefill emits), per token after the first
+        "outside_step_ms_per_token": (decode_wall_ms - sum(req.decode_ms)) / (n - 1),
     }
 
 
