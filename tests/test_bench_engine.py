@@ -111,6 +111,11 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys):
         bench.cli(["--device", "cpu", "--parts", "gemms", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and "--parts gemms needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+    with pytest.raises(SystemExit) as exc:  # else every host point failed on an empty mean
+        bench.cli(["--device", "cpu", "--parts", "host", "--gen", "1", "--contexts", "64",
+                   "--out", str(tmp_path / "x.json")])  # fmt: skip
+    assert exc.value.code == 2 and "--gen must be >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
     with pytest.raises(SystemExit):
         bench.cli(["--device", "cpu", "--contexts", "0", "--out", str(tmp_path / "x.json")])
     capsys.readouterr()

@@ -575,6 +575,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "contexts, loop contexts, repeats, batch, loop, drafter steps, gen and chunk size "
             "must be >= 1, warmup >= 0, vocab >= 2"
         )
+    if "host" in args.parts and args.gen < 2:
+        p.error("--gen must be >= 2 with --parts host: it times the tokens after the first")
     bounds = {f.name: f.metadata for f in dataclasses.fields(EngineConfig)}
     for name in ("gemm_prefetch_mb", "l2_overlap_mb"):
         low, high = bounds[name]["min"], bounds[name]["max"]
