@@ -322,6 +322,30 @@ def test_a_ragged_batch_reads_its_mixed_lengths_and_floors_their_sum(tmp_path: P
     assert tokens_per_s * point["ms"] * 1e-3 == pytest.approx(96 + 64 + 32)
 
 
+def test_a_check_skipped_on_a_cpu_says_so(tmp_path: Path, monkeypatch) -> None:
+    """Past its size on a CPU a check is skipped, and the point says which, as it is timed."""
+    monkeypatch.setattr(kernels, "CPU_PLANTED_FLOPS", 1e5)  # 2 heads x chain4 x 64: 1.1e6
+    code, out = bench_here(
+        tmp_path, "--contexts", "64", "--modes", "chain4", "--heads", "2", "--page-sizes", "1",
+        "--backends", "torch", "--repeats", "1", "--quiet",
+    )  # fmt: skip
+    (point,) = json.loads(out.read_text())["points"]
+    assert code == 0 and point["status"] == "ok" and point["rel_err"] is not None
+    assert point["planted_err"] is None
+    assert point["reason"] == "planted mask check skipped on CPU at this size"
+    monkeypatch.setattr(kernels, "CPU_GUARD_FLOPS", 1e5)  # now both
+    code, out = bench_here(
+        tmp_path, "--contexts", "64", "--modes", "chain4", "--heads", "2", "--page-sizes", "1",
+        "--backends", "torch", "--repeats", "1", "--quiet",
+    )  # fmt: skip
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["status"] == "ok" and point["rel_err"] is None and point["planted_err"] is None
+    assert point["reason"] == (
+        "correctness guard skipped on CPU at this size; planted mask check skipped on CPU at this "
+        "size"
+    )
+
+
 def test_a_shape_whose_inputs_cannot_be_built_is_failed_and_the_bench_goes_on(tmp_path) -> None:
     """A context far past the machine's memory: its inputs fail to allocate (a real error of the
     allocator, as an out-of-memory is on a GPU), its points are recorded failed, the next runs."""
