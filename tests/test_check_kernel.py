@@ -272,6 +272,36 @@ def test_sanitizer_runs_this_command_on_the_custom_kernels() -> None:
     ]  # fmt: skip
 
 
+def test_a_sanitizer_that_times_out_is_a_failed_check_not_a_lost_report(
+    tmp_path, monkeypatch
+) -> None:
+    """Every check before it has run: the timeout is recorded as that sanitizer's failure, with
+    what it wrote, and the next sanitizer still runs."""
+    import subprocess
+
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text("")
+    monkeypatch.setattr(ck.shutil, "which", lambda name: str(tool))
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(cmd[2])
+        if cmd[2] == "memcheck":
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"partial\n", stderr=None)
+        return subprocess.CompletedProcess(cmd, 0, "========= ERROR SUMMARY: 0 errors\n", "")
+
+    monkeypatch.setattr(ck.subprocess, "run", run)
+    logged = []
+    results = ck.run_sanitizers(tmp_path, ["v1"], logged.append)
+    assert calls == ["memcheck", "racecheck"]
+    memcheck, racecheck = results
+    assert memcheck["ok"] is False and memcheck["rc"] is None
+    assert memcheck["summary"] == [f"timed out after {ck.SANITIZER_TIMEOUT_S} s"]
+    assert "partial" in (tmp_path / "sanitizer_memcheck.log").read_text()
+    assert racecheck["ok"] is True and racecheck["rc"] == 0
+    assert not ck.passed({"correctness": [], "planted": [], "sanitizers": results})
+
+
 def test_a_timing_point_on_the_torch_backend() -> None:
     point = (256, 4, 2, True, 16, None)
     batch = ck.point_batch(point, "cpu")

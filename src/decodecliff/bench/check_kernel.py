@@ -48,6 +48,7 @@ DEFAULT_OUT = Path("results/kernel-check")
 # (repeats, warmup) of the timing pass, per variant and point; the Triton baseline's
 TIMING_CALLS = {"quick": (50, 5), "full": (100, 10)}
 TRITON_CALLS = (30, 3)
+SANITIZER_TIMEOUT_S = 240  # per sanitizer run
 # The kernel study's shapes for --grid: every (ctx, mode, heads, page size) combination
 GRID = {
     "ctx": (1024, 16384, 65536, 185000),
@@ -346,6 +347,13 @@ def sanitizer_command(tool: str, check: str, variants: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out child had written (bytes or None, whatever ``text=True`` asked)."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
 def run_sanitizers(out_dir: Path, variants: list[str], log: Log) -> list[dict]:
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(tool).exists():
@@ -355,19 +363,27 @@ def run_sanitizers(out_dir: Path, variants: list[str], log: Log) -> list[dict]:
     for check in ("memcheck", "racecheck"):  # initcheck: >240 s under torch, skipped
         cmd = sanitizer_command(tool, check, variants)
         start = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-        if proc.returncode not in (0, 3, 9):  # the kernel-name filter not understood: check all
-            cmd = [c for c in cmd if c not in ("--kernel-name", "kns=mla_")]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-        text = proc.stdout + proc.stderr
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SANITIZER_TIMEOUT_S)
+            if proc.returncode not in (0, 3, 9):  # the kernel-name filter not understood: all
+                cmd = [c for c in cmd if c not in ("--kernel-name", "kns=mla_")]
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=SANITIZER_TIMEOUT_S
+                )
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:  # a failed check: the others and the report stay
+            rc, text = None, _text(exc.stdout) + _text(exc.stderr)
+            text += f"\ntimed out after {SANITIZER_TIMEOUT_S} s\n"
         (out_dir / f"sanitizer_{check}.log").write_text(text)
         summary = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK" in ln]
+        if rc is None:
+            summary.append(f"timed out after {SANITIZER_TIMEOUT_S} s")
         res = {
             "tool": check,
-            "rc": proc.returncode,
+            "rc": rc,
             "summary": summary[-2:],
             "seconds": round(time.time() - start, 1),
-            "ok": proc.returncode == 0,
+            "ok": rc == 0,
         }
         log(f"sanitizer {res}")
         if not res["ok"]:
