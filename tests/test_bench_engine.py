@@ -172,6 +172,15 @@ def test_each_gemm_path_is_a_configuration_of_its_own(tmp_path, capsys):
     kept = {"what": "loop torch + auto GEMMs eager 64", "error": "OutOfMemory"}
     cut = {**auto, "loop": [], "errors": [failed, kept]}
     assert engine_merge.merge([doc, cut])["errors"] == [kept]
+    # the drafter and host parts' groups too
+    late = [
+        {"what": f"{part} 64", "error": "MemoryError()"} for part in ("drafter chain", "host tree")
+    ]
+    cut_late = {**cut, "errors": [*late, kept]}
+    measured = {**auto, "rows": [], "loop": [], "errors": []}
+    measured["drafter"] = [{"mode": "chain", "context": 64}]
+    measured["host"] = [{"spec": "tree", "context": 64}]
+    assert engine_merge.merge([cut_late, measured])["errors"] == [kept]
     # a document of the time --gemm took one path: its rows named by that path as now
     legacy = {**cut, "args": {**cut["args"], "gemm": "pdl", "contexts": [65]}, "errors": []}
     legacy["rows"] = [{**r, "backend": "torch", "gemm": "pdl", "context": 65} for r in cut["rows"]]

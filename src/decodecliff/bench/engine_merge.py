@@ -80,14 +80,17 @@ def _others(docs: list[dict]) -> dict:
 
 def _superseded(error: dict, merged: dict) -> bool:
     """A part's failed group that another part measured (``what`` as bench/engine.py names it:
-    "anatomy LABEL PATH MODE", "loop LABEL PATH CONTEXT", "gemms"; a label may hold spaces:
-    "custom (sm120) + fused GEMMs")."""
+    "anatomy LABEL PATH MODE", "loop LABEL PATH CONTEXT", "drafter MODE CONTEXT", "host SPEC
+    CONTEXT", "gemms"; a label may hold spaces: "custom (sm120) + fused GEMMs")."""
     kind, _, rest = error.get("what", "").partition(" ")
     names = tuple(rest.rsplit(" ", 2))
     if kind == "anatomy" and len(names) == 3:
         return any((r["backend"], r["path"], r["mode"]) == names for r in merged["rows"])
     if kind == "loop" and len(names) == 3:
         return any((r["backend"], r["path"], str(r["context"])) == names for r in merged["loop"])
+    if kind in ("drafter", "host") and len(names) == 2:
+        field = "mode" if kind == "drafter" else "spec"
+        return any((r[field], str(r["context"])) == names for r in merged[kind])
     return kind == "gemms" and merged.get("gemms") is not None
 
 
