@@ -41,6 +41,15 @@ def test_an_out_that_cannot_be_written_is_refused(tmp_path, capsys) -> None:
     assert "--out:" in capsys.readouterr().err
 
 
+def test_a_server_that_does_not_start_is_a_clear_error(tmp_path, capsys) -> None:
+    """A --server-arg the server refuses: its own message, then this command's, no traceback."""
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "2", "--server-arg=--bogus", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "decodecliff bench-load: the server did not start (exit code " in err
+    assert not out.exists()
+
+
 @pytest.mark.slow  # a server and a load
 def test_a_load_where_every_client_walks_away_is_recorded(tmp_path: Path) -> None:
     out = tmp_path / "load.json"

@@ -224,7 +224,8 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
     line = proc.stdout.readline()
     if not line.startswith(READY):
         proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
+        code = proc.wait()
+        raise RuntimeError(f"the server did not start (exit code {code}; its output: {line!r})")
     return proc, cmd
 
 
@@ -281,7 +282,11 @@ def cli(argv: list[str]) -> int:
     TOKENIZER = ByteTokenizer(vocab)
     jobs = make_jobs(args.requests, args.disconnect_fraction, args.seed, vocab)
     port = free_port()
-    proc, cmd = start_server(args, port)
+    try:
+        proc, cmd = start_server(args, port)
+    except RuntimeError as exc:  # its own error (a bad --server-arg ...) is on stderr above
+        print(f"decodecliff bench-load: {exc}", file=sys.stderr)
+        return 1
     try:
         run = asyncio.run(load(f"http://127.0.0.1:{port}", jobs))
     finally:
