@@ -182,6 +182,25 @@ def test_second_run_has_nothing_to_do(study: Path) -> None:
     assert "Nothing to be done" in done.stdout + done.stderr
 
 
+def test_an_edited_kernel_source_rebuilds_the_library(tmp_path: Path) -> None:
+    """A library older than the source it is built from is rebuilt, not reused: every file the
+    build compiles is an input of build_kernel."""
+    from decodecliff.kernels import build
+
+    workdir = copy_workflow(tmp_path, small_config())
+    built = [workdir / "results" / "build" / name for name in (build.LIB_NAME, "build.json")]
+    built[0].parent.mkdir(parents=True)
+    for path in built:  # a build older than any source file (2001; Snakemake ignores time 0)
+        path.write_text("")
+        os.utime(path, (978_307_200, 978_307_200))
+    done = snakemake(workdir, "--cores", "1", "--dry-run", "results/build/build.json", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert job_counts(done.stdout).get("build_kernel") == 1, done.stdout[-2000:]
+    assert {path.name for path in build.SOURCES} == {
+        "mla_verify.cu", "mla_ptx.cuh", "smem_per_sm_shim.c"
+    }  # fmt: skip
+
+
 def test_one_point_reruns_alone(study: Path) -> None:
     target = "results/sweep/torch-a/ctx64.json"
     others = [p for p in POINTS if p != target]

@@ -1,6 +1,8 @@
 rule build_kernel:
     message:
         "build the custom kernel for sm_{params.archs} (log: {log})"
+    input:
+        KERNEL_SOURCES,
     output:
         lib=KERNEL_LIB,
         info=report(

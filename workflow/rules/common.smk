@@ -13,6 +13,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from decodecliff.analysis import layout
+from decodecliff.kernels.build import SOURCES
 from decodecliff.study import notebooks as nb
 from decodecliff.study.config import ConfigError, check_inputs, published_warning
 from decodecliff.study.paths import (
@@ -31,6 +32,8 @@ from decodecliff.study.paths import (
 from decodecliff.study.plan import PointError, Study, gpu_present, gpus_for, triton_interpret
 
 SCHEMA = os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")
+# the files build_kernel compiles: an edit to any of them rebuilds the library
+KERNEL_SOURCES = [str(path) for path in SOURCES]
 
 # The YAML files merged into `config`, in the order they apply: the Snakefile's configfile,
 # then those given with --configfile (which Snakemake applies over it).

@@ -27,6 +27,9 @@ from . import abi, sass
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "mla_verify.cu"
+# Every file a build compiles (the library, its header, the sm_120 model's shim): the pipeline's
+# build_kernel rule takes them as inputs, so an edit rebuilds the library instead of reusing it.
+SOURCES = (SOURCE, CSRC / "mla_ptx.cuh", CSRC / "smem_per_sm_shim.c")
 LIB_NAME = "libdecodecliff_mla.so"
 DEFAULT_OUT = Path("build/kernels")
 DEFAULT_ARCHS = (120, 90, 80)
