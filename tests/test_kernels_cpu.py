@@ -208,6 +208,15 @@ def test_backend_errors() -> None:
         tb.TritonAttention()(batch)
 
 
+def test_a_count_option_given_as_text_is_refused_by_the_spec_check() -> None:
+    """A study's config check parses the backend specs: a count that is no integer must fail
+    there, not as a TypeError when the backend plans its first step."""
+    for spec in ("custom:num_splits=eight", "sglang:kernel=decode,max_context_len=abc"):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            parse_spec(spec)
+    assert parse_spec("sglang:max_context_len=131072")[1] == {"max_context_len": 131072}
+
+
 def _strided_lengths(batch):
     """The batch with kv_lens a strided view of the same values (column 0 of a [B, 2] tensor)."""
     lens = batch.meta.kv_lens

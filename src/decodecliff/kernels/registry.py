@@ -44,7 +44,7 @@ CHOICES = {
     "flashinfer": {"backend": ("fa2", "fa3"), "model": ("sm120",)},
 }
 # Options that take a count (an integer >= 0; a constructor may bound it further).
-COUNTS = {"custom": ("num_splits",)}
+COUNTS = {"custom": ("num_splits",), "sglang": ("max_context_len",)}
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 # The package a peer loads, and how to install it (the `peers` extra pins the versions).
 PACKAGES = {
