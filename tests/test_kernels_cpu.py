@@ -253,6 +253,25 @@ def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) 
         custom.validate_meta(batch.meta)
 
 
+def test_custom_refuses_tensors_of_other_shapes_than_its_plan() -> None:
+    # The kernel takes q's and the cache's strides from the plan: a q of other heads or a cache
+    # of another page size had been read at the plan's strides, not refused.
+    from decodecliff.kernels import custom
+
+    batch = random_batch([100, 40], 4, heads=8, page_size=4, seed=1)
+    q, kv, meta = batch.q, batch.kv_cache, batch.meta
+    out = batch.new_output()
+    custom.check_shapes(meta, q, kv, out)
+    bad = {
+        "q must be": (q[:, :4].contiguous(), kv, out),
+        "kv_cache must be": (q, kv.reshape(-1, 2, kv.shape[2]), out),
+        "out must be": (q, kv, out[:-1]),
+    }
+    for message, tensors in bad.items():
+        with pytest.raises(ValueError, match=message):
+            custom.check_shapes(meta, *tensors)
+
+
 def test_relative_error_flags_nan() -> None:
     ref = torch.ones(2, 3)
     assert math.isinf(relative_error(torch.full((2, 3), float("nan")), ref))

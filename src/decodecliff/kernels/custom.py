@@ -283,23 +283,29 @@ def validate(batch: AttnBatch, out: torch.Tensor) -> None:
     q, kv = batch.q, batch.kv_cache
     _check(q.is_cuda, "tensors must be on a CUDA device")
     _check(q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, "q and kv_cache must be bf16")
-    _check(q.dim() == 3 and q.shape[2] == D_QK and q.is_contiguous(), "q must be [T, H, 576]")
-    _check(
-        kv.dim() == 3 and kv.shape[2] == D_QK and kv.is_contiguous(),
-        "kv_cache must be contiguous [pages, page_size, 576]",
-    )
+    _check(q.is_contiguous() and kv.is_contiguous(), "q and kv_cache must be contiguous")
     meta = batch.meta
     validate_meta(meta)
-    _check(
-        out.dtype == torch.bfloat16
-        and out.is_contiguous()
-        and out.shape == (q.shape[0], q.shape[1], D_V),
-        "out must be bf16 [T, H, 512]",
-    )
+    _check(out.dtype == torch.bfloat16 and out.is_contiguous(), "out must be contiguous bf16")
+    check_shapes(meta, q, kv, out)
     tensors = [kv, meta.page_table, meta.kv_lens, meta.q_indptr, out]
     if meta.tree_mask is not None:
         tensors.append(meta.tree_mask)
     _check(all(t.device == q.device for t in tensors), "all tensors must be on q's device")
+
+
+def check_shapes(meta: AttnMeta, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> None:
+    """The tensors' shapes against the plan's: the kernel takes its strides from the plan, so a
+    q of other heads or a cache of another page size would be misread, not refused."""
+    t, h = meta.num_tokens, meta.num_heads
+    _check(tuple(q.shape) == (t, h, D_QK), f"q must be [T={t}, H={h}, {D_QK}], got {list(q.shape)}")
+    _check(
+        kv.dim() == 3 and tuple(kv.shape[1:]) == (meta.page_size, D_QK),
+        f"kv_cache must be [pages, page_size={meta.page_size}, {D_QK}], got {list(kv.shape)}",
+    )
+    _check(
+        tuple(out.shape) == (t, h, D_V), f"out must be [T={t}, H={h}, {D_V}], got {list(out.shape)}"
+    )
 
 
 def validate_meta(meta: AttnMeta) -> None:
@@ -460,13 +466,13 @@ class CustomAttention(AttentionBackend):
         if self._args is not None and self._args[0] == key:  # the same layer again: launch only
             return self._launch(self._args[1], q.device, out)
         _check(
-            q.shape[0] == meta.num_tokens
-            and q.dtype == kv_cache.dtype == out.dtype == torch.bfloat16
+            q.dtype == kv_cache.dtype == out.dtype == torch.bfloat16
             and q.is_contiguous()
             and kv_cache.is_contiguous()
             and out.is_contiguous(),
-            "run() needs the planned token count and contiguous bf16 q, kv_cache and out",
+            "run() needs contiguous bf16 q, kv_cache and out",
         )
+        check_shapes(meta, q, kv_cache, out)
         rows = meta.num_tokens * meta.num_heads
         if rows == 0 or meta.batch_size == 0:
             return out
