@@ -50,6 +50,8 @@ CASES = [
     dict(kv_lens=[900, 5000], q_len=64, heads=8, page_size=1, tree=True),  # eight 64-row tiles
     dict(kv_lens=[4000], q_len=1, heads=64, page_size=1),  # decode: one 64-row tile
     dict(kv_lens=[3000, 50], q_len=7, heads=16, page_size=16),  # 112 rows: a partial 64-row tile
+    dict(kv_lens=[4000, 900, 60], q_len=[16, 1, 5], heads=8, page_size=64),  # ragged: mixed steps
+    dict(kv_lens=[2000, 700], q_len=[64, 9], heads=8, page_size=1, tree=True),  # ragged trees
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from decodecliff.kernels import D_QK, D_V, get_backend
-from decodecliff.kernels.api import token_slot, token_slots
+from decodecliff.kernels.api import AttnBatch, token_slot, token_slots
 from decodecliff.kernels.reference import TorchAttention, reference_attention
 from decodecliff.kernels.registry import parse_spec
 from decodecliff.kernels.synthetic import random_batch, relative_error
@@ -109,6 +109,9 @@ TRITON_CASES = [
     (dict(kv_lens=[300, 45, 17], q_len=1, heads=20), dict(decode="grouped", num_kv_splits=64)),
     (dict(kv_lens=[77, 3], q_len=1, page_size=16), dict(decode="grouped", num_kv_splits=1)),
     (dict(kv_lens=[150, 9], q_len=1, heads=4), dict(decode="extend", arch_config="sm90")),
+    # ragged: requests of one step verifying different numbers of tokens (q_indptr mixed)
+    (dict(kv_lens=[120, 40, 75], q_len=[16, 1, 5], page_size=4), dict(arch_config="sm90")),
+    (dict(kv_lens=[90, 50], q_len=[7, 3], tree=True, heads=2), dict(arch_config="sm120")),
 ]
 
 
@@ -130,6 +133,25 @@ def test_triton_matches_reference(case: int) -> None:
     get_backend("triton", **options)(batch, out)
     err = relative_error(out, reference_attention(batch))
     assert err < BF16_TOL, f"rel err {err} for {kwargs} {options}"
+
+
+def test_a_ragged_batch_is_each_request_on_its_own() -> None:
+    # Mixed q_len in one step: each request's rows equal that request verified alone.
+    batch = random_batch([90, 50, 33], [7, 1, 3], heads=2, tree=True, seed=3)
+    assert batch.meta.q_indptr.tolist() == [0, 7, 8, 11] and batch.meta.max_q_len == 7
+    assert not batch.meta.tree_mask[1, 1:].any() and not batch.meta.tree_mask[2, :, 3:].any()
+    out = reference_attention(batch)
+    for b, (q0, q1) in enumerate(zip([0, 7, 8], [7, 8, 11], strict=True)):
+        n = q1 - q0
+        mask = batch.meta.tree_mask[b : b + 1, :n, :n]
+        one = AttnBatch.build(
+            q=batch.q[q0:q1], kv_cache=batch.kv_cache, page_table=batch.meta.page_table[b : b + 1],
+            kv_lens=batch.meta.kv_lens[b : b + 1], q_indptr=torch.tensor([0, n], dtype=torch.int32),
+            sm_scale=batch.meta.sm_scale, tree_mask=mask, max_q_len=n,
+        )  # fmt: skip
+        assert relative_error(out[q0:q1], reference_attention(one)) < 1e-6
+    with pytest.raises(ValueError, match="one per kv_len"):
+        random_batch([90, 50], [7])
 
 
 def test_triton_reuses_its_workspace() -> None:
