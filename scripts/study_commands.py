@@ -113,10 +113,11 @@ def split_engine(commands: str, parts: list[str]) -> str:
     """``commands`` with ``bench_engine`` also given as parts, each ``NAME=BACKENDS`` (the rest of
     its backends: ``rest``), each writing engine/bench-NAME.json and its own log."""
     lines = commands.splitlines()
-    if split := [k for k, _, _ in (ln.partition("\t") for ln in lines) if ENGINE_PART.fullmatch(k)]:
+    keyed = [ln.partition("\t") for ln in lines]  # (key, tab, command)
+    if split := [k for k, _, _ in keyed if ENGINE_PART.fullmatch(k)]:
         # parts again would give a key two commands (the runner runs both) and a backend two parts
         raise ValueError(f"the commands are split already ({' '.join(split)}): split the whole")
-    whole = next((c for k, _, c in (ln.partition("\t") for ln in lines) if k == "bench_engine"), "")
+    whole = next((c for k, _, c in keyed if k == "bench_engine"), "")
     found = re.search(r"--backends (.+?) --", whole)
     if found is None:
         raise ValueError("no bench_engine command with --backends")

@@ -283,15 +283,17 @@ def test_custom_refuses_tensors_of_other_shapes_than_its_plan() -> None:
     batch = random_batch([100, 40], 4, heads=8, page_size=4, seed=1)
     q, kv, meta = batch.q, batch.kv_cache, batch.meta
     out = batch.new_output()
-    custom.check_shapes(meta, q, kv, out)
+    custom.check_tensors(meta, q, kv, out)
     bad = {
         "q must be": (q[:, :4].contiguous(), kv, out),
         "kv_cache must be": (q, kv.reshape(-1, 2, kv.shape[2]), out),
         "out must be": (q, kv, out[:-1]),
+        "must be bf16": (q.float(), kv, out),
+        "must be contiguous": (q, kv, out.transpose(0, 1).contiguous().transpose(0, 1)),
     }
     for message, tensors in bad.items():
         with pytest.raises(ValueError, match=message):
-            custom.check_shapes(meta, *tensors)
+            custom.check_tensors(meta, *tensors)
 
 
 def test_relative_error_flags_nan() -> None:

@@ -282,21 +282,27 @@ def validate(batch: AttnBatch, out: torch.Tensor) -> None:
     """Shapes, dtypes, layouts and devices the kernel relies on; raises ValueError otherwise."""
     q, kv = batch.q, batch.kv_cache
     _check(q.is_cuda, "tensors must be on a CUDA device")
-    _check(q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, "q and kv_cache must be bf16")
-    _check(q.is_contiguous() and kv.is_contiguous(), "q and kv_cache must be contiguous")
     meta = batch.meta
     validate_meta(meta)
-    _check(out.dtype == torch.bfloat16 and out.is_contiguous(), "out must be contiguous bf16")
-    check_shapes(meta, q, kv, out)
+    check_tensors(meta, q, kv, out)
     tensors = [kv, meta.page_table, meta.kv_lens, meta.q_indptr, out]
     if meta.tree_mask is not None:
         tensors.append(meta.tree_mask)
     _check(all(t.device == q.device for t in tensors), "all tensors must be on q's device")
 
 
-def check_shapes(meta: AttnMeta, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> None:
-    """The tensors' shapes against the plan's: the kernel takes its strides from the plan, so a
-    q of other heads or a cache of another page size would be misread, not refused."""
+def check_tensors(meta: AttnMeta, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> None:
+    """One call's q, cache and output: contiguous bf16 of the plan's shapes. The kernel takes
+    their strides from the plan, so a q of other heads or a cache of another page size would be
+    misread, not refused."""
+    _check(
+        q.dtype == kv.dtype == out.dtype == torch.bfloat16,
+        "q, kv_cache and out must be bf16",
+    )
+    _check(
+        q.is_contiguous() and kv.is_contiguous() and out.is_contiguous(),
+        "q, kv_cache and out must be contiguous",
+    )
     t, h = meta.num_tokens, meta.num_heads
     _check(tuple(q.shape) == (t, h, D_QK), f"q must be [T={t}, H={h}, {D_QK}], got {list(q.shape)}")
     _check(
@@ -465,14 +471,7 @@ class CustomAttention(AttentionBackend):
         key = (q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), q.shape, kv_cache.shape)
         if self._args is not None and self._args[0] == key:  # the same layer again: launch only
             return self._launch(self._args[1], q.device, out)
-        _check(
-            q.dtype == kv_cache.dtype == out.dtype == torch.bfloat16
-            and q.is_contiguous()
-            and kv_cache.is_contiguous()
-            and out.is_contiguous(),
-            "run() needs contiguous bf16 q, kv_cache and out",
-        )
-        check_shapes(meta, q, kv_cache, out)
+        check_tensors(meta, q, kv_cache, out)
         rows = meta.num_tokens * meta.num_heads
         if rows == 0 or meta.batch_size == 0:
             return out
