@@ -239,6 +239,15 @@ def test_a_count_option_given_as_text_is_refused_by_the_spec_check() -> None:
     assert parse_spec("sglang:max_context_len=131072")[1] == {"max_context_len": 131072}
 
 
+def test_a_flag_option_reads_false_as_false_and_refuses_other_text() -> None:
+    """ "interpreted=false" was the text "false", which the constructor read as true."""
+    assert parse_spec("sglang:interpreted=false")[1] == {"interpreted": False}
+    assert parse_spec("sglang:interpreted=true")[1] == {"interpreted": True}
+    for spec in ("sglang:interpreted=no", "sglang:interpreted=1"):
+        with pytest.raises(ValueError, match="must be true or false"):
+            parse_spec(spec)
+
+
 def _strided_lengths(batch):
     """The batch with kv_lens a strided view of the same values (column 0 of a [B, 2] tensor)."""
     lens = batch.meta.kv_lens

@@ -45,6 +45,8 @@ CHOICES = {
 }
 # Options that take a count (an integer >= 0; a constructor may bound it further).
 COUNTS = {"custom": ("num_splits",), "sglang": ("max_context_len",)}
+# Options that take true or false (a spec's text "true" / "false" becomes the bool).
+FLAGS = {"sglang": ("interpreted",)}
 GPU_ONLY = {"custom", "sglang", "flashinfer"}  # recorded as skipped (with the reason) on a CPU
 # The package a peer loads, and how to install it (the `peers` extra pins the versions).
 PACKAGES = {
@@ -88,14 +90,20 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise ValueError(f"backend option {item!r} of {spec!r} is not KEY=VALUE")
-        options[key] = int(value) if value.lstrip("-").isdigit() else value
+        options[key] = _value(name, key, value)
     check_options(name, options)
     return name, options
 
 
+def _value(name: str, key: str, text: str) -> object:
+    if key in FLAGS.get(name, ()) and text in ("true", "false"):
+        return text == "true"
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 def check_options(name: str, options: dict[str, object]) -> None:
     """ValueError naming an option that backend ``name`` does not take, and those it does, or a
-    value outside an option's CHOICES, or a count that is not one."""
+    value outside an option's CHOICES, or a count or flag that is not one."""
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
         takes = ", ".join(OPTIONS[name]) or "none"
@@ -109,6 +117,8 @@ def check_options(name: str, options: dict[str, object]) -> None:
         is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         if key in COUNTS.get(name, ()) and value is not None and not is_count:
             raise ValueError(f"the {name} backend's {key} must be an integer >= 0, not {value!r}")
+        if key in FLAGS.get(name, ()) and not isinstance(value, bool):
+            raise ValueError(f"the {name} backend's {key} must be true or false, not {value!r}")
 
 
 def spec_label(spec: str) -> str:
