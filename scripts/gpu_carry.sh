@@ -21,14 +21,16 @@ for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux20
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-rm -rf .whl .sgl
+# made in $tmp and swapped in at the end: a download that fails keeps the folders there were
+new=$tmp/new
+mkdir "$new"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python" \
-  --implementation cp "${platforms[@]}" -d .whl \
+  --implementation cp "${platforms[@]}" -d "$new/.whl" \
   "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI"
 # SGLang's wheel is built per Python, but the files taken from it are Python source alone
 python3 -m pip download -q --no-deps -d "$tmp" "sglang==$SGLANG"
-mkdir .sgl
-(cd .sgl && python3 -m zipfile -e "$tmp"/sglang-"$SGLANG"-*.whl . \
+mkdir "$new/.sgl"
+(cd "$new/.sgl" && python3 -m zipfile -e "$tmp"/sglang-"$SGLANG"-*.whl . \
   && find . -mindepth 1 -maxdepth 1 ! -name sglang ! -name "sglang-$SGLANG.dist-info" \
     -exec rm -rf {} + \
   && find sglang -mindepth 1 -maxdepth 1 ! -name kernels ! -name srt -exec rm -rf {} + \
@@ -39,4 +41,6 @@ mkdir .sgl
   && find sglang/srt/layers/attention -mindepth 1 -maxdepth 1 ! -name triton_backend.py \
     -exec rm -rf {} + \
   && (cd sglang/kernels/ops/attention && rm -rf "${UNUSED[@]}"))
+rm -rf .whl .sgl
+mv "$new/.whl" "$new/.sgl" .
 du -sh .whl .sgl
