@@ -315,3 +315,20 @@ def test_a_timing_point_on_the_torch_backend() -> None:
         assert timed["ms"] > 0 and timed["splits"] is None
         assert timed["GBps"] == pytest.approx(256 * 576 * 2 / timed["ms"] / 1e6)
         assert timed["of_floor"] == pytest.approx(row["floor_ms"] / timed["ms"])
+
+
+def test_a_run_that_dies_leaves_no_earlier_report_beside_its_log(tmp_path, monkeypatch) -> None:
+    """check.json from an earlier run must not sit beside the log of one that died mid-way (a
+    kill, here a check that raises: no GPU here to run one), read as that run's verdict."""
+    (tmp_path / "check.json").write_text('{"correctness": []}')
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def dies(args, log):
+        log("seed 1")
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(ck, "run", dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        ck.cli(["--out", str(tmp_path)])
+    assert (tmp_path / "check.log").read_text() == "seed 1\n"
+    assert not (tmp_path / "check.json").exists()

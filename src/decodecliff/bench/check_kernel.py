@@ -670,6 +670,7 @@ def cli(argv: list[str]) -> int:
         return launch(args.launch, args.variants[0], args.launches)
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "check.log"
+    (args.out / "check.json").unlink(missing_ok=True)  # an earlier run's, not this log's
     log_path.write_text("")
 
     def log(msg: str) -> None:
