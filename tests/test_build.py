@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -542,6 +544,25 @@ def test_a_failed_build_leaves_the_last_good_one_whole(tmp_path, capsys):
     assert {n: (tmp_path / n).read_bytes() for n in names} == good
     assert (tmp_path / "failed-build" / "build.json").is_file()
     assert not list(tmp_path.glob(".staging-*"))
+
+
+@pytest.mark.slow  # nvcc builds the library twice
+@needs_nvcc
+def test_a_build_stopped_in_its_swap_leaves_no_record_of_another_library(tmp_path, monkeypatch):
+    """Stopped after the new library is moved in (a kill; here the log's move raises), the folder
+    must not keep the old build.json, which describes the library replaced."""
+    assert build.cli(["--arch", "90", "--require", "90", "--out", str(tmp_path)]) == 0
+    real = os.replace
+
+    def stopped(src, dst):
+        if Path(dst).name == "ptxas.log":
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(build.os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        build.build([90, 120], tmp_path, [90])
+    assert not (tmp_path / "build.json").exists()
 
 
 def test_build_options_are_checked_before_nvcc_runs(tmp_path, capsys):

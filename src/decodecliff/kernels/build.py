@@ -212,12 +212,16 @@ def build(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    for name in (lib_name, log_file):  # the record is written once, with the final paths
+    # the old record goes first and the new one is written last, whole: a build stopped in the
+    # swap leaves no record rather than one of another library
+    (out_dir / record_file).unlink(missing_ok=True)
+    for name in (lib_name, log_file):
         os.replace(stage / name, out_dir / name)
-    shutil.rmtree(stage, ignore_errors=True)
     info["library"] = str((out_dir / lib_name).resolve())
     info["command"] = [a.replace(str(stage), str(out_dir)) for a in info["command"]]
-    (out_dir / record_file).write_text(json.dumps(info, indent=2) + "\n")
+    (stage / record_file).write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(stage / record_file, out_dir / record_file)
+    shutil.rmtree(stage, ignore_errors=True)
     return info
 
 
