@@ -248,6 +248,12 @@ def test_parts_of_a_cut_bench_merge_into_one_document(tmp_path):
     with pytest.raises(SystemExit) as exc:
         engine_merge.cli([str(first), str(listed), "--out", str(tmp_path / "m.json")])
     assert exc.value.code == 2 and not (tmp_path / "m.json").exists()
+    for field, value in (("env", None), ("args", []), ("rows", {}), ("loop", [1])):
+        malformed = tmp_path / f"{field}.json"
+        malformed.write_text(json.dumps({**parts[1], field: value}))
+        with pytest.raises(SystemExit) as exc:
+            engine_merge.cli([str(first), str(malformed), "--out", str(tmp_path / "m.json")])
+        assert exc.value.code == 2 and not (tmp_path / "m.json").exists(), field
 
 
 def test_a_merge_keeps_measured_ceilings_and_drops_errors_another_part_measured(tmp_path):

@@ -147,10 +147,18 @@ def merge(docs: list[dict]) -> dict:
     return out
 
 
+def _rows(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
+
+
 def _document(path: Path) -> dict:
     doc = json.loads(path.read_text())
     if not isinstance(doc, dict) or not {"command", "args", "env"} <= set(doc):
         raise ValueError(f"{path}: not a bench-engine document")
+    wrong = [k for k in ("args", "env") if not isinstance(doc[k], dict)]
+    wrong += [k for k in LISTS if not _rows(doc.get(k, []))]
+    if wrong:
+        raise ValueError(f"{path}: {', '.join(wrong)} not as bench-engine writes them")
     return doc
 
 
