@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
-from published_study import CUSTOM, copy_study, fail_points
+from published_study import CUSTOM, copy_study, edit_points, fail_points
 
 from decodecliff.analysis import floors, headline, style, summarize, tables
 from decodecliff.analysis.tables import PRIMARY
@@ -386,6 +386,29 @@ def test_a_baseline_that_failed_everywhere_is_named_with_its_reason(tmp_path, en
     )
     assert headline.collapse(sweep, engine).startswith(f"**What collapses:** {why}")
     assert why in headline.win(sweep, engine)
+
+
+def test_a_study_whose_every_point_was_skipped_reads(tmp_path) -> None:
+    """Every point skipped as the sweep writes one (no metrics, no requests): the sentences, the
+    figure and the end-to-end tables say so, where the table lacked the rate's column."""
+    study = copy_study(tmp_path / "study")
+
+    def skip(doc: dict) -> None:
+        doc.update(status="skipped", reason="no GPU", metrics={}, requests=[], rounds=[])
+
+    edit_points(study, [p.name for p in (study / "sweep").iterdir()], [], skip)
+    loaded = summarize.load_study(study)
+    sweep = loaded.sweep
+    collapse, win, fastest, *_ = headline.sentences(sweep, None, None, loaded.ceilings)
+    assert "its 1k, 11k, 32k, 64k, 128k and 185k points were skipped: no GPU" in collapse
+    assert fastest == "**Fastest:** no end-to-end point ran."
+    style.apply()
+    plt.close(headline.figure(sweep, None, "skipped", loaded.ceilings))
+    base = tables.baseline_server(sweep)
+    table = tables.sweep_headline(sweep, base, loaded.ceilings)
+    assert (table.drop(index=tables.FLOOR_LABEL) == "skipped").all().all()
+    assert tables.sweep_speedup(sweep, base)["speedup"].isna().all()
+    assert (tables.sweep_long(sweep, 3.0)["verify steps/s (client)"] == "skipped").all()
 
 
 def test_what_a_win_lacks_is_said_and_a_loss_is_no_win(sweep, engine) -> None:

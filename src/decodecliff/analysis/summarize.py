@@ -27,6 +27,12 @@ SPREAD_KEYS = (
     "verify_steps_s_client", "verify_steps_s_server", "decode_tok_s", "ttft_s", "prefill_tok_s",
     "itl_ms_p50",
 )  # fmt: skip
+# the metrics every sweep table has, NaN where no point measured them: a study whose every point
+# failed or was skipped still has the columns the tables and figures read
+METRIC_KEYS = (
+    *sweep_metrics.SUMMARY_KEYS, "verify_steps", "spec_verify_ct", "round_tok_s",
+    *(f"{k}_{end}" for k in SPREAD_KEYS for end in ("min", "max")),
+)  # fmt: skip
 AFTER_KEYS = ("defrag_runs", "defrag_pages_moved", "request_fragmentation", "cuda_graphs_captured")
 _CTX_FILE = re.compile(r"^ctx(\d+)\.json$")
 
@@ -213,6 +219,7 @@ def sweep_table(paths: Iterable[str | Path], servers: Sequence[dict] | None = No
     df = pd.DataFrame([sweep_row(p, by_name) for p in paths])
     if df.empty:
         return pd.DataFrame(columns=["server", "requested_ctx", "ctx", "status", "reason"])
+    df = df.assign(**{k: float("nan") for k in METRIC_KEYS if k not in df})
     # A failed point may never have built its prompt: place it at the context it asked for.
     df.insert(
         df.columns.get_loc("prompt_tokens") + 1,
