@@ -61,6 +61,16 @@ def test_servers_without_the_longest_context_are_ordered_by_the_next_one() -> No
     assert list(tables.sweep_headline(nothing, None).index) == ["x", "y"]
 
 
+def test_a_failed_point_s_partial_rate_gives_no_tok_s_at_tau() -> None:
+    """A failed point may carry its failing request's rate: every rate of its line reads
+    'failed', tok/s at tau too."""
+    sweep = pd.DataFrame([point("a", 1024, 2.0), point("a", 8192, 0.5, status="failed")])
+    long = tables.sweep_long(sweep, 3.0).set_index("context")
+    assert long.loc["1k", "tok/s at tau=3"] == "6"
+    assert long.loc["8k", "verify steps/s (client)"] == "failed"
+    assert long.loc["8k", "tok/s at tau=3"] == "failed"
+
+
 def test_a_failed_point_gives_no_speedup_even_with_a_partial_rate() -> None:
     """A failed point may carry its failing request's rate; it is compared with nothing."""
     sweep = pd.DataFrame(

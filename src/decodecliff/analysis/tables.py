@@ -318,8 +318,8 @@ def sweep_long(sweep: pd.DataFrame, tau: float) -> pd.DataFrame:
     for key, label in LONG_COLUMNS.items():
         if key in ("verify_steps_s_client", "verify_steps_s_server", "decode_tok_s", "ttft_s"):
             out[label] = df.apply(lambda r, k=key: spread(r, k), axis=1)
-        elif key == "tok_s_at_tau":
-            out[f"tok/s at tau={tau:g}"] = [num(v) for v in df[key]]
+        elif key == "tok_s_at_tau":  # a failed point's partial rate is no rate: its status
+            out[f"tok/s at tau={tau:g}"] = df.apply(lambda r: _cell(r, "tok_s_at_tau"), axis=1)
         elif key == "requested_ctx":
             out[label] = df[key].map(ctx_label)
         elif key == "round_tok_s":  # a round's tokens over its wall time, prefill included
