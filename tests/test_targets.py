@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -335,6 +336,21 @@ def test_a_point_without_decode_tok_s_is_not_measured_and_says_why(
     spec = targets.parse([{"kind": "decode_speedup", "ctx": 32000, "min": 1}])
     shown = targets.display_table(targets.evaluate(study, spec))
     assert shown["status"].iloc[0] == f"{NOT_MEASURED}: {row['reason']}"
+
+
+def test_a_study_without_any_decode_tok_s_is_not_measured_and_says_why(tmp_path) -> None:
+    """Where no point of the study recorded a decode rate (each request one token), the table
+    holds None, not NaN: the target is not measured, with the reason, not a TypeError."""
+    study = tmp_path / "study"
+    shutil.copytree(PUBLISHED, study)
+    for path in (study / "sweep").glob("*/ctx*.json"):
+        doc = json.loads(path.read_text())
+        doc["metrics"]["decode_tok_s"] = None
+        path.write_text(json.dumps(doc))
+    row = check(summarize.load_study(study), kind="decode_speedup", ctx=32000, min=1)
+    assert row["status"] == NOT_MEASURED
+    assert row["reason"].startswith("no decode tok/s recorded for custom and triton there")
+    assert row["subject"].endswith(": – vs – tok/s")
 
 
 def test_a_kernel_time_of_a_backend_of_several_series_is_its_fastest_named() -> None:
