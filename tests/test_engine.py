@@ -96,6 +96,19 @@ def test_speculation_accepts_more_than_one_token_on_repetitive_text():
         assert req.meta_info()["spec_accept_length"] > 1.5
 
 
+@pytest.mark.parametrize("spec", ["chain", "tree"])
+def test_accepted_tokens_count_only_the_tokens_kept(spec):
+    # At 30 tokens the last verify step of this prompt accepts more drafts than the request has
+    # room for: the tokens past the limit are dropped, and must not count as accepted.
+    eng = engine(spec=spec)
+    req = eng.generate([[7, 8, 9] * 30], SamplingParams(max_new_tokens=30, ignore_eos=True))[0]
+    meta = req.meta_info()
+    assert meta["completion_tokens"] == 30
+    # every token but the prefill's first comes from a verify step
+    assert meta["spec_accepted_tokens"] == 29
+    assert meta["spec_accept_length"] == 29 / meta["spec_verify_ct"]
+
+
 def test_sampling_is_seeded_and_speculation_keeps_it():
     params = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True, seed=42)
     a = outputs(engine(), [prompt(60, 4)], params)

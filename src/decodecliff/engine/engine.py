@@ -371,12 +371,19 @@ class Engine:
         return ok
 
     # emitting tokens ---------------------------------------------------------------------------
-    def _emit(self, req: Request, tokens: list[int], rows: list[int] | None = None) -> None:
-        """Append tokens (the target's choices at query rows `rows`, default 0, 1, ...)."""
+    def _emit(
+        self, req: Request, tokens: list[int], rows: list[int] | None = None, verify: bool = False
+    ) -> None:
+        """Append tokens (the target's choices at query rows `rows`, default 0, 1, ...).
+
+        With verify they come from a verify step and count as its accepted tokens, as far as they
+        are kept: those after a stop or the length limit are dropped and not counted."""
         params, eos = req.params, self.mcfg.eos_token_id
         rows = list(range(len(tokens))) if rows is None else rows
         for tok, row in zip(tokens, rows, strict=True):
             req.tokens.append(tok)
+            if verify:
+                req.accepted += 1
             if params.logprobs is not None:
                 req.logprobs.append(req.row_logprobs[row])
             if not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
@@ -576,10 +583,9 @@ class Engine:
                 path, emitted = accept_tree(trees[i], targets[i])
                 self._compact_path(req, path)
             req.verify_ms.append(ms)
-            req.accepted += len(emitted)
             req.kv_len += len(emitted)  # the last token and the accepted drafts
             self.pool.truncate(req.row, req.kv_len)
-            self._emit(req, emitted, path)
+            self._emit(req, emitted, path, verify=True)
 
     def _compact_path(self, req: Request, path: list[int]) -> None:
         """Move the accepted tree nodes' KV to consecutive slots right after the prefix."""
