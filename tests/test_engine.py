@@ -227,6 +227,19 @@ def test_check_rejects_impossible_requests():
         eng.check([], GREEDY)
 
 
+def test_a_refused_generate_call_queues_none_of_its_prompts():
+    eng = engine(max_total_tokens=256)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    with pytest.raises(ValueError, match="exceeds max_total_num_tokens"):
+        eng.generate([[5] * 20, [5] * 300], params)  # the second can never fit
+    assert eng.stats().queued == 0
+    short = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    assert [len(r.output) for r in eng.generate([[6] * 20], short)] == [2]
+    # nothing of the refused call runs on, holding pages, after the next call returns
+    assert eng.running == [] and not eng.waiting
+    assert eng.pool.allocator.num_free == eng.pool.num_pages
+
+
 def test_bad_config_is_rejected_clearly():
     with pytest.raises(ValueError, match="tree nodes"):
         EngineConfig(spec="tree", tree_nodes=8).validate()

@@ -231,11 +231,13 @@ class Engine:
             self._finish(req, abort=reason, status=status)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
-        """Serve the prompts concurrently in the calling thread; returns the finished requests."""
+        """Serve the prompts concurrently in the calling thread; returns the finished requests.
+
+        Every prompt is checked before any is queued: a refused call leaves nothing behind."""
         reqs = [Request(prompt=list(p), params=params) for p in prompts]
         for req in reqs:
             self.check(req.prompt, params)
-            self.waiting.append(req)
+        self.waiting.extend(reqs)
         while any(r.finish_reason is None for r in reqs):
             self.step()
         return reqs
