@@ -191,6 +191,7 @@ BAD = {
     "engine-draft-len": (_set("engine.draft_len", 100), "config.engine.draft_len"),
     "command-and-url": (_set("sweep.servers[0].url", "http://h:1"), "config.sweep.servers[0]"),
     "sm120-model-unbuilt": (_set("kernels.sm120_model", True), "config.kernels.sm120_model"),
+    "sm120-model-arch-unbuilt": (_set("build.sm120_model", 89), "config.build.sm120_model"),
     # what `decodecliff serve` refuses fails here, not at every point as a server that exits
     **{
         f"serve-args-{name}": (_set(SERVE_ARGS, args), f"config.{SERVE_ARGS}")

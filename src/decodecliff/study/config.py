@@ -240,6 +240,12 @@ def validate(
 def check(cfg: dict) -> None:
     """What the schema cannot say: unique names and points, timeouts, backend options, templates,
     KV pools, the servers targets name, and what the engine bench can run on its device."""
+    model_arch = cfg["build"].get("sm120_model")
+    if model_arch is not None and model_arch not in cfg["build"]["archs"]:
+        # build-kernel builds the sm_120 model for one of the architectures it compiles
+        archs = ", ".join(map(str, cfg["build"]["archs"]))
+        why = f"{model_arch} is not among build.archs ({archs}): add it there"
+        raise ConfigError("config.build.sm120_model", why)
     if cfg["kernels"].get("sm120_model") and not cfg["build"].get("sm120_model"):
         raise ConfigError(
             "config.kernels.sm120_model",
