@@ -65,6 +65,29 @@ def test_a_gpu_study_s_overlay_alone_is_refused() -> None:
     assert err.value.where == "config.study.gpu"
 
 
+def test_a_backend_run_as_on_sm120_needs_its_library_built() -> None:
+    """model=sm120 (a sweep server's, an engine configuration's) loads the library and shim that
+    only build.sm120_model builds: without it the config is refused, not every such point."""
+
+    def sm120(server: dict) -> bool:
+        return server.get("backend_options", {}).get("model") == "sm120"
+
+    cfg = raw("h200")
+    del cfg["build"]["sm120_model"]
+    cfg["kernels"]["sm120_model"] = False
+    servers = cfg["sweep"]["servers"]
+    first = next(i for i, server in enumerate(servers) if sm120(server))
+    with pytest.raises(config.ConfigError, match="set build.sm120_model") as err:
+        Study(copy.deepcopy(cfg))
+    assert err.value.where == f"config.sweep.servers[{first}].backend_options"
+    cfg["sweep"]["servers"] = [server for server in servers if not sm120(server)]
+    with pytest.raises(config.ConfigError, match="set build.sm120_model") as err:
+        Study(copy.deepcopy(cfg))
+    assert err.value.where == "config.engine.backends[1]"  # custom:model=sm120
+    cfg["engine"]["backends"] = [b for b in cfg["engine"]["backends"] if "sm120" not in b]
+    Study(cfg)  # nothing left that runs the model
+
+
 def test_defaults_are_the_schemas_own() -> None:
     schema = config.load_schema()
     cfg = study().config

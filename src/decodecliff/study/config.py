@@ -303,6 +303,8 @@ def check(cfg: dict) -> None:
             registry.parse_spec(spec)
         except ValueError as exc:
             raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
+    if not cfg["build"].get("sm120_model"):
+        _check_sm120_model_built(cfg)
 
 
 # Names pandas reads from a CSV cell (and papermill from a -p value) as other than text: missing
@@ -363,6 +365,25 @@ def _check_points(server: dict, key: str) -> None:
                 f"{chunk['point_timeout_s']:g} s is longer than the chunk's timeout_s "
                 f"({chunk['timeout_s']:g} s), which covers server start, every request and stop",
             )
+
+
+def _check_sm120_model_built(cfg: dict) -> None:
+    """A backend run with model=sm120 (a sweep server or an engine bench configuration, on cuda:
+    elsewhere it is recorded as skipped) loads the sm_120-model library or preloads the shim,
+    which only build.sm120_model builds."""
+    why = (
+        "model=sm120 runs on the sm_120-model library and shim: set build.sm120_model to the "
+        "GPU's architecture (90 for an H200)"
+    )
+    sweep = cfg["sweep"]
+    for i, server in enumerate(sweep["servers"]):
+        uses = server["backend_options"].get("model") == "sm120" and not server.get("url")
+        if uses and sweep["device"] == "cuda":
+            raise ConfigError(f"config.sweep.servers[{i}].backend_options", why)
+    engine = cfg.get("engine", {})
+    for i, spec in enumerate(engine.get("backends", [])):
+        if engine["device"] == "cuda" and registry.parse_spec(spec)[1].get("model") == "sm120":
+            raise ConfigError(f"config.engine.backends[{i}]", why)
 
 
 def _check_gpu_study(cfg: dict) -> None:
