@@ -394,6 +394,24 @@ def test_a_dry_run_is_one_line_per_job_and_p_adds_the_commands(tmp_path: Path) -
     assert "exec decodecliff sweep" in shown and "--name torch-a --contexts 64 " in shown
 
 
+def test_an_engine_bench_of_flashinfer_as_on_sm120_waits_for_the_build(tmp_path: Path) -> None:
+    """FlashInfer run as on sm_120 preloads the shim that build_kernel writes beside the custom
+    kernel: its engine bench runs after the build (and again after a rebuild)."""
+    config = small_config()
+    config["build"]["sm120_model"] = 90
+    config["engine"] = {
+        "preset": "tiny",
+        "device": "cuda",
+        "backends": ["flashinfer:backend=fa2,model=sm120"],
+        "paths": ["eager"],
+        "contexts": [64],
+    }
+    workdir = copy_workflow(tmp_path, config)
+    done = snakemake(workdir, "-n", "results/engine/bench.json", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert job_counts(done.stdout) == {"build_kernel": 1, "bench_engine": 1, "total": 2}
+
+
 def test_lint_is_clean() -> None:
     done = snakemake(ROOT, "--lint", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

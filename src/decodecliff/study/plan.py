@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decodecliff.helpformat import did_you_mean
+from decodecliff.kernels import registry
 from decodecliff.study import config as study_config
 from decodecliff.study import paths
 from decodecliff.study import servers as srv
@@ -194,8 +195,12 @@ class Study:
         return f"--sm120-model {arch}" if arch else ""
 
     def engine_needs_kernel_lib(self) -> bool:
+        """The custom kernel, or FlashInfer run as on sm_120: its shim is built beside it."""
         specs = self.config.get("engine", {}).get("backends", [])
-        return any(spec.partition(":")[0] == "custom" for spec in specs)
+        return any(
+            name == "custom" or options.get("model") == "sm120"
+            for name, options in map(registry.parse_spec, specs)
+        )
 
     def engine_flags(self) -> str:
         """bench-engine's options from the config's engine section (defaults filled in)."""
