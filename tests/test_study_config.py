@@ -360,6 +360,28 @@ def test_server_command_fills_the_entry_and_keeps_host_and_port() -> None:
     assert target.startswith("--server-cmd 'decodecliff serve")
 
 
+def test_a_literal_brace_reaches_the_launched_server_as_written() -> None:
+    """A brace the template writes {{ or }} (as its error asks), or one in the args, is launched
+    as one brace: the point's --server-cmd is a template again, of {host} and {port}, for the
+    sweep runner."""
+    from decodecliff.sweep import launcher
+
+    cfg = raw()
+    override = """--json-model-override-args '{{"rope": {{"factor": 2}}}}'"""
+    cfg["sweep"]["servers"][0]["command"] = (
+        f"python -m sglang.launch_server {override} {{args}} --host {{host}} --port {{port}}"
+    )
+    cfg["sweep"]["servers"][0]["args"] = "--chat-template '{a}'"
+    words = shlex.split(Study(cfg).point("torch-chain16-p1", 256).target)
+    assert words[0] == "--server-cmd"
+    _, argv = launcher.render_command(words[1], "127.0.0.1", 30000)
+    assert argv == [
+        "python", "-m", "sglang.launch_server", "--json-model-override-args",
+        '{"rope": {"factor": 2}}', "--chat-template", "{a}", "--host", "127.0.0.1",
+        "--port", "30000",
+    ]  # fmt: skip
+
+
 def test_url_server_is_swept_where_it_runs() -> None:
     cfg = raw()
     cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"

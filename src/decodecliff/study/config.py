@@ -425,7 +425,7 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
 
     template = f"{key}.command" if server.get("command") else "config.sweep.command"
     for where, entry in ((template, {**server, "args": ""}), (f"{key}.args", server)):
-        launch = srv.command(sweep, entry).replace("{host}", "127.0.0.1").replace("{port}", "0")
+        launch = srv.command(sweep, entry).format(host="127.0.0.1", port="0")
         try:
             words = shlex.split(launch)
         except ValueError as exc:  # an unbalanced quote

@@ -68,19 +68,44 @@ def fields(sweep: dict, server: dict) -> dict[str, str]:
     }
 
 
+class _LaunchField(str):
+    """{host} or {port}, left in place: the sweep runner fills them per launch."""
+
+
 class _KeepLaunchFields(dict):
     """format_map mapping that leaves {host} and {port} (filled per launch) in place."""
 
     def __missing__(self, key: str) -> str:
         if key not in LAUNCH_FIELDS:
             raise KeyError(key)
-        return f"{{{key}}}"
+        return _LaunchField(f"{{{key}}}")
+
+
+def _doubled(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+class _LaunchTemplate(string.Formatter):
+    """Fills a server's settings into its command template and gives a template again, of
+    {host} and {port}, which the sweep runner formats per launch: a literal brace (written {{ or
+    }} in the template, or in a value such as the args) stays doubled there, so it reaches the
+    server as one brace."""
+
+    def parse(self, format_string: str):
+        for literal, name, spec, conversion in super().parse(format_string):
+            yield _doubled(literal), name, spec, conversion
+
+    def format_field(self, value: object, format_spec: str) -> str:
+        if isinstance(value, _LaunchField):
+            return value
+        return _doubled(super().format_field(value, format_spec))
 
 
 def command(sweep: dict, server: dict) -> str:
-    """The launch command with the server's settings filled in; {host} and {port} stay."""
+    """The launch command with the server's settings filled in; {host} and {port} stay, and it
+    is itself a template of those two (a literal brace doubled)."""
     try:
-        text = string.Formatter().vformat(
+        text = _LaunchTemplate().vformat(
             template(sweep, server), (), _KeepLaunchFields(fields(sweep, server))
         )
     except (ValueError, IndexError, KeyError) as exc:
