@@ -373,7 +373,7 @@ def test_a_mistyped_target_is_one_line_with_the_valid_names(tmp_path: Path) -> N
     assert "Traceback" not in done.stdout + done.stderr
     done = snakemake(workdir, "-n", "results/sweep/torch-a/ctx60.json", timeout=120)
     assert done.returncode != 0 and "did you mean 64?" in done.stderr, done.stderr
-    for odd in ("ctx064.json", "ctx1k.json", "64.json"):  # not a point's file name
+    for odd in ("ctx064.json", "ctx1k.json", "64.json", "ctx64", "ctx64.jsn"):  # no point file
         done = snakemake(workdir, "-n", f"results/sweep/torch-a/{odd}", timeout=120)
         assert done.returncode != 0 and "did you mean 'ctx" in done.stderr, done.stderr
         valid = done.stderr.split("(valid: ", 1)[-1]  # the closest first

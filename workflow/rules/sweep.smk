@@ -68,11 +68,11 @@ rule sweep_point:
 
 
 rule sweep_point_misnamed:
-    # Every other file under results/sweep/<server>/ (64.json): misnamed_point stops Snakemake
-    # naming the server's point files before any job, so this rule's command never runs.
+    # Every other file under results/sweep/<server>/ (64.json, ctx64): misnamed_point stops
+    # Snakemake naming the server's point files before any job, so this rule's command never runs.
     wildcard_constraints:
         server=r"[^/]+",
-        file=r"(?!ctx)[^/]+",
+        file=r"(?!ctx[^/]*\.json$)[^/]+",
     input:
         misnamed_point,
     output:
