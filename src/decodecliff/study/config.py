@@ -253,6 +253,12 @@ def check(cfg: dict) -> None:
             "architecture (90 for an H200)",
         )
     _check_gpu_study(cfg)
+    if not _reads_back_as_text(cfg["study"]["name"]):
+        why = (
+            f"study name {cfg['study']['name']!r} reads as a number or a missing value in the "
+            "notebooks' parameters (their titles would say so); give it a letter"
+        )
+        raise ConfigError("config.study.name", why)
     sweep = cfg["sweep"]
     names = [server["name"] for server in sweep["servers"]]
     for i, server in enumerate(sweep["servers"]):
@@ -313,7 +319,7 @@ NOT_TEXT = {"na", "null", "none", "true", "false"}
 
 
 def _reads_back_as_text(name: str) -> bool:
-    """Whether a server name reads back as itself from the summary CSV and a notebook's -p."""
+    """Whether a name reads back as itself from the summary CSV and a notebook's -p."""
     try:
         float(name)
     except ValueError:
