@@ -15,6 +15,7 @@ beside fa2, fa3 and the floor. Standard library only: it runs on the GPU machine
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -93,29 +94,41 @@ def split_row(key: tuple, found: dict[str, dict], variant: str) -> str | None:
 
 
 def _points(path: str) -> list[dict]:
-    with open(path) as f:
-        return json.load(f)["points"]
+    try:
+        with open(path) as f:
+            return json.load(f)["points"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"fastest_custom.py: {path}: no bench-kernels document ({exc!r})"
+        ) from None
 
 
-def _usage() -> int:
-    print("\n".join(ln.strip() for ln in __doc__.splitlines()[2:4]), file=sys.stderr)
-    return 2
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="fastest_custom.py",
+        usage="%(prog)s BENCH_JSON [BEFORE_JSON]\n"
+        "       %(prog)s --splits VARIANT BENCH_JSON [BENCH_JSON ...]",
+        description=__doc__.splitlines()[1],
+    )
+    p.add_argument("--splits", metavar="VARIANT", help="VARIANT at each split count it ran at")
+    p.add_argument("files", nargs="+", metavar="BENCH_JSON", help="bench-kernels output")
+    args = p.parse_args(argv)
+    if args.splits is None and len(args.files) > 2:
+        p.error("without --splits: one bench and at most one bench before it")
+    return args
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--splits"] and len(argv) < 3:
-        return _usage()
-    if argv[:1] == ["--splits"]:
-        found = shapes([p for path in argv[2:] for p in _points(path)])
-        lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], argv[1]))]
+    args = parse_args(argv)
+    if args.splits:
+        found = shapes([p for path in args.files for p in _points(path)])
+        lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], args.splits))]
         if not lines:
-            print(f"no {argv[1]}-sN point in {' '.join(argv[2:])}", file=sys.stderr)
+            print(f"no {args.splits}-sN point in {' '.join(args.files)}", file=sys.stderr)
             return 1
         print("\n".join(lines))
         return 0
-    if len(argv) not in (1, 2):
-        return _usage()
-    found_in = [shapes(_points(path)) for path in argv]
+    found_in = [shapes(_points(path)) for path in args.files]
     before = found_in[1] if len(found_in) == 2 else None
     lines = [
         line
@@ -123,7 +136,7 @@ def main(argv: list[str]) -> int:
         if (line := row(key, found, None if before is None else before.get(key, {})))
     ]
     if not lines:
-        print(f"{argv[0]}: no shape with a custom plan (auto) that ran", file=sys.stderr)
+        print(f"{args.files[0]}: no shape with a custom plan (auto) that ran", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0

@@ -115,3 +115,14 @@ def test_splits_prints_a_variant_at_each_split_count_of_several_files() -> None:
         [sys.executable, SCRIPT, "--splits", "v5"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "--splits VARIANT BENCH_JSON" in done.stderr, done.stderr
+
+
+def test_help_says_how_and_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--splits VARIANT" in done.stdout, done.stderr
+    missing = tmp_path / "none.json"
+    done = subprocess.run([sys.executable, SCRIPT, missing], capture_output=True, text=True)
+    assert done.returncode == 1 and f"{missing}: no bench-kernels document" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, SCRIPT, BENCH, BENCH, BENCH], capture_output=True)
+    assert done.returncode == 2
