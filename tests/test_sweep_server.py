@@ -395,13 +395,14 @@ def _busy(url: str) -> bool:
 
 
 def _start_sweep(
-    out: Path, leftovers: proctree.Leftovers, server_cmd: str = SERVE
+    out: Path, leftovers: proctree.Leftovers, server_cmd: str = SERVE, *extra: str
 ) -> tuple[subprocess.Popen, int, int]:
     """A sweep of one long point, once its server runs a request: (the sweep, the server's
-    keeper, the server), all tracked to be killed at the test's end if still running."""
+    keeper, the server), all tracked to be killed at the test's end if still running. ``extra``:
+    more options (a later one replaces an earlier)."""
     argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", server_cmd]
     argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
-    argv += ["--stop-grace", "3", "--out", str(out)]
+    argv += ["--stop-grace", "3", "--out", str(out), *extra]
     with open(out / "sweep.stderr", "w") as err:  # a file: a pipe nobody reads can fill up
         sweep = leftovers.popen(
             argv,
@@ -443,6 +444,36 @@ def test_an_interrupted_point_is_written_as_interrupted(tmp_path, leftovers, sig
     assert point["status"] == "failed" and point["reason"] == f"interrupted by {sig.name}"
     # the sweep waited for its server's keeper, which waited for the server
     assert proctree.gone([server, keeper], timeout=1), "the server outlived the stopped sweep"
+
+
+# The tiny server with a child that ignores SIGTERM: stopping its tree takes the stop grace.
+SLOW_TO_STOP = f"sh -c '(trap \"\" TERM; exec sleep 600) & exec {SERVE}'"
+
+
+@pytest.mark.parametrize("cause", ["interrupt", "point timeout"])
+def test_a_signal_while_the_server_stops_loses_no_point_and_no_reason(tmp_path, leftovers, cause):
+    """The point is over (interrupted, or timed out) and its server is stopping when SIGINT
+    comes: the point is written with its own reason, the sweep exits 130 without a traceback,
+    and the keeper still takes the server's tree down."""
+    timeout = ["--point-timeout", "5"] if cause == "point timeout" else []
+    sweep, keeper, server = _start_sweep(
+        tmp_path, leftovers, SLOW_TO_STOP, "--stop-grace", "8", *timeout
+    )
+    if cause == "interrupt":
+        sweep.send_signal(signal.SIGINT)
+    proctree.wait_for("the server to stop", lambda: not proctree.alive(server), 60)
+    assert proctree.alive(keeper)  # waiting out the grace of the child that ignores SIGTERM
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
+    stderr = (tmp_path / "sweep.stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    point = _points(tmp_path)[64]
+    assert point["status"] == "failed"
+    if cause == "interrupt":
+        assert point["reason"] == "interrupted by SIGINT"
+    else:
+        assert point["reason"].startswith("point timeout (5 s) after"), point["reason"]
+    assert proctree.gone([keeper], timeout=60), "the server's tree outlived the stopped sweep"
 
 
 @pytest.mark.slow  # a sweep and its server

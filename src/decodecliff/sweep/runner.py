@@ -387,7 +387,11 @@ class Runner:
         """Run and write the point; an unexpected error fails this point only (hours of sweep
         stay). Only an OSError of the write itself (a full disk) ends the sweep. A signal that
         ends the sweep (SIGINT, or SIGTERM/SIGHUP as SystemExit) writes the point as interrupted
-        first; then the sweep exits with 128 + the signal's number, without a traceback."""
+        first; then the sweep exits with 128 + the signal's number, without a traceback.
+
+        A server to be stopped (a failed point's) is stopped once the point is written: a signal
+        during its stop (up to the stop grace) then neither loses the point nor replaces its
+        reason, and ends the sweep with its keeper stopping the server."""
         interrupted: SystemExit | None = None
         try:
             if time.monotonic() >= deadline:
@@ -396,11 +400,11 @@ class Runner:
                 self._run_point(res, chunk, deadline)
         except Exception as exc:  # noqa: BLE001 (recorded in the point, not swallowed)
             self._fail(res, f"sweep error: {''.join(traceback.format_exception(exc))[-2000:]}")
-            self._stop()
+            self.up = False
         except (KeyboardInterrupt, SystemExit) as exc:
             interrupted = _as_exit(exc)
             self._fail(res, f"interrupted by {_signal_name(interrupted.code)}")
-            self._stop()
+            self.up = False
         res["finished_at"] = _now()
         try:
             self._write(res)
@@ -410,6 +414,11 @@ class Runner:
             res.clear()
             res.update(clean)
             self._write(res)
+        if not self.up:
+            try:
+                self._stop()
+            except (KeyboardInterrupt, SystemExit) as exc:  # its lifeline closed, the keeper
+                interrupted = interrupted or _as_exit(exc)  # goes on stopping the server
         if interrupted is not None:
             raise interrupted from None
 
@@ -447,7 +456,7 @@ class Runner:
             if reason is not None:
                 self._finish(res)
                 self._fail(res, reason)
-                self._stop()  # a failed point leaves the server in an unknown state
+                self.up = False  # a failed point leaves the server in an unknown state: stopped
                 return
         self._finish(res)
         after = launcher.server_info(self.server.url)
@@ -458,7 +467,7 @@ class Runner:
         res["health"]["after"] = launcher.healthy(self.server.url)
         if not res["health"]["after"]:
             res["warnings"].append("server not healthy after the point; restarting it")
-            self._stop()
+            self.up = False  # stopped once the point is written
         self._summary(res)
 
     def _round(self, res: dict, rng: prompts.IdRange, r: int, chunk: Chunk, deadline: float):
