@@ -173,6 +173,10 @@ def test_hung_server_trips_the_point_timeout_then_restarts(tmp_path):
     assert hung["status"] == "failed"
     assert hung["reason"].startswith("point timeout (6 s) after")
     assert hung["metrics"]["e2e_s"] is None and hung["metrics"]["ttft_s"] > 0
+    # the round counts the tokens that came before the timeout
+    (cut,) = hung["rounds"]
+    assert cut["tokens"] == hung["metrics"]["completion_tokens"] > 0
+    assert cut["tok_s"] == pytest.approx(cut["tokens"] / cut["wall_s"])
     assert after["status"] == "ok" and after["server_launch"] == hung["server_launch"] + 1
     assert after["warmup"]["ok"] and after["warmup"]["launch"] == after["server_launch"]
     assert sorted(_points(tmp_path)) == [64, 80]
@@ -324,6 +328,9 @@ def test_an_error_event_mid_stream_fails_its_point_with_the_server_s_words(tmp_p
     for point in points.values():
         assert point["status"] == "failed"
         assert "server error" in point["reason"] and "CUDA out of memory" in point["reason"]
+        # the one token before the error event, in the request and in its round
+        assert point["requests"][0]["metrics"]["completion_tokens"] == 1
+        assert point["rounds"][0]["tokens"] == 1
 
 
 def test_concurrent_streams_are_each_recorded(tmp_path):

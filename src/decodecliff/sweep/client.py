@@ -165,8 +165,9 @@ async def stream(
         rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     except ValueError as exc:  # JSONDecodeError, a NaN / Infinity, a chunk of the wrong shape
         rec.error = f"malformed stream chunk: {exc}"
-    if rec.completion_tokens is None or rec.completion_tokens < last:
-        rec.completion_tokens = last
+    finally:  # also a stream cut short: cancelled (a timeout), or ended by an error event
+        if rec.completion_tokens is None or rec.completion_tokens < last:
+            rec.completion_tokens = last
     if rec.error is None and not rec.done:
         rec.error = "stream ended before [DONE]"
     elif rec.error is None and (_aborted(rec.finish_reason) or not rec.completion_tokens):
