@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from aiohttp import web
 
@@ -37,6 +38,7 @@ def build(
         bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
         vocab = {"vocab0": 0, "vocab-huge": 10**30}.get(shape, 1000)
         body = {"max_total_num_tokens": 100000, "vocab_size": vocab, "load": NAN if bad else 0.0}
+        body["launch_id"] = os.environ.get("DECODECLIFF_LAUNCH_ID")  # as `decodecliff serve`
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def flush(_request: web.Request) -> web.Response:

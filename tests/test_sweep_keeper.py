@@ -116,6 +116,32 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced_by_a_fresh_one(
     assert "address already in use" in (tmp_path / "serve.log").read_text().lower()
 
 
+def test_a_port_held_by_another_launchs_server_is_not_measured_as_this_ones(
+    tmp_path, leftovers, monkeypatch
+):
+    """Another sweep's server holds the port handed out: it answers /health while the one
+    launched fails to bind, and must not be taken for it."""
+    other = launcher.Server(FAULTY_CMD, log_path=tmp_path / "other.log", stop_grace_s=5)
+    try:
+        other.start(timeout_s=60)
+        leftovers.track(other.proc.pid)
+        taken = int(other.url.rsplit(":", 1)[1])
+        ports = iter([taken])
+        free = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda host: next(ports, None) or free(host))
+        server = launcher.Server(FAULTY_CMD, log_path=tmp_path / "serve.log", stop_grace_s=5)
+        try:
+            info = server.start(timeout_s=60)
+            leftovers.track(server.proc.pid)
+            assert server.launches == 2 and not server.url.endswith(f":{taken}")
+            assert info["launch_id"] == server.launch_id != other.launch_id
+        finally:
+            server.stop()
+        assert launcher.healthy(other.url)  # the other launch's server is left as it was
+    finally:
+        other.stop()
+
+
 def test_a_server_failing_for_another_reason_is_not_relaunched(tmp_path, leftovers):
     server = launcher.Server("sh -c 'echo boom; exit 3' {port}", log_path=tmp_path / "serve.log")
     with pytest.raises(launcher.ServerError, match="exited with code 3 while starting: boom"):

@@ -120,6 +120,7 @@ def test_short_sweep_end_to_end_and_rerun_one_point(tmp_path):
         assert m["decode_tok_s"] > 0 and m["itl_ms_p50"] > 0 and m["tpot_ms"] > 0
         assert p["token_timestamps"][-1][1] == 6
         assert p["server_info"]["max_total_num_tokens"] >= ctx + 6
+        assert p["server_info"]["launch_id"]  # the launch's own (launcher.LAUNCH_ID_ENV)
         assert p["health"] == {"before": True, "after": True}
         assert Path(p["server_log"]).is_file()
         warm = p["warmup"]

@@ -42,7 +42,7 @@ from decodecliff import envinfo
 from decodecliff.engine.config import EngineConfig
 from decodecliff.engine.engine import Engine
 from decodecliff.engine.request import SamplingParams
-from decodecliff.sweep.launcher import http_url
+from decodecliff.sweep.launcher import LAUNCH_ID_ENV, http_url
 
 from .guard import Settings, access_middleware, is_loopback, parse_body
 from .jobs import Batch, Choice, check_fits, error_body, error_response, respond
@@ -363,6 +363,9 @@ def make_app(engine: Engine, settings: Settings, model: str) -> web.Application:
         "model_path": model,
         "tokenizer_path": model,
         "max_queued_requests": settings.max_queued,
+        # the token of the launch that started it (None by hand): the sweep's check that the
+        # server answering on its port is the one it launched
+        "launch_id": os.environ.get(LAUNCH_ID_ENV),
     }
     app[METRICS] = Metrics(engine, engine.cfg.preset)
     app[STARTED] = int(time.time())

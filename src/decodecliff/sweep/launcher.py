@@ -34,6 +34,10 @@ class ServerError(RuntimeError):
     """The server could not be started or reached."""
 
 
+class PortTaken(ServerError):
+    """Another launch's server answered on the port picked for this one."""
+
+
 # The key of a server info that could not be used, with the reason (e.g. a NaN in it).
 INVALID = "invalid"
 
@@ -53,6 +57,10 @@ WATCHDOG = Path(__file__).with_name("watchdog.py")
 REPORT_TIMEOUT_S = 60.0  # for the keeper to start the command (a Python start on a busy host)
 PORT_ATTEMPTS = 3  # launches on fresh ports when another process took the one picked
 PORT_TAKEN = re.compile(r"address already in use|errno 98\b|EADDRINUSE", re.IGNORECASE)
+# Each launch's own token in the launched command's environment, which `decodecliff serve` reports
+# as its server info's launch_id: a server answering on the port with another token is another
+# launch's, which holds the port the one launched could not bind.
+LAUNCH_ID_ENV = "DECODECLIFF_LAUNCH_ID"
 
 
 def strict_json(text: str) -> object:
@@ -180,6 +188,7 @@ class Server:
         self.lifeline: int | None = None  # the pipe end whose closing stops the keeper
         self.command: list[str] | None = None
         self.launches = 0
+        self.launch_id: str | None = None  # the last launch's (LAUNCH_ID_ENV)
 
     @property
     def launched(self) -> bool:
@@ -207,6 +216,8 @@ class Server:
             log_start = self._log_size()
             try:
                 return self._start_once(timeout_s)
+            except PortTaken:
+                continue
             except ServerError:
                 if not self._lost_its_port(log_start):
                     raise
@@ -246,9 +257,10 @@ class Server:
         self.url = http_url(self.host, port) if port else self.url
         self.command = argv
         self.launches += 1
+        self.launch_id = f"{os.getpid()}-{time.monotonic_ns()}"
         log = self._open_log()
         try:
-            self._launch(argv, env, log)
+            self._launch(argv, {**env, LAUNCH_ID_ENV: self.launch_id}, log)
         finally:
             log.close()
         return self._wait_healthy(timeout_s)
@@ -304,12 +316,22 @@ class Server:
                 )
             problem = health_problem(self.url, min(5.0, max(0.5, deadline - time.monotonic())))
             if problem is None:
-                return server_info(self.url)
+                return self._own_info(server_info(self.url))
             time.sleep(0.25)
         self.stop()
         raise ServerError(
             f"server not healthy within the start timeout ({timeout_s:g} s); last: {problem}"
         )
+
+    def _own_info(self, info: dict) -> dict:
+        """``info``, unless another launch's server answered on the port (PortTaken): one that
+        reports a launch_id other than this launch's. A server that reports none (another
+        program, or one started by hand) cannot be told apart and is taken as launched."""
+        other = info.get("launch_id")
+        if self.proc is None or other is None or other == self.launch_id:
+            return info
+        self.stop()
+        raise PortTaken(f"{self.url} answers for another launch ({other}), which holds its port")
 
     def stop(self) -> None:
         """Stop a launched server's whole process tree; a no-op for a URL server."""
