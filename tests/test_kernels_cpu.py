@@ -14,8 +14,9 @@ import torch
 from decodecliff.kernels import D_QK, D_V, get_backend
 from decodecliff.kernels.api import AttnBatch, token_slot, token_slots
 from decodecliff.kernels.reference import TorchAttention, reference_attention
-from decodecliff.kernels.registry import parse_spec
+from decodecliff.kernels.registry import parse_spec, spec_label
 from decodecliff.kernels.synthetic import random_batch, relative_error
+from decodecliff.server import cli as serve_cli
 
 BF16_TOL = 2e-2
 
@@ -246,6 +247,11 @@ def test_a_flag_option_reads_false_as_false_and_refuses_other_text() -> None:
     for spec in ("sglang:interpreted=no", "sglang:interpreted=1"):
         with pytest.raises(ValueError, match="must be true or false"):
             parse_spec(spec)
+    assert spec_label("sglang:interpreted=false") == "sglang (interpreted=false)"
+    # as `serve --backend-option` reads it, which a study's server passes on
+    args = serve_cli.parse_args(["--backend", "sglang", "--backend-option", "interpreted=false"])
+    assert dict(args.backend_option) == {"interpreted": False}
+    serve_cli.check(["--backend", "sglang", "--backend-option", "interpreted=true"])
 
 
 def _strided_lengths(batch):

@@ -675,3 +675,17 @@ def test_the_schemas_triton_configs_are_the_baselines_own() -> None:
     schema = config.load_schema()
     item = schema["properties"]["kernels"]["properties"]["triton_configs"]["items"]
     assert item["enum"] == ["auto", *ARCH_CONFIGS]
+
+
+def test_a_servers_option_is_checked_as_the_server_reads_it() -> None:
+    """Options reach `serve` as --backend-option KEY=VALUE text: "false" is a flag's false, and
+    "8" a count, as the server reads them; other text is refused before any job."""
+    cfg = raw()
+    server = cfg["sweep"]["servers"][0]
+    server.update(backend="sglang", backend_options={"interpreted": "false"})
+    Study(cfg)
+    server["backend_options"] = {"interpreted": "no"}
+    with pytest.raises(config.ConfigError, match="must be true or false"):
+        Study(cfg)
+    server.update(backend="custom", backend_options={"num_splits": "8"})
+    Study(cfg)

@@ -90,13 +90,16 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise ValueError(f"backend option {item!r} of {spec!r} is not KEY=VALUE")
-        options[key] = _value(name, key, value)
+        options[key] = option_value(key, value)
     check_options(name, options)
     return name, options
 
 
-def _value(name: str, key: str, text: str) -> object:
-    if key in FLAGS.get(name, ()) and text in ("true", "false"):
+def option_value(key: str, text: str) -> object:
+    """A KEY=VALUE's value as a backend takes it, however it was given (a spec, `serve
+    --backend-option`, a study config's text): a flag's true / false as the bool, an integer as
+    one, the rest as text."""
+    if any(key in flags for flags in FLAGS.values()) and text in ("true", "false"):
         return text == "true"
     return int(text) if text.lstrip("-").isdigit() else text
 
@@ -127,8 +130,14 @@ def spec_label(spec: str) -> str:
     "flashinfer (fa2-sm120)"; a number keeps its key ("custom:num_splits=8" -> "custom
     (num_splits=8)"); a plain name stays as it is."""
     name, options = parse_spec(spec)
-    parts = [f"{k}={v}" if isinstance(v, int) else str(v) for k, v in options.items()]
+    parts = [_label_part(k, v) for k, v in options.items()]
     return f"{name} ({'-'.join(parts)})" if options else name
+
+
+def _label_part(key: str, value: object) -> str:
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    return f"{key}={value}" if isinstance(value, int) else str(value)
 
 
 def get_backend(name: str, **options: object) -> AttentionBackend:

@@ -130,11 +130,11 @@ def port(text: str) -> int:
 
 
 def backend_option(text: str) -> tuple[str, object]:
-    """KEY=VALUE, the value an int where it reads as one."""
+    """KEY=VALUE, the value as the backend takes it (registry.option_value)."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, int(value) if value.lstrip("-").isdigit() else value
+    return key, registry.option_value(key, value)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -281,7 +281,11 @@ def check(cfg: dict) -> None:
         if server["cuda_graph"] and sweep["device"] != "cuda" and not gpu_only:
             raise ConfigError(f"{key}.cuda_graph", "CUDA graphs need sweep.device: cuda")
         try:
-            registry.check_options(server["backend"], server["backend_options"])
+            # as the server reads them from its command line (--backend-option KEY=VALUE)
+            given = {
+                k: registry.option_value(k, str(v)) for k, v in server["backend_options"].items()
+            }
+            registry.check_options(server["backend"], given)
         except ValueError as exc:
             raise ConfigError(f"{key}.backend_options", str(exc)) from None
         if server.get("url") and not is_server_url(server["url"]):
