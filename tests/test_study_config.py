@@ -373,14 +373,14 @@ def test_a_literal_brace_reaches_the_launched_server_as_written() -> None:
     cfg["sweep"]["servers"][0]["command"] = (
         f"python -m sglang.launch_server {override} {{args}} --host {{host}} --port {{port}}"
     )
-    cfg["sweep"]["servers"][0]["args"] = "--chat-template '{a}'"
+    cfg["sweep"]["servers"][0]["args"] = "--chat-template '{a}' --dist-init-addr {host}:5000"
     words = shlex.split(Study(cfg).point("torch-chain16-p1", 256).target)
     assert words[0] == "--server-cmd"
     _, argv = launcher.render_command(words[1], "127.0.0.1", 30000)
     assert argv == [
         "python", "-m", "sglang.launch_server", "--json-model-override-args",
-        '{"rope": {"factor": 2}}', "--chat-template", "{a}", "--host", "127.0.0.1",
-        "--port", "30000",
+        '{"rope": {"factor": 2}}', "--chat-template", "{a}", "--dist-init-addr",
+        "127.0.0.1:5000", "--host", "127.0.0.1", "--port", "30000",
     ]  # fmt: skip
 
 

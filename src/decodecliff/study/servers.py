@@ -98,7 +98,10 @@ class _LaunchTemplate(string.Formatter):
     def format_field(self, value: object, format_spec: str) -> str:
         if isinstance(value, _LaunchField):
             return value
-        return _doubled(super().format_field(value, format_spec))
+        text = _doubled(super().format_field(value, format_spec))
+        for key in LAUNCH_FIELDS:  # a value's own {host} / {port} (in args) are filled per launch
+            text = text.replace(f"{{{{{key}}}}}", f"{{{key}}}")
+        return text
 
 
 def command(sweep: dict, server: dict) -> str:
