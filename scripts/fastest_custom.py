@@ -120,7 +120,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.splits:
+    if args.splits is not None:
         found = shapes([p for path in args.files for p in _points(path)])
         lines = [ln for key in sorted(found) if (ln := split_row(key, found[key], args.splits))]
         if not lines:

@@ -336,11 +336,6 @@ def baseline_of(sweep: pd.DataFrame, server: str, target: Target) -> str | None:
     return paired_baseline(sweep, server, target.baseline)
 
 
-def _rate(value: object) -> str:
-    """A decode rate in three figures, "–" where none was recorded (None or NaN)."""
-    return "–" if value is None or pd.isna(value) else f"{float(value):.3g}"
-
-
 def decode_speedup(study: summarize.Study, target: Target) -> Measured:
     server = _server(study, target)
     if isinstance(server, Measured):
@@ -370,7 +365,9 @@ def decode_speedup(study: summarize.Study, target: Target) -> Measured:
         return Measured(
             None, subject, f"baseline {base} {base_row['status']}: {base_row['reason']}"
         )
-    subject += f": {_rate(row['decode_tok_s'])} vs {_rate(base_row['decode_tok_s'])} tok/s"
+    subject += (
+        f": {tables.num(row['decode_tok_s'])} vs {tables.num(base_row['decode_tok_s'])} tok/s"
+    )
     unrecorded = [s for s, r in ((server, row), (base, base_row)) if pd.isna(r["decode_tok_s"])]
     if unrecorded:
         return Measured(
