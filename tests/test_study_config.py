@@ -156,6 +156,7 @@ BAD = {
     "boolean-server-name": (_set("sweep.servers[1].name", "True"), "config.sweep.servers[1].name"),
     "numeric-study-name": (_set("study.name", "2026"), "config.study.name"),
     "float-study-name": (_set("study.name", "1e3"), "config.study.name"),
+    "missing-value-study-name": (_set("study.name", "NA"), "config.study.name"),
     "duplicate-point": (
         lambda c: c["sweep"]["servers"][0]["chunks"].append(
             {"contexts": [256], "timeout_s": 10, "point_timeout_s": 5}

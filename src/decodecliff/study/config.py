@@ -240,25 +240,8 @@ def validate(
 def check(cfg: dict) -> None:
     """What the schema cannot say: unique names and points, timeouts, backend options, templates,
     KV pools, the servers targets name, and what the engine bench can run on its device."""
-    model_arch = cfg["build"].get("sm120_model")
-    if model_arch is not None and model_arch not in cfg["build"]["archs"]:
-        # build-kernel builds the sm_120 model for one of the architectures it compiles
-        archs = ", ".join(map(str, cfg["build"]["archs"]))
-        why = f"{model_arch} is not among build.archs ({archs}): add it there"
-        raise ConfigError("config.build.sm120_model", why)
-    if cfg["kernels"].get("sm120_model") and not cfg["build"].get("sm120_model"):
-        raise ConfigError(
-            "config.kernels.sm120_model",
-            "timing the sm_120 model needs its library: set build.sm120_model to the GPU's "
-            "architecture (90 for an H200)",
-        )
     _check_gpu_study(cfg)
-    if not _reads_back_as_text(cfg["study"]["name"]):
-        why = (
-            f"study name {cfg['study']['name']!r} reads as a number or a missing value in the "
-            "notebooks' parameters (their titles would say so); give it a letter"
-        )
-        raise ConfigError("config.study.name", why)
+    _check_name(cfg["study"]["name"], "config.study.name", "study name")
     sweep = cfg["sweep"]
     names = [server["name"] for server in sweep["servers"]]
     for i, server in enumerate(sweep["servers"]):
@@ -268,13 +251,7 @@ def check(cfg: dict) -> None:
                 f"{key}.name",
                 f"server name {server['name']!r} is used twice (names must be unique)",
             )
-        if not _reads_back_as_text(server["name"]):
-            why = (
-                f"server name {server['name']!r} reads as a number or a missing value in the "
-                "summary tables and notebook parameters; give it a letter (e.g. "
-                f"'p{server['name']}')"
-            )
-            raise ConfigError(f"{key}.name", why)
+        _check_name(server["name"], f"{key}.name", "server name")
         _check_points(server, key)
         # A GPU-only backend's server is recorded as skipped on a CPU: its switches never run.
         gpu_only = server["backend"] in registry.GPU_ONLY
@@ -313,8 +290,7 @@ def check(cfg: dict) -> None:
             registry.parse_spec(spec)
         except ValueError as exc:
             raise ConfigError(f"config.engine.backends[{i}]", str(exc)) from None
-    if not cfg["build"].get("sm120_model"):
-        _check_sm120_model_built(cfg)
+    _check_sm120_model(cfg)  # after the specs it parses are checked
 
 
 # Names pandas reads from a CSV cell (and papermill from a -p value) as other than text: missing
@@ -377,14 +353,21 @@ def _check_points(server: dict, key: str) -> None:
             )
 
 
-def _check_sm120_model_built(cfg: dict) -> None:
-    """A backend run with model=sm120 (a sweep server or an engine bench configuration, on cuda:
-    elsewhere it is recorded as skipped) loads the sm_120-model library or preloads the shim,
-    which only build.sm120_model builds."""
-    why = (
-        "model=sm120 runs on the sm_120-model library and shim: set build.sm120_model to the "
-        "GPU's architecture (90 for an H200)"
-    )
+def _check_sm120_model(cfg: dict) -> None:
+    """build.sm120_model is one of the architectures built, and set wherever the sm_120 model
+    runs: the kernel bench's timing of it, or a backend with model=sm120 (a sweep server or an
+    engine bench configuration, on cuda: elsewhere it is recorded as skipped), which loads the
+    sm_120-model library or preloads its shim."""
+    arch, archs = cfg["build"].get("sm120_model"), cfg["build"]["archs"]
+    if arch is not None and arch not in archs:
+        why = f"{arch} is not among build.archs ({', '.join(map(str, archs))}): add it there"
+        raise ConfigError("config.build.sm120_model", why)
+    if arch is not None:
+        return
+    why = "the sm_120 model needs its library: set build.sm120_model to the GPU's architecture "
+    why += "(90 for an H200)"
+    if cfg["kernels"].get("sm120_model"):
+        raise ConfigError("config.kernels.sm120_model", why)
     sweep = cfg["sweep"]
     for i, server in enumerate(sweep["servers"]):
         uses = server["backend_options"].get("model") == "sm120" and not server.get("url")
@@ -394,6 +377,16 @@ def _check_sm120_model_built(cfg: dict) -> None:
     for i, spec in enumerate(engine.get("backends", [])):
         if engine["device"] == "cuda" and registry.parse_spec(spec)[1].get("model") == "sm120":
             raise ConfigError(f"config.engine.backends[{i}]", why)
+
+
+def _check_name(name: str, key: str, what: str) -> None:
+    """A name results use as text must read back as text."""
+    if not _reads_back_as_text(name):
+        why = (
+            f"{what} {name!r} reads as a number or a missing value in the summary tables and "
+            f"notebook parameters; give it a letter (e.g. 'p{name}')"
+        )
+        raise ConfigError(key, why)
 
 
 def _check_gpu_study(cfg: dict) -> None:
