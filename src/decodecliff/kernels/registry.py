@@ -124,6 +124,12 @@ def check_options(name: str, options: dict[str, object]) -> None:
             raise ValueError(f"the {name} backend's {key} must be true or false, not {value!r}")
 
 
+def needs_kernel_lib(name: str, options: dict[str, object]) -> bool:
+    """Whether a backend loads what build-kernel builds: the custom kernel, or a peer run as on
+    sm_120 (model=sm120), whose shared-memory shim is built beside it (kernels/sm120_model.py)."""
+    return name == "custom" or options.get("model") == "sm120"
+
+
 def spec_label(spec: str) -> str:
     """How results name a backend spec, as the kernel bench names its series:
     "flashinfer:backend=fa3" -> "flashinfer (fa3)", "flashinfer:backend=fa2,model=sm120" ->

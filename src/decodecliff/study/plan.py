@@ -116,11 +116,8 @@ class Study:
             concurrency=srv.concurrency(self.sweep, server),
             target=srv.target(self.sweep, server),
             skip_reason=skip,
-            # the custom kernel, or the sm_120 model's shim beside it (kernels/sm120_model.py)
             needs_kernel_lib=skip is None
-            and (
-                server["backend"] == "custom" or server["backend_options"].get("model") == "sm120"
-            ),
+            and registry.needs_kernel_lib(server["backend"], server["backend_options"]),
             priority=len(order) - order.index((name, ctx)),
         )
 
@@ -195,12 +192,8 @@ class Study:
         return f"--sm120-model {arch}" if arch else ""
 
     def engine_needs_kernel_lib(self) -> bool:
-        """The custom kernel, or FlashInfer run as on sm_120: its shim is built beside it."""
         specs = self.config.get("engine", {}).get("backends", [])
-        return any(
-            name == "custom" or options.get("model") == "sm120"
-            for name, options in map(registry.parse_spec, specs)
-        )
+        return any(registry.needs_kernel_lib(*registry.parse_spec(spec)) for spec in specs)
 
     def engine_flags(self) -> str:
         """bench-engine's options from the config's engine section (defaults filled in)."""
