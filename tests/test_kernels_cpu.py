@@ -275,6 +275,18 @@ def test_triton_refuses_lengths_and_masks_its_kernels_would_misread() -> None:
         tb.TritonAttention()(batch)
 
 
+def test_triton_refuses_a_narrow_tree_mask_without_a_max_q_len_hint() -> None:
+    # Without the hint plan() reads the longest draft from q_indptr; the mask was checked only
+    # against the hint, so a 3-wide mask under a 5-token draft was read at the wrong row stride.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    batch = random_batch([30, 6], [5, 1], heads=2, tree=True, seed=1)
+    batch.meta.max_q_len = None
+    assert relative_error(tb.TritonAttention()(batch), reference_attention(batch)) < BF16_TOL
+    batch.meta.tree_mask = batch.meta.tree_mask[:, :3, :3].contiguous()
+    with pytest.raises(ValueError, match="tree_mask must be"):
+        tb.TritonAttention()(batch)
+
+
 def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
     from decodecliff.kernels import custom
     from decodecliff.kernels.api import AttnMeta

@@ -39,7 +39,7 @@ compiled kernels keep bf16 tensor-core dots.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -464,8 +464,10 @@ class TritonAttention(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
         self.check(meta)
-        slots = self.token_slots(meta)
         max_q = meta.max_q_len or int((meta.q_indptr[1:] - meta.q_indptr[:-1]).max())
+        if meta.max_q_len is None:  # the tree mask must hold the longest draft read here too
+            self.check(replace(meta, max_q_len=max_q))
+        slots = self.token_slots(meta)
         if max_q == 1 and meta.num_tokens == meta.batch_size and self.decode == "grouped":
             launch = self._plan_decode(meta, slots)
         else:
