@@ -287,6 +287,18 @@ def test_triton_refuses_a_narrow_tree_mask_without_a_max_q_len_hint() -> None:
         tb.TritonAttention()(batch)
 
 
+def test_triton_refuses_a_page_table_of_fewer_rows_than_requests() -> None:
+    # The token-slot list is built from the table's rows: a table of one row for two requests
+    # gave a one-row slot list, and the kernels read the second request's slots past its end.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    backend = tb.TritonAttention()
+    batch = random_batch([30, 30], 1, heads=2, page_size=4, seed=1)
+    assert backend.unsupported(batch.meta) is None
+    batch.meta.page_table = batch.meta.page_table[:1]
+    with pytest.raises(ValueError, match=r"page_table must be int32 \[>= B"):
+        backend.check(batch.meta)  # what plan() runs first, before any slot or kernel
+
+
 def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
     from decodecliff.kernels import custom
     from decodecliff.kernels.api import AttnMeta

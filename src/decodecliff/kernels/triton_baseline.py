@@ -376,8 +376,9 @@ def _check(batch: AttnBatch) -> None:
 
 
 def _meta_problem(meta: AttnMeta) -> str | None:
-    if meta.page_table.dtype != torch.int32 or meta.page_table.dim() != 2:
-        return "page_table must be int32 [B, max_pages]"
+    pt = meta.page_table
+    if pt.dtype != torch.int32 or pt.dim() != 2 or pt.shape[0] < meta.batch_size:
+        return "page_table must be int32 [>= B, max_pages]"
     if meta.page_table.device != meta.device:
         return "page_table and kv_lens must be on the same device"
     if not (meta.kv_lens.is_contiguous() and meta.q_indptr.is_contiguous()):
