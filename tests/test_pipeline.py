@@ -164,6 +164,10 @@ def test_points_record_their_status(study: Path) -> None:
     for path in POINTS:
         point = json.loads((study / path).read_text())
         assert len(point["requests"]) == 2 and point["metrics"]["requests"] == 2
+        # each point's server logs to its own file (points of a server may run at once)
+        server, ctx = point["config"]["name"], point["requested_ctx"]
+        log = f"results/sweep/{server}/server-{server}-ctx{ctx}.log"
+        assert point["server_log"] == log and (study / log).read_text().count("==== launch") == 1
 
 
 def test_custom_kernel_is_skipped_on_cpu_with_its_reason(study: Path) -> None:

@@ -28,6 +28,7 @@ from decodecliff.study.paths import (
     SUMMARY_DIR,
     SUMMARY_KERNELS,
     SUMMARY_SWEEP,
+    server_log,
 )
 from decodecliff.study.plan import PointError, Study, gpu_present, gpus_for, triton_interpret
 

@@ -29,6 +29,7 @@ rule sweep_point:
         requests=lambda wildcards: point(wildcards).requests,
         concurrency=lambda wildcards: point(wildcards).concurrency,
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
+        server_log=lambda wildcards: server_log(wildcards.server, wildcards.ctx),
         lib=KERNEL_LIB,
         interpret=triton_interpret(config["sweep"]["device"]),
     log:
@@ -63,7 +64,7 @@ rule sweep_point:
         " --requests-per-point {params.requests} --concurrency {params.concurrency}"
         " --point-timeout {resources.point_timeout} --chunk-timeout {resources.job_timeout}"
         " --start-timeout {resources.start_timeout} --no-progress --failed-points-ok"
-        " --stop-with-parent $PPID {params.skip}"
+        " --stop-with-parent $PPID {params.skip} --server-log {params.server_log}"
         " --out {params.outdir} > {log} 2>&1"
 
 

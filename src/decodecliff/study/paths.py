@@ -19,3 +19,9 @@ NOTES = f"{RESULTS}/NOTES.md"
 def point_file(server: str, ctx: int | str) -> str:
     """One context point's file (the sweep_point rule's output)."""
     return f"{RESULTS}/sweep/{server}/ctx{ctx}.json"
+
+
+def server_log(server: str, ctx: int | str) -> str:
+    """The log of the server launched for one point, beside its file: a point's own, as points of
+    one server may run at once (a cluster's jobs) and the sweep reads the log of its launch."""
+    return f"{RESULTS}/sweep/{server}/server-{server}-ctx{ctx}.log"
