@@ -7,13 +7,18 @@ server), and the script renders them with the pipeline's real rules.
 from __future__ import annotations
 
 import csv
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 from report_study import REPO, STUDY, study_config, tools_env
+
+from decodecliff.study import notebooks
 
 SCRIPT = REPO / "scripts" / "publish_study.sh"
 LATER_SERVER = "triton-chain16-p1"  # measured by the second run
@@ -174,3 +179,30 @@ def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path:
     done, dest = publish(tmp_path, first)
     assert done.returncode == 2 and "remove all but gpu-logs/" in done.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["NOTES.md", "gpu-logs"]
+
+
+def test_the_published_report_is_what_its_files_render_to_today(tmp_path: Path) -> None:
+    """results/published/h200's report notebook and page, executed and rendered again from the
+    study's own files by the notebook and render_report rules' commands with the parameters its
+    notebook records, are the committed ones (the injected cell's random id aside)."""
+    study = REPO / "results/published/h200"
+    shutil.copytree(study, tmp_path / "results", ignore=shutil.ignore_patterns("gpu-logs"))
+    for shared in ("data", "notebooks"):
+        (tmp_path / shared).symlink_to(REPO / shared)
+    committed = nbformat.read(study / "notebooks/report.ipynb", as_version=4)
+    options = notebooks.papermill_options(dict(committed.metadata.papermill.parameters))
+    run = "papermill --no-progress-bar --engine ipc --start-timeout 300 -k python3"
+    run += " notebooks/report.ipynb results/notebooks/report.ipynb " + options
+    render = "jupyter nbconvert --to html --no-input --no-prompt --template-file"
+    render += " notebooks/report.html.j2 results/notebooks/report.ipynb --output-dir results"
+    render += " --output report"
+    for cmd in (run, render):
+        done = subprocess.run(
+            shlex.split(cmd), capture_output=True, text=True, cwd=tmp_path, env=tools_env()
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def page(path: Path) -> str:
+        return re.sub(r'id="cell-id=[0-9a-f-]+"', "", path.read_text())
+
+    assert page(tmp_path / "results/report.html") == page(study / "report.html")
