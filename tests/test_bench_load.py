@@ -72,3 +72,19 @@ def test_percentiles_are_the_nearest_rank(n: int, q: float, rank: int) -> None:
     values = [float(v) for v in range(n, 0, -1)]
     assert load.percentile(values, q) == rank
     assert load.percentile([], q) is None
+
+
+def test_an_errored_request_is_not_counted_completed() -> None:
+    """Two requests read to the end, one of them answered with an error: one completed, one
+    errored, and its time is no latency of a completed request."""
+    ok = load.Job(0, "generate", [1], 2, None, [5, 6], [5, 6], 200, None, 0.5, 0.1)
+    bad = load.Job(1, "generate", [1], 2, None, [5, 6], [], 503, "HTTP 503", 9.0, None)
+    run = {
+        "wall_s": 1.0,
+        "health": [(200, 0.01)],
+        "info": {"fragmentation": {"free_pages": 8, "num_pages": 8}, "running_requests": 0},
+    }
+    summary = load.summarize([ok, bad], run)
+    assert (summary["completed"], summary["errored"], summary["disconnected"]) == (1, 1, 0)
+    assert summary["requests_per_s"] == 1.0 and summary["latency_s"]["max"] == 0.5
+    assert not summary["checks"]["no_errors_on_completed"] and not summary["ok"]

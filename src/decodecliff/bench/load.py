@@ -169,18 +169,19 @@ async def load(url: str, jobs: list[Job]) -> dict:
 
 
 def summarize(jobs: list[Job], run: dict) -> dict:
-    done = [j for j in jobs if j.disconnect_after is None]
+    stayed = [j for j in jobs if j.disconnect_after is None]  # read to the end, or meant to
+    done = [j for j in stayed if j.error is None]  # completed: an errored request is not
     left = [j for j in jobs if j.disconnect_after is not None]
     latencies = [j.latency_s for j in done if j.latency_s is not None]
     ttfts = [j.ttft_s for j in done if j.ttft_s is not None]
     frag = run["info"]["fragmentation"]
     health_codes = [s for s, _ in run["health"]]
     checks = {
-        "completed_have_requested_length": all(len(j.tokens) == j.max_tokens for j in done),
-        "completed_match_served_alone": all(j.tokens == j.reference for j in done),
+        "completed_have_requested_length": all(len(j.tokens) == j.max_tokens for j in stayed),
+        "completed_match_served_alone": all(j.tokens == j.reference for j in stayed),
         "leavers_match_a_prefix": all(j.tokens == j.reference[: len(j.tokens)] for j in left),
         "no_5xx": all(not (isinstance(j.status, int) and j.status >= 500) for j in jobs),
-        "no_errors_on_completed": all(j.error is None for j in done),
+        "no_errors_on_completed": len(done) == len(stayed),
         "health_always_200": bool(health_codes) and all(s == 200 for s in health_codes),
         "kv_pool_empty_after": frag["free_pages"] == frag["num_pages"],
         "no_request_left_running": run["info"]["running_requests"] == 0,
@@ -188,6 +189,7 @@ def summarize(jobs: list[Job], run: dict) -> dict:
     return {
         "requests": len(jobs),
         "completed": len(done),
+        "errored": len(stayed) - len(done),
         "disconnected": len(left),
         "wall_s": run["wall_s"],
         "requests_per_s": len(done) / run["wall_s"],
@@ -310,7 +312,8 @@ def cli(argv: list[str]) -> int:
     write_json(args.out, record)
     s = summary
     print(
-        f"{s['completed']} completed, {s['disconnected']} disconnected in {s['wall_s']:.2f} s: "
+        f"{s['completed']} completed, {s['errored']} errored, {s['disconnected']} disconnected "
+        f"in {s['wall_s']:.2f} s: "
         f"{s['requests_per_s']:.2f} req/s, p99 latency {_s(s['latency_s']['p99'])}, "
         f"/health max {_s(s['health']['max_s'])}; checks "
         + ("passed" if s["ok"] else f"FAILED: {[k for k, v in s['checks'].items() if not v]}")
