@@ -68,17 +68,13 @@ def fields(sweep: dict, server: dict) -> dict[str, str]:
     }
 
 
-class _LaunchField(str):
-    """{host} or {port}, left in place: the sweep runner fills them per launch."""
-
-
 class _KeepLaunchFields(dict):
     """format_map mapping that leaves {host} and {port} (filled per launch) in place."""
 
     def __missing__(self, key: str) -> str:
         if key not in LAUNCH_FIELDS:
             raise KeyError(key)
-        return _LaunchField(f"{{{key}}}")
+        return f"{{{key}}}"
 
 
 def _doubled(text: str) -> str:
@@ -96,10 +92,8 @@ class _LaunchTemplate(string.Formatter):
             yield _doubled(literal), name, spec, conversion
 
     def format_field(self, value: object, format_spec: str) -> str:
-        if isinstance(value, _LaunchField):
-            return value
         text = _doubled(super().format_field(value, format_spec))
-        for key in LAUNCH_FIELDS:  # a value's own {host} / {port} (in args) are filled per launch
+        for key in LAUNCH_FIELDS:  # the template's {host} / {port}, and those in args, stay fields
             text = text.replace(f"{{{{{key}}}}}", f"{{{key}}}")
         return text
 
