@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-import shlex
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -425,12 +424,12 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
     here, not as a server that exits at every point. The command without the server's args is
     checked first, so a mistake is laid at the template's door or the args', where it is."""
     from decodecliff.server import cli as serve  # its parser, not the server
+    from decodecliff.sweep.launcher import render_command  # as the sweep launches it
 
     template = f"{key}.command" if server.get("command") else "config.sweep.command"
     for where, entry in ((template, {**server, "args": ""}), (f"{key}.args", server)):
-        launch = srv.command(sweep, entry).format(host="127.0.0.1", port="0")
         try:
-            words = shlex.split(launch)
+            words = render_command(srv.command(sweep, entry), "127.0.0.1", 0)[1]
         except ValueError as exc:  # an unbalanced quote
             raise ConfigError(where, f"the launch command does not parse: {exc}") from None
         at = next((i for i, w in enumerate(words[:-1]) if w.endswith("decodecliff") and
