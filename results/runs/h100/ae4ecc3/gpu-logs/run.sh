@@ -1,7 +1,7 @@
 #!/bin/bash
 # The device calls of run ae4ecc3 (the H100 study, config/h200.yaml:config/h100.yaml), in order,
 # on NVIDIA H100 80GB HBM3: calls 1-3 in one lease, 4-7 in another, 8-12 in a third, 13-16 in a
-# fourth (env.txt, the same in all four).
+# fourth, 17 in a fifth (env.txt, the same in all five).
 # Each call sent main's working tree with three ignored folders (carry .whl .sgl .run): .run/ held
 # main's gpu_study_run.sh and gpu_env.sh (as at ae4ecc3) and, in .run/head/, a `git archive
 # ae4ecc3 src scripts pyproject.toml` (calls 1-3 also tests/ and notes/kernel-v5, which the keys
@@ -16,12 +16,12 @@
 # these keys in .run/head/ on an H100; the third lease lent an H100. From call 8 the
 # commands file is .run/head/scripts/study-h200-engine.txt: study-h200.txt with the two halves of
 # bench_engine as keys (bench_engine_slow, bench_engine_fast; ../README.md shows how it is made).
-# Call 13 named the picker's H200 keys too (call 1 of the H200 study's plan); the fourth lease
-# lent an H100. Call 15 first ran the custom kernel's ragged GPU tests at main's b0bbac9
+# Calls 13 and 17 named the picker's H200 keys too (call 1 of the H200 study's plan); the fourth
+# and fifth leases lent an H100. Call 15 first ran the custom kernel's ragged GPU tests at main's b0bbac9
 # (`source scripts/gpu_env.sh && python3 -m pytest -q tests/test_custom_gpu.py -k ragged`: 6
 # passed), which write nothing here.
-#   bash run.sh 1..16     (from the repository root, with .run/ laid out as above)
-call=${1:?call 1..16}
+#   bash run.sh 1..17     (from the repository root, with .run/ laid out as above)
+call=${1:?call 1..17}
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 study() {  # BUDGET_S CALL_S KEY...: the study's keys at .run/head's tree
   (cd .run/head && REQUIRE_GPU=H100 BUDGET_S=$1 CALL_S=$2 \
@@ -75,4 +75,5 @@ case $call in
 15) study 50 110 build_kernel triton-p1:11000 sglang-graph-p1:32000 triton-p1:32000 ;;
    # the last two not started (past BUDGET_S)
 16) study 100 140 build_kernel sglang-graph-p1:32000 triton-p1:32000 ;;
+17) study 470 580 build_kernel custom-defrag-p1:32000 custom-p1:64000 ;;
 esac
