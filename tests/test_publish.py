@@ -181,11 +181,12 @@ def test_bad_arguments_and_an_earlier_publication_stop_before_any_work(tmp_path:
     assert sorted(p.name for p in dest.iterdir()) == ["NOTES.md", "gpu-logs"]
 
 
-def test_the_published_report_is_what_its_files_render_to_today(tmp_path: Path) -> None:
-    """results/published/h200's report notebook and page, executed and rendered again from the
-    study's own files by the notebook and render_report rules' commands with the parameters its
-    notebook records, are the committed ones (the injected cell's random id aside)."""
-    study = REPO / "results/published/h200"
+@pytest.mark.parametrize("name", ["h200", "h100"])
+def test_the_published_report_is_what_its_files_render_to_today(tmp_path: Path, name: str) -> None:
+    """Each published study's report page, executed and rendered again from the study's own
+    files by the notebook and render_report rules' commands with the parameters its notebook
+    records, says what the committed one says."""
+    study = REPO / "results/published" / name
     shutil.copytree(study, tmp_path / "results", ignore=shutil.ignore_patterns("gpu-logs"))
     for shared in ("data", "notebooks"):
         (tmp_path / shared).symlink_to(REPO / shared)

@@ -301,13 +301,21 @@ def test_cli_prints_the_table_and_rejects_a_config_without_targets(tmp_path: Pat
     assert done.returncode == 1 and "no `targets` list" in done.stderr
 
 
-def test_published_notes_are_rendered_from_the_published_files():
-    """results/published/h200/NOTES.md is the template filled from that folder: never typed."""
+@pytest.mark.parametrize(
+    ("name", "configs"), [("h200", ["h200.yaml"]), ("h100", ["h200.yaml", "h100.yaml"])]
+)
+def test_published_notes_are_rendered_from_the_published_files(
+    name: str, configs: list[str]
+) -> None:
+    """Each published study's NOTES.md is the template filled from its folder: never typed."""
     from decodecliff.analysis import notes
+    from decodecliff.study.config import merge
 
-    study = REPO / "results/published/h200"
-    cfg = yaml.safe_load((REPO / "config/h200.yaml").read_text())
-    assert (study / "NOTES.md").read_text() == notes.render(study, cfg, "h200")
+    study = REPO / "results/published" / name
+    cfg: dict = {}
+    for path in configs:
+        cfg = merge(cfg, yaml.safe_load((REPO / "config" / path).read_text()))
+    assert (study / "NOTES.md").read_text() == notes.render(study, cfg, name)
 
 
 def test_a_published_study_keeps_the_targets_it_was_judged_by() -> None:
