@@ -65,8 +65,13 @@ LAUNCH_ID_ENV = "DECODECLIFF_LAUNCH_ID"
 
 def strict_json(text: str) -> object:
     """Parse JSON as the standard defines it: NaN, Infinity and overflowing numbers are errors
-    (Python's json accepts them, and they would end up in result files that cannot hold them)."""
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    (Python's json accepts them, and they would end up in result files that cannot hold them).
+    JSON nested deeper than the parser recurses is an error of the text too, a ValueError like
+    the rest: the server's malformed answer, not a fault of the sweep."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 def free_port(host: str) -> int:

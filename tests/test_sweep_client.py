@@ -1,0 +1,57 @@
+"""The sweep's streaming client against small stand-in servers that answer badly on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import httpx
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from decodecliff.sweep import client
+
+Writer = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
+
+
+def _chunk(i: int) -> bytes:
+    meta = {"prompt_tokens": 3, "completion_tokens": i, "finish_reason": None}
+    return f"data: {json.dumps({'meta_info': meta})}\n\n".encode()
+
+
+def _stream(write: Writer) -> client.StreamRecord:
+    """One /generate request of the sweep's client to a server whose stream ``write`` sends."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await write(request, resp)
+        return resp
+
+    async def main() -> client.StreamRecord:
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        rec = client.StreamRecord()
+        async with TestServer(app) as srv, httpx.AsyncClient() as http:
+            url = str(srv.make_url("/"))
+            await asyncio.wait_for(client.stream(http, url, "generate", [1, 2, 3], 4, rec), 30)
+        return rec
+
+    return asyncio.run(main())
+
+
+def test_a_chunk_nested_too_deeply_to_parse_is_a_malformed_chunk() -> None:
+    """JSON nested deeper than the parser's recursion limit is the server's malformed output:
+    the request fails with that reason and keeps the tokens before it (it was a RecursionError,
+    which ended the point as a fault of the sweep itself)."""
+
+    async def write(_request: web.Request, resp: web.StreamResponse) -> None:
+        await resp.write(_chunk(1))
+        await resp.write(b"data: " + b"[" * 100_000 + b"\n\n")
+
+    rec = _stream(write)
+    assert rec.error is not None and rec.error.startswith("malformed stream chunk: ")
+    assert "nested too deeply" in rec.error
+    assert [n for _, n in rec.events] == [1] and rec.completion_tokens == 1
