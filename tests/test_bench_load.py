@@ -3,12 +3,17 @@ every client walks away still gives its record and summary."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from decodecliff.bench import load
 
@@ -88,3 +93,62 @@ def test_an_errored_request_is_not_counted_completed() -> None:
     assert (summary["completed"], summary["errored"], summary["disconnected"]) == (1, 1, 0)
     assert summary["requests_per_s"] == 1.0 and summary["latency_s"]["max"] == 0.5
     assert not summary["checks"]["no_errors_on_completed"] and not summary["ok"]
+
+
+def _run_stream(job: load.Job, answer: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    """``job`` streamed by bench-load's client from a stand-in server that ``answer`` answers."""
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/generate", answer)
+        app.router.add_post("/v1/completions", answer)
+        async with TestServer(app) as srv, httpx.AsyncClient(base_url=str(srv.make_url(""))) as c:
+            await asyncio.wait_for(load.run_stream(c, job), 30)
+
+    asyncio.run(main())
+
+
+def _sse(*payloads: bytes) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for payload in payloads:
+            await resp.write(b"data: " + payload + b"\n\n")
+        return resp
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("api", "chunk", "said"),
+    [
+        ("generate", b'{"output_ids": [5, 6', "malformed stream chunk"),
+        ("generate", b"[5, 6]", "malformed stream chunk"),
+        ("generate", b'{"output_ids": 7}', "malformed stream chunk"),
+        ("completions", b'{"choices": ["ab"]}', "malformed stream chunk"),
+        ("completions", b'{"choices": [{"text": 7}]}', "malformed stream chunk"),
+        ("generate", b'{"error": "engine died"}', "engine died"),
+    ],
+)
+def test_a_chunk_it_cannot_read_is_that_request_s_error(api: str, chunk: bytes, said: str) -> None:
+    """A server's chunk that is no JSON object of the API's shape, or an error event of another
+    shape than OpenAI's, fails that request with the reason; the load goes on (it was an
+    exception that ended the whole bench with no record)."""
+    job = load.Job(0, api, [1, 2], 4, None)
+    first = b'{"output_ids": [5]}' if api == "generate" else b'{"choices": [{"text": "a"}]}'
+    _run_stream(job, _sse(first, chunk, b"[DONE]"))
+    assert job.error is not None and said in job.error
+    assert job.latency_s is None and len(job.tokens) == 1
+
+
+def test_an_error_answer_that_is_not_utf8_is_recorded() -> None:
+    """A non-200 answer whose body is not UTF-8 (a proxy's page) is that request's error."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=502, body=b"<html>\xff\xfe bad gateway</html>")
+
+    job = load.Job(0, "generate", [1, 2], 4, None)
+    _run_stream(job, answer)
+    assert job.status == 502 and "bad gateway" in job.error

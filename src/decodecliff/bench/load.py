@@ -84,12 +84,34 @@ async def reference(client: httpx.AsyncClient, job: Job) -> None:
         job.reference = TOKENIZER.encode(data["choices"][0]["text"])
 
 
-def _chunk_tokens(job: Job, data: dict) -> None:
+def _chunk_tokens(job: Job, data: object) -> None:
+    """Fold one stream chunk into ``job.tokens``; ValueError where it is not of the API's shape."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
     if job.api == "generate":
-        job.tokens = data.get("output_ids", job.tokens)
-    else:
-        for choice in data.get("choices") or []:
-            job.tokens += TOKENIZER.encode(choice.get("text") or "")
+        ids = data.get("output_ids", job.tokens)
+        if not isinstance(ids, list):
+            raise ValueError("output_ids is not a list")
+        job.tokens = ids
+        return
+    choices = data.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ValueError("choices is not a list of objects")
+    for choice in choices:
+        text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise ValueError("a choice's text is not a string")
+        job.tokens += TOKENIZER.encode(text)
+
+
+def _stream_error(data: object) -> tuple[str, object] | None:
+    """(message, code) of an error event (OpenAI's shape, or any other: its JSON), else None."""
+    if not isinstance(data, dict) or "error" not in data:
+        return None
+    error = data["error"]
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"], error.get("code")
+    return json.dumps(error)[:300], None
 
 
 async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
@@ -99,20 +121,26 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
     try:
         async with client.stream("POST", path, json=payload) as resp:
             job.status = resp.status_code
-            if resp.status_code != 200:
-                job.error = (await resp.aread()).decode()[:300]
+            if resp.status_code != 200:  # its body as text, whatever its bytes (a proxy's page)
+                job.error = (await resp.aread()).decode(errors="replace")[:300]
                 return
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                data = json.loads(line[len("data: ") :])
-                if "error" in data:
-                    job.error = data["error"]["message"]
-                    job.status = data["error"]["code"]
+                # A chunk the server got wrong fails this request alone; the load and its
+                # record go on.
+                try:
+                    data = json.loads(line[len("data: ") :])
+                    if (error := _stream_error(data)) is not None:
+                        job.error, code = error
+                        job.status = code if isinstance(code, int) else job.status
+                        return
+                    if job.ttft_s is None:
+                        job.ttft_s = time.perf_counter() - start
+                    _chunk_tokens(job, data)
+                except (ValueError, RecursionError) as exc:
+                    job.error = f"malformed stream chunk ({exc}): {line[:200]}"
                     return
-                if job.ttft_s is None:
-                    job.ttft_s = time.perf_counter() - start
-                _chunk_tokens(job, data)
                 chunks += 1
                 if job.disconnect_after is not None and chunks >= job.disconnect_after:
                     return  # leaving the block closes the connection mid-stream
