@@ -152,3 +152,14 @@ def test_an_error_answer_that_is_not_utf8_is_recorded() -> None:
     job = load.Job(0, "generate", [1, 2], 4, None)
     _run_stream(job, answer)
     assert job.status == 502 and "bad gateway" in job.error
+
+
+def test_a_stream_that_ends_before_done_is_errored_not_completed() -> None:
+    """A stream the server closed without [DONE] did not complete, whatever it carried: no
+    latency among the completed requests' (it was counted completed)."""
+    job = load.Job(0, "generate", [1, 2], 2, None)
+    _run_stream(job, _sse(b'{"output_ids": [5]}', b'{"output_ids": [5, 6]}'))
+    assert job.error == "stream ended before [DONE]" and job.latency_s is None
+    job = load.Job(0, "generate", [1, 2], 2, None)
+    _run_stream(job, _sse(b'{"output_ids": [5]}', b'{"output_ids": [5, 6]}', b"[DONE]"))
+    assert job.error is None and job.latency_s is not None and job.tokens == [5, 6]

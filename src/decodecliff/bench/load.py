@@ -124,8 +124,11 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
             if resp.status_code != 200:  # its body as text, whatever its bytes (a proxy's page)
                 job.error = (await resp.aread()).decode(errors="replace")[:300]
                 return
+            done = False
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    done = True
+                if not line.startswith("data: ") or done:
                     continue
                 # A chunk the server got wrong fails this request alone; the load and its
                 # record go on.
@@ -144,6 +147,9 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
                 chunks += 1
                 if job.disconnect_after is not None and chunks >= job.disconnect_after:
                     return  # leaving the block closes the connection mid-stream
+        if not done:  # the server closed the stream short of its end: not a completed request
+            job.error = "stream ended before [DONE]"
+            return
         job.latency_s = time.perf_counter() - start
     except httpx.HTTPError as exc:
         job.error = repr(exc)
