@@ -163,3 +163,39 @@ def test_a_stream_that_ends_before_done_is_errored_not_completed() -> None:
     job = load.Job(0, "generate", [1, 2], 2, None)
     _run_stream(job, _sse(b'{"output_ids": [5]}', b'{"output_ids": [5, 6]}', b"[DONE]"))
     assert job.error is None and job.latency_s is not None and job.tokens == [5, 6]
+
+
+STUBBORN = (  # a server that ignores SIGTERM (hung in its shutdown)
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    f"print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"
+)
+
+
+def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
+    tmp_path, monkeypatch, leftovers, capsys
+) -> None:
+    """The load ran; the server then ignores SIGTERM: it is killed after the grace period, the
+    record is written with its exit code (it was a TimeoutExpired traceback, no record, and a
+    server left running)."""
+    started: list[subprocess.Popen] = []
+
+    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
+        cmd = [sys.executable, "-c", STUBBORN]
+        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
+        assert started[0].stdout.readline().startswith(load.READY)
+        return started[0], cmd
+
+    async def no_load(url: str, jobs: list[load.Job]) -> dict:  # the load is not what is tested
+        for job in jobs:
+            job.disconnect_after = 1  # every client walked away
+        info = {"fragmentation": {"free_pages": 8, "num_pages": 8}, "running_requests": 0}
+        return {"wall_s": 1.0, "health": [(200, 0.01)], "info": info, "metrics_bytes": 0}
+
+    monkeypatch.setattr(load, "start_server", start_server)
+    monkeypatch.setattr(load, "load", no_load)
+    monkeypatch.setattr(load, "STOP_GRACE_S", 1.0, raising=False)
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "2", "--out", str(out)]) == 0
+    assert started[0].poll() == -9
+    assert json.loads(out.read_text())["summary"]["server_exit_code"] == -9
+    assert "did not stop within 1 s of SIGTERM" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 
 READY = "decodecliff server ready at "
+STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
 PROMPT_LENS = (16, 64, 200, 500)
 OUTPUT_LENS = (8, 32, 64, 128)
 TOKENIZER = ByteTokenizer(512)  # set to the preset's vocabulary in cli()
@@ -265,6 +266,22 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
     return proc, cmd
 
 
+def stop_server(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL after STOP_GRACE_S: a server hung in its shutdown neither outlives
+    the bench (its port, its device memory) nor costs the record of the load; its exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        print(
+            f"decodecliff bench-load: the server did not stop within {STOP_GRACE_S:g} s of "
+            "SIGTERM; killed",
+            file=sys.stderr,
+        )
+        proc.kill()
+        return proc.wait()
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="decodecliff bench-load",
@@ -326,8 +343,7 @@ def cli(argv: list[str]) -> int:
     try:
         run = asyncio.run(load(f"http://127.0.0.1:{port}", jobs))
     finally:
-        proc.terminate()
-        code = proc.wait(timeout=30)
+        code = stop_server(proc)
     summary = summarize(jobs, run)
     summary["server_exit_code"] = code
     record = {
