@@ -176,6 +176,9 @@ BAD_BODIES = [
     ({"input_ids": [1], "sampling_params": {"max_new_tokens": "5"}}, "integer"),
     ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature"),
     ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature"),
+    # an integer too big for a float is out of range, not an internal error
+    ({"input_ids": [1], "sampling_params": {"temperature": 10**400}}, "temperature must be in"),
+    ({"input_ids": [1], "sampling_params": {"top_p": -(10**400)}}, "top_p must be in"),
     ({"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, "ignore_eos"),
     ({"input_ids": [1], "sampling_params": []}, "sampling_params"),
     ({"input_ids": [1], "stream": "yes"}, "stream"),

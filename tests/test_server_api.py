@@ -182,6 +182,7 @@ REFUSED = [
     ({"suffix": "x"}, "suffix"),
     ({"n": 0}, "n"),
     ({"top_p": 1.5}, "top_p"),
+    ({"temperature": 10**400}, "temperature"),
     ({"logprobs": 99}, "logprobs"),
     ({"echo": True, "logprobs": 1}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),

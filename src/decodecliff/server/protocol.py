@@ -95,7 +95,8 @@ def _int(value: object, name: str, lo: int, hi: int) -> int:
 def _number(value: object, name: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{name} must be a number, got {type(value).__name__}", name)
-    if not lo <= float(value) <= hi:  # also refuses NaN
+    # compared as given (an int beyond a float's range cannot be converted); refuses NaN too
+    if not lo <= value <= hi:
         raise BadRequest(f"{name} must be in [{lo}, {hi}], got {show(value)}", name)
     return float(value)
 
