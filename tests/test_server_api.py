@@ -183,6 +183,8 @@ REFUSED = [
     ({"n": 0}, "n"),
     ({"top_p": 1.5}, "top_p"),
     ({"temperature": 10**400}, "temperature"),
+    ({"best_of": True}, "best_of"),  # a flag, not the integer 1
+    ({"max_tokens": 2, "max_completion_tokens": 2.0}, "max_completion_tokens"),
     ({"logprobs": 99}, "logprobs"),
     ({"echo": True, "logprobs": 1}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),

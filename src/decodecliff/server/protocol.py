@@ -240,7 +240,9 @@ def _sampling(
     for key in ("skip_special_tokens", "spaces_between_special_tokens"):
         _flag(sp, key)  # the tokenizer has no special tokens to skip or space: checked only
     top_k = get("top_k")
-    top_k = 0 if top_k == -1 else _int(top_k, names.get("top_k", "top_k"), 0, lim.vocab_size)
+    if is_int(top_k) and top_k == -1:  # -1 is "off" as in SGLang and vLLM (-1.0 is no integer)
+        top_k = 0
+    top_k = _int(top_k, names.get("top_k", "top_k"), 0, lim.vocab_size)
     seed = get("seed")
     return SamplingParams(
         max_new_tokens=_int(get("max_new_tokens"), names["max_new_tokens"], 1, lim.max_tokens),
@@ -394,7 +396,8 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
             sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, SAMPLING_IGNORED, "sampling_params."
         )
     logprob = _bool(body.get("return_logprob", False), "return_logprob")
-    top = _int(body.get("top_logprobs_num") or 0, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
+    top = body.get("top_logprobs_num")  # null is absent; false or "" is no integer
+    top = _int(0 if top is None else top, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
     start = body.get("logprob_start_len")  # SGLang's: one for all prompts, or one per prompt
     starts = start if isinstance(start, list) else [] if start is None else [start]
     starts = [_int(v, "logprob_start_len", -1, 2**31 - 1) for v in starts]
@@ -523,12 +526,12 @@ CHAT_ROLES = ("system", "user", "assistant", "developer")
 
 
 def _max_tokens(body: dict, lim: Limits, default: int) -> int:
-    a, b = body.get("max_tokens"), body.get("max_completion_tokens")
-    if a is not None and b is not None and a != b:
+    # each checked on its own: compared first, 2.0 or true would pass as the other's 2 or 1
+    names = ("max_tokens", "max_completion_tokens")
+    given = [_int(body[k], k, 1, lim.max_tokens) for k in names if body.get(k) is not None]
+    if len(set(given)) > 1:
         raise BadRequest("max_tokens and max_completion_tokens disagree", "max_tokens")
-    value = a if a is not None else b
-    name = "max_tokens" if a is not None or b is None else "max_completion_tokens"
-    return _int(default if value is None else value, name, 1, lim.max_tokens)
+    return given[0] if given else _int(default, "max_tokens", 1, lim.max_tokens)
 
 
 def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
@@ -588,7 +591,7 @@ def parse_completions(body: object, lim: Limits) -> ParsedRequest:
         raise BadRequest("prompt is required", "prompt")
     prompts, batched = _prompts(body["prompt"], "prompt", lim, text=True, ids=True)
     best_of = body.get("best_of")
-    if best_of is not None and best_of != (body.get("n") or 1):
+    if best_of is not None and (not is_int(best_of) or best_of != (body.get("n") or 1)):
         raise BadRequest("best_of other than n is not supported", "best_of")
     lp = body.get("logprobs")
     lp = None if lp is None else _int(lp, "logprobs", 0, MAX_TOP_LOGPROBS)
