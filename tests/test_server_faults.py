@@ -4,6 +4,7 @@ fault probes of issue 26 (F1-F12), against the real server (tiny preset, CPU).""
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
 import signal
 import socket
@@ -121,6 +122,19 @@ def test_f9_a_stalled_upload_is_answered_and_closed(srv):
         while chunk := sock.recv(4096):  # the server closes the connection after answering
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer
+
+
+def test_a_batch_of_too_many_prompts_is_refused_before_each_is_read(srv):
+    """A 1.4 MB body of 300k one-token prompts sharing heavy sampling parameters: refused by its
+    prompt count at once, not after reading every prompt and its parameters (tens of seconds of
+    a CPU, holding the interpreter the engine and the event loop share)."""
+    sp = {"max_new_tokens": 2, "stop": ["ab"] * 16, "stop_token_ids": list(range(500))}
+    content = json.dumps({"input_ids": [[1]] * 300_000, "sampling_params": sp}).encode()
+    start = time.monotonic()
+    resp = post(srv, content)
+    elapsed = time.monotonic() - start
+    assert resp.status_code == 400 and "at most 256" in resp.json()["error"]["message"]
+    assert elapsed < 5, f"refused after {elapsed:.1f} s"
 
 
 def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():

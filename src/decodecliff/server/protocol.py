@@ -150,6 +150,12 @@ def _prompts(value: object, name: str, lim: Limits, text: bool, ids: bool) -> tu
             w for w, ok in (("a string or list of strings", text), ("token ids", ids)) if ok
         )
         raise BadRequest(f"{name} must be {want}", name)
+    if len(items) > lim.max_choices:  # before any is read: a body may hold millions of tiny ones
+        raise BadRequest(
+            f"{len(items)} prompts are {len(items)} generations or more; at most "
+            f"{lim.max_choices} per request",
+            name,
+        )
     prompts = []
     for item in items:
         toks = lim.tokenizer.encode(item) if isinstance(item, str) else None
