@@ -137,6 +137,27 @@ def test_a_batch_of_too_many_prompts_is_refused_before_each_is_read(srv):
     assert elapsed < 5, f"refused after {elapsed:.1f} s"
 
 
+def test_many_repeated_stop_token_ids_cost_neither_parsing_nor_decoding(srv):
+    """A million stop token ids (one repeated) shared by a batch of 16: read once, and each
+    output token looked up in constant time, not scanned through the million for every token of
+    every request (seconds of the engine's thread, which every other request waits on)."""
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(20)] for i in range(16)]
+    sp = {"max_new_tokens": 100}
+
+    def timed(extra: dict) -> tuple[float, list[list[int]]]:
+        body = {"input_ids": prompts, "sampling_params": {**sp, **extra}}
+        start = time.monotonic()
+        resp = post(srv, json.dumps(body).encode())
+        assert resp.status_code == 200, resp.text[:300]
+        return time.monotonic() - start, [o["output_ids"] for o in resp.json()]
+
+    plain_s, plain = timed({})
+    unseen = min(set(range(500)) - {t for out in plain for t in out})
+    heavy_s, heavy = timed({"stop_token_ids": [unseen] * 1_000_000})
+    assert heavy == plain  # the stop id never came: the same outputs
+    assert heavy_s < plain_s + 4, f"{heavy_s:.1f} s against {plain_s:.1f} s without the stop ids"
+
+
 def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():
     threads: list[str] = []
 

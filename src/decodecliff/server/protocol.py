@@ -256,7 +256,9 @@ def _sampling(
         top_p=_number(get("top_p"), "top_p", 1e-9, 1.0),
         top_k=top_k,
         ignore_eos=_bool(get("ignore_eos"), "ignore_eos"),
-        stop_token_ids=tuple(_token_ids(get("stop_token_ids"), "stop_token_ids", lim.vocab_size)),
+        stop_token_ids=frozenset(
+            _token_ids(get("stop_token_ids"), "stop_token_ids", lim.vocab_size)
+        ),
         seed=None if seed is None else _int(seed, names.get("seed", "seed"), 0, 2**63 - 1),
         logprobs=logprobs,
     )
@@ -397,7 +399,9 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
     else:
         sps = [sps] * len(prompts)
     sps = [_object(sp, "sampling_params") for sp in sps]
-    for sp in sps:
+    # one object given for the whole batch is read once, not once per prompt
+    unique = list({id(sp): sp for sp in sps}.values())
+    for sp in unique:
         ignored += _refuse(
             sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, SAMPLING_IGNORED, "sampling_params."
         )
@@ -413,14 +417,15 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         )
     defaults = {**BASE_DEFAULTS, "max_new_tokens": 128}
     names = {"max_new_tokens": "max_new_tokens", "seed": "sampling_seed"}
-    params, stops, ns, trims = [], {}, set(), set()
-    for sp in sps:
+    read, stops, ns, trims = {}, {}, set(), set()
+    for sp in unique:
         stop = _stop(sp.get("stop"), "sampling_params.stop", lim)
         p = _sampling(sp, lim, names, defaults, top if logprob else None)
-        params.append(dataclasses.replace(p, stop_sequences=tuple(stop)))
+        read[id(sp)] = dataclasses.replace(p, stop_sequences=tuple(stop))
         stops.update(stop)
         ns.add(_int(sp.get("n", 1), "sampling_params.n", 1, MAX_N))
         trims.add(not _bool(sp.get("no_stop_trim", False), "sampling_params.no_stop_trim"))
+    params = [read[id(sp)] for sp in sps]
     if len(ns) > 1 or len(trims) > 1:
         raise BadRequest("sampling_params: n and no_stop_trim must agree across the batch")
     n = ns.pop()
