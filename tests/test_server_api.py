@@ -430,6 +430,26 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
         assert ("store" in resp.headers.get("warning", "")) == extra["store"]
 
 
+def test_optional_flags_and_counts_given_as_null_take_their_defaults(srv):
+    # SGLang's GenerateReqInput has return_logprob = None; OpenAI's fields are "boolean or null"
+    sp = {"max_new_tokens": 2, "n": None, "no_stop_trim": None}
+    body = {"input_ids": IDS, "sampling_params": sp, "return_logprob": None, "stream": None}
+    resp = srv.post("/generate", body)
+    assert resp.status_code == 200, resp.text
+    assert "output_token_logprobs" not in resp.json()["meta_info"]
+    nulls = {"include_stop_str_in_output": None, "no_stop_trim": None, "max_tokens": 2}
+    resp = srv.post("/v1/completions", {"prompt": "a", **nulls})
+    assert resp.status_code == 200, resp.text
+    msgs = [{"role": "user", "content": "hi"}]
+    resp = srv.post(
+        "/v1/chat/completions", {"messages": msgs, "add_generation_prompt": None, **nulls}
+    )
+    assert resp.status_code == 200, resp.text
+    opts = {"include_usage": None, "continuous_usage_stats": None}
+    body = {"prompt": "a", "max_tokens": 2, "stream": True, "stream_options": opts}
+    assert all(c.get("usage") is None for c in events(srv, "/v1/completions", body))
+
+
 def test_a_chat_asking_for_text_output_alone_is_served(client, srv):
     msgs = [{"role": "user", "content": "hi"}]
     chat = client.chat.completions.create(

@@ -405,7 +405,7 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         ignored += _refuse(
             sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, SAMPLING_IGNORED, "sampling_params."
         )
-    logprob = _bool(body.get("return_logprob", False), "return_logprob")
+    logprob = _flag(body, "return_logprob")
     top = body.get("top_logprobs_num")  # null is absent; false or "" is no integer
     top = _int(0 if top is None else top, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
     start = body.get("logprob_start_len")  # SGLang's: one for all prompts, or one per prompt
@@ -423,8 +423,9 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         p = _sampling(sp, lim, names, defaults, top if logprob else None)
         read[id(sp)] = dataclasses.replace(p, stop_sequences=tuple(stop))
         stops.update(stop)
-        ns.add(_int(sp.get("n", 1), "sampling_params.n", 1, MAX_N))
-        trims.add(not _bool(sp.get("no_stop_trim", False), "sampling_params.no_stop_trim"))
+        count = sp.get("n")
+        ns.add(1 if count is None else _int(count, "sampling_params.n", 1, MAX_N))
+        trims.add(not _flag(sp, "no_stop_trim", "sampling_params."))
     params = [read[id(sp)] for sp in sps]
     if len(ns) > 1 or len(trims) > 1:
         raise BadRequest("sampling_params: n and no_stop_trim must agree across the batch")
@@ -433,7 +434,7 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
     return ParsedRequest(
         prompts,
         params,
-        _bool(body.get("stream", False), "stream"),
+        _flag(body, "stream"),
         n=n,
         batched=batched,
         stop_strings=stops,
@@ -555,10 +556,8 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
     unknown = sorted(set(opts) - {"include_usage", "continuous_usage_stats"})
     if unknown:
         raise BadRequest(f"unsupported stream_options: {', '.join(unknown)}", "stream_options")
-    usage = _bool(opts.get("include_usage", False), "stream_options.include_usage")
-    every = _bool(
-        opts.get("continuous_usage_stats", False), "stream_options.continuous_usage_stats"
-    )
+    usage = _flag(opts, "include_usage", "stream_options.")
+    every = _flag(opts, "continuous_usage_stats", "stream_options.")
     return usage, every
 
 
@@ -578,8 +577,8 @@ def _openai(body: dict, lim: Limits, prompts: list, batched: bool, logprobs: int
         logprobs,
     )
     params = dataclasses.replace(params, stop_sequences=tuple(stop))
-    keep = _bool(body.get("include_stop_str_in_output", False), "include_stop_str_in_output")
-    keep |= _bool(body.get("no_stop_trim", False), "no_stop_trim")  # SGLang's name for it
+    keep = _flag(body, "include_stop_str_in_output")
+    keep |= _flag(body, "no_stop_trim")  # SGLang's name for it
     return ParsedRequest(
         prompts,
         [params] * len(prompts),
@@ -658,7 +657,7 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
     _flag(body, "parallel_tool_calls")  # with no tools it changes nothing, but is still a flag
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise BadRequest("tool_choice is not supported (no tools)", "tool_choice")
-    if _bool(body.get("add_generation_prompt", True), "add_generation_prompt") is not True:
+    if not _flag(body, "add_generation_prompt", default=True):
         raise BadRequest("add_generation_prompt = false is not supported", "add_generation_prompt")
     prompt = chat_prompt(body.get("messages"), lim)
     want = _flag(body, "logprobs")
