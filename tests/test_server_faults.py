@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from openai import OpenAI
 from test_server import Server, server
 
+from decodecliff.engine.request import SamplingParams
 from decodecliff.server.guard import Settings, parse_body
 
 GEN = b'"sampling_params": {"max_new_tokens": 2}'
@@ -125,37 +126,30 @@ def test_f9_a_stalled_upload_is_answered_and_closed(srv):
 
 
 def test_a_batch_of_too_many_prompts_is_refused_before_each_is_read(srv):
-    """A 1.4 MB body of 300k one-token prompts sharing heavy sampling parameters: refused by its
-    prompt count at once, not after reading every prompt and its parameters (tens of seconds of
-    a CPU, holding the interpreter the engine and the event loop share)."""
-    sp = {"max_new_tokens": 2, "stop": ["ab"] * 16, "stop_token_ids": list(range(500))}
-    content = json.dumps({"input_ids": [[1]] * 300_000, "sampling_params": sp}).encode()
-    start = time.monotonic()
+    """A batch over the prompt bound is refused by its count before any prompt is read (reading
+    300k prompts and their parameters first took tens of seconds of the interpreter the engine
+    and the event loop share): its last prompt, which reading would refuse, is never reached."""
+    content = json.dumps({"input_ids": [[1]] * 300_000 + [["x"]]}).encode()
     resp = post(srv, content)
-    elapsed = time.monotonic() - start
     assert resp.status_code == 400 and "at most 256" in resp.json()["error"]["message"]
-    assert elapsed < 5, f"refused after {elapsed:.1f} s"
 
 
-def test_many_repeated_stop_token_ids_cost_neither_parsing_nor_decoding(srv):
-    """A million stop token ids (one repeated) shared by a batch of 16: read once, and each
-    output token looked up in constant time, not scanned through the million for every token of
-    every request (seconds of the engine's thread, which every other request waits on)."""
+def test_many_repeated_stop_token_ids_are_one_set(srv):
+    """A million stop token ids (one repeated) shared by a batch: the engine holds them as a set,
+    each output token one lookup, not a scan of the million for every token of every request;
+    the outputs are those without the ids, which never came."""
     prompts = [[(7 * i + j) % 500 + 1 for j in range(20)] for i in range(16)]
-    sp = {"max_new_tokens": 100}
 
-    def timed(extra: dict) -> tuple[float, list[list[int]]]:
-        body = {"input_ids": prompts, "sampling_params": {**sp, **extra}}
-        start = time.monotonic()
+    def outputs(extra: dict) -> list[list[int]]:
+        body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 24, **extra}}
         resp = post(srv, json.dumps(body).encode())
         assert resp.status_code == 200, resp.text[:300]
-        return time.monotonic() - start, [o["output_ids"] for o in resp.json()]
+        return [o["output_ids"] for o in resp.json()]
 
-    plain_s, plain = timed({})
+    plain = outputs({})
     unseen = min(set(range(500)) - {t for out in plain for t in out})
-    heavy_s, heavy = timed({"stop_token_ids": [unseen] * 1_000_000})
-    assert heavy == plain  # the stop id never came: the same outputs
-    assert heavy_s < plain_s + 4, f"{heavy_s:.1f} s against {plain_s:.1f} s without the stop ids"
+    assert outputs({"stop_token_ids": [unseen] * 1_000_000}) == plain
+    assert SamplingParams(stop_token_ids=(unseen,) * 1_000).stop_token_ids == {unseen}
 
 
 def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():
