@@ -13,9 +13,11 @@
 # kernels/bench.json, sweep/<server>/ctx<N>.json (plus engine/*.json and the publisher's README.md
 # of how it ran, and its gpu-logs/). A study measured in several runs (by server, at different
 # commits) gives one RAW_DIR per run; they are merged, and a result file that two runs both hold is
-# an error, not an override. A run's README.md and gpu-logs/ are its record, not results: one
-# run's are published as the study's (DEST/README.md, DEST/gpu-logs/); with several runs, each
-# run's go to DEST/gpu-logs/<run folder name>/ and DEST/README.md is left to be written by hand.
+# an error, not an override; runs measured on two GPUs, or on another than the config's study.gpu
+# names, are no study of it and stop the publication. A run's README.md and gpu-logs/ are its
+# record, not results: one run's are published as the study's (DEST/README.md, DEST/gpu-logs/);
+# with several runs, each run's go to DEST/gpu-logs/<run folder name>/ and DEST/README.md is left
+# to be written by hand.
 # DEST/gpu-logs/ is hand-kept: a run's file that would replace a different one there stops the
 # publication before any work. Nothing is measured here: the raw files are marked up to date
 # (`snakemake --touch`) and only the summaries, notebooks, report and NOTES.md are computed, on
@@ -89,6 +91,15 @@ rm -f "$work/results/NOTES.md"
 cut=$(python3 -c 'import sys; from pathlib import Path; from decodecliff.study.runs import cut_benches
 print(" ".join(cut_benches(Path(sys.argv[1]))))' "$work/results")
 [ -z "$cut" ] || fail "a bench the runs hold did not finish (measure it again): $cut"
+# one GPU's measurements, the one the config names (config/h200.yaml over an H100's runs is no
+# H200 study): the config's files merged as snakemake merges them, config.yaml first
+mismatch=$(python3 -c 'import sys, yaml; from pathlib import Path
+from decodecliff.study.config import merge; from decodecliff.study.runs import gpu_mismatch
+cfg = {}
+for c in sys.argv[2:]: cfg = merge(cfg, yaml.safe_load(Path(c).read_text()) or {})
+print(gpu_mismatch(Path(sys.argv[1]), (cfg.get("study") or {}).get("gpu")) or "")' \
+  "$work/results" "$repo/config.yaml" "${cfg[@]}")
+[ -z "$mismatch" ] || fail "$mismatch"
 cd "$work"
 [ -f results/build/build.json ] || fail "no run holds build/build.json, the GPU machine's record of its build"
 cp results/build/build.json "$build_json"

@@ -142,6 +142,38 @@ def test_a_bench_its_run_did_not_finish_stops_before_any_work(tmp_path: Path) ->
     assert not dest.exists()
 
 
+def measured_on(run: Path, gpu: str) -> None:
+    """Mark every measured file of ``run`` as measured on ``gpu``, as a GPU's bench records it."""
+    import json
+
+    for path in [*(run / "kernels").glob("bench*.json"), *(run / "engine").glob("bench*.json"),
+                 *(run / "sweep").glob("*/ctx*.json")]:  # fmt: skip
+        doc = json.loads(path.read_text())
+        doc["env"]["gpu"] = gpu
+        path.write_text(json.dumps(doc))
+
+
+def test_runs_of_two_gpus_or_of_another_than_the_config_s_stop_before_any_work(
+    tmp_path: Path,
+) -> None:
+    """A study is one GPU's: runs of two are no study, and runs of an H100 under a config that
+    names an H200 (config/h200.yaml without its config/h100.yaml overlay) are not that study."""
+    first, second = split_runs(tmp_path)
+    measured_on(first, "NVIDIA H200")
+    measured_on(second, "NVIDIA H100 80GB HBM3")
+    done, dest = publish(tmp_path, first, second)
+    assert done.returncode == 2 and "measured on several GPUs" in done.stderr, done.stderr
+    assert "NVIDIA H200 (" in done.stderr and "NVIDIA H100 80GB HBM3 (" in done.stderr
+    assert not dest.exists()
+    measured_on(first, "NVIDIA H100 80GB HBM3")
+    done, dest = publish(tmp_path, first, second, overlay={"study": {"gpu": "H200"}})
+    assert done.returncode == 2, done.stderr
+    assert "names study.gpu H200, but its runs were measured on NVIDIA H100 80GB HBM3" in (
+        done.stderr
+    )
+    assert not dest.exists()
+
+
 def test_a_run_s_gpu_logs_never_replace_hand_kept_ones(tmp_path: Path) -> None:
     first, _ = split_runs(tmp_path)
     kept = tmp_path / "published" / "gpu-logs" / "env.txt"

@@ -379,14 +379,37 @@ def _named(run_dir: Path) -> tuple[Callable[[str], bool] | None, Callable[[str],
     place = run_dir.resolve()
     if place.parent.parent.name != "runs" or not re.fullmatch(r"[0-9a-f]{7,40}", place.name):
         return None, None
+    return (
+        lambda commit: commit == place.name[:SHORT],
+        lambda gpu: gpu_named(place.parent.name, gpu),
+    )
+
+
+def gpu_named(name: str, gpu: str) -> bool:
+    """Whether ``gpu`` as a result file records it ('NVIDIA H100 80GB HBM3') is the GPU ``name``
+    says (a run folder's 'h100', a config's study.gpu 'H100'): letters and digits alike."""
 
     def alnum(text: str) -> str:
         return re.sub(r"[^0-9a-z]", "", text.lower())
 
-    return (
-        lambda commit: commit == place.name[:SHORT],
-        lambda gpu: alnum(place.parent.name) in alnum(gpu),
-    )
+    return alnum(name) in alnum(gpu)
+
+
+def gpu_mismatch(results: Path, gpu: str | None) -> str | None:
+    """Why the measurements of a study's runs, merged and laid out as results/, are not one
+    study of ``gpu`` (its config's study.gpu; None: it names none): measured on several GPUs,
+    or on none or another than it names; None where they are. Each run folder holds one GPU's
+    files (merge_calls), but a publication merges several runs."""
+    found = _held(results, Merge(), gpu_of, MEASURED_DIRS)
+    where = ", ".join(f"{value} ({name})" for value, name in found.items())
+    if len(found) > 1:
+        return f"the runs were measured on several GPUs, one study's on one: {where}"
+    if gpu and not (found and gpu_named(gpu, next(iter(found)))):
+        return (
+            f"the config names study.gpu {gpu}, but its runs were measured on {where or 'no GPU'}"
+            " (give the config of theirs: config/h200.yaml:config/h100.yaml for an H100's)"
+        )
+    return None
 
 
 def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
