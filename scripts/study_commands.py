@@ -2,16 +2,19 @@
 """The measuring commands of a GPU study, as the pipeline's rules would run them, one per line:
 
     scripts/study_commands.py config/h200.yaml > scripts/study-h200.txt
+    scripts/study_commands.py config/h200.yaml:config/h100.yaml     # the same commands
     scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/05f0426
     scripts/study_commands.py --missing scripts/study-h200.txt results/runs/h200/7fe4732 \
         --like results/runs/h200/05f0426 --call-s 400
     scripts/study_commands.py --split-engine scripts/study-h200.txt slow='triton sglang' \
         > scripts/study-h200-engine.txt
 
-Each line is ``KEY<TAB>COMMAND``: ``build_kernel``, ``bench_kernels``, ``bench_engine`` or
-``SERVER:CTX`` (one sweep point), the rule's own shell command from ``snakemake -n -p`` on a copy
-of the workflow. `gpu_study_run.sh` runs them on a GPU machine that has no Snakemake, so a study
-too long for one machine lease is measured in parts at one commit. Run it where the peers are
+A study's config is a file, or several joined by ':' (each overlaying the ones before it), as
+`publish_study.sh` takes it. Each line is ``KEY<TAB>COMMAND``: ``build_kernel``,
+``bench_kernels``, ``bench_engine`` or ``SERVER:CTX`` (one sweep point), the rule's own shell
+command from ``snakemake -n -p`` on a copy of the workflow. `gpu_study_run.sh` runs them on a GPU
+machine that has no Snakemake, so a study too long for one machine lease is measured in parts at
+one commit. Run it where the peers are
 visible (FlashInfer importable, DECODECLIFF_SGLANG_PATH or SGLang installed): a point the plan
 would skip here (`--skip-reason`) stops it, since it would be skipped there too. `--missing`
 prints the keys of such a file whose result a run folder (laid out as results/) lacks yet (a
@@ -60,16 +63,18 @@ RULES = {  # command -> (key, the file its rule writes, under results/)
 OUTPUTS = dict(RULES.values())
 
 
-def dry_run(config: Path) -> str:
+def dry_run(*configs: Path) -> str:
+    """``snakemake -n -p`` of the study of ``configs`` (each over the ones before it)."""
     with tempfile.TemporaryDirectory() as tmp:
         for name in WORKFLOW:
             src = REPO / name
             (shutil.copytree if src.is_dir() else shutil.copy)(src, Path(tmp) / name)
-        cmd = ["snakemake", "-n", "-p", "--configfile", str(config.resolve())]
+        cmd = ["snakemake", "-n", "-p", "--configfile", *(str(c.resolve()) for c in configs)]
         cmd += ["--config", "published=null"]
         done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if done.returncode:  # snakemake's own words: a config it refuses, a rule it lacks
-            sys.exit(f"snakemake -n failed on {config}:\n{done.stderr.strip()[-2000:]}")
+            named = ":".join(map(str, configs))
+            sys.exit(f"snakemake -n failed on {named}:\n{done.stderr.strip()[-2000:]}")
         return done.stdout
 
 
@@ -160,7 +165,10 @@ def main(argv: list[str]) -> int:
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("config", nargs="?", type=Path, help="a GPU study's config (config/h200.yaml)")
+    p.add_argument(
+        "config", nargs="?",
+        help="a GPU study's config (config/h200.yaml), or several joined by ':' (an overlay last)",
+    )  # fmt: skip
     p.add_argument(
         "--missing", nargs=2, type=Path, metavar=("COMMANDS", "RUN"),
         help="the keys of COMMANDS whose result the run folder RUN lacks yet",
@@ -205,10 +213,12 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:  # a file of the earlier run that gives no point's time
             p.error(f"--like: {exc}")
         return 0
-    if not args.config.is_file():
-        p.error(f"no config file {args.config}")
+    # the H100 study is config/h200.yaml:config/h100.yaml, as publish_study.sh is given it
+    configs = [Path(c) for c in args.config.split(":")]
+    if missing_file := next((c for c in configs if not c.is_file()), None):
+        p.error(f"no config file {missing_file}")
     lines = []
-    for command in re.findall(r"^Shell command: (.*)$", dry_run(args.config), re.M):
+    for command in re.findall(r"^Shell command: (.*)$", dry_run(*configs), re.M):
         if "--skip-reason" in command:
             sys.exit(f"a peer is missing here, so the plan skips a point: {command[:200]}...")
         if (name := key(command)) is not None:

@@ -65,6 +65,28 @@ def test_the_h200_commands_are_the_rules_own_commands() -> None:
     assert checked >= 3 + 5 * 6  # the build and the benches, and the custom and Triton servers
 
 
+def test_the_h100_study_is_measured_by_the_h200_study_s_commands(tmp_path, capsys) -> None:
+    """The H100 study (config/h100.yaml over config/h200.yaml, given as publish_study.sh takes
+    it) plans the commands of scripts/study-h200.txt, the file its calls ran."""
+    sc = study_commands()
+    given = dict(
+        line.split("\t", 1)
+        for line in (REPO / "scripts" / "study-h200.txt").read_text().splitlines()
+    )
+    plan = sc.dry_run(REPO / "config/h200.yaml", REPO / "config/h100.yaml")
+    planned = {
+        name: command
+        for command in re.findall(r"^Shell command: (.*)$", plan, re.M)
+        if (name := sc.key(command)) is not None
+    }
+    assert sorted(planned) == sorted(given)
+    ran = [n for n, c in planned.items() if "--skip-reason" not in c]  # a peer missing here
+    assert len(ran) >= 3 + 5 * 6 and all(planned[n] == given[n] for n in ran)
+    with pytest.raises(SystemExit):  # each file of the study checked, as publish_study.sh does
+        sc.main([f"{REPO / 'config/h200.yaml'}:{tmp_path / 'none.yaml'}"])
+    assert f"no config file {tmp_path / 'none.yaml'}\n" in capsys.readouterr().err
+
+
 def test_missing_lists_the_keys_a_run_has_no_result_for(tmp_path: Path, capsys) -> None:
     commands = tmp_path / "cmds.txt"
     keys = ["bench_engine", "build_kernel", "a-p1:1024", "a-p1:2048", "a-p1:4096", "a-p1:8192"]
