@@ -1,6 +1,9 @@
 """Write the README's headline section from a published study's result files.
 
-    python -m decodecliff.analysis.readme results/published/h200 README.md
+    python -m decodecliff.analysis.readme results/published/h100 README.md
+
+(the study the README's headline marker names; any published study folder, such as
+results/published/h200, makes the section the same way from its own files)
 
 Replaces what stands between ``<!-- headline:start ... -->`` and ``<!-- headline:end -->``, so the
 README's numbers are always the published study's own: the headline figure (drawn again into the
