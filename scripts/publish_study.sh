@@ -17,7 +17,7 @@
 # names, are no study of it and stop the publication. A run's README.md and gpu-logs/ are its
 # record, not results: one run's are published as the study's (DEST/README.md, DEST/gpu-logs/);
 # with several runs, each run's go to DEST/gpu-logs/<run folder name>/ and DEST/README.md is left
-# to be written by hand.
+# to be written by hand (as it is where the one run brings none: both say so).
 # DEST/gpu-logs/ is hand-kept: a run's file that would replace a different one there stops the
 # publication before any work. Nothing is measured here: the raw files are marked up to date
 # (`snakemake --touch`) and only the summaries, notebooks, report and NOTES.md are computed, on
@@ -125,5 +125,7 @@ done
 if [ $# -gt 1 ]; then
   echo "several runs: each run's README.md and gpu-logs/ are in $dest/gpu-logs/<run>/;" \
     "write $dest/README.md (how the study was measured) by hand" >&2
+elif [ ! -f "$dest/README.md" ]; then  # the study's README, which RUNS.md stands beside
+  echo "$1 holds no README.md: write $dest/README.md (how the study was measured) by hand" >&2
 fi
 echo "published $(find "$dest" -type f | wc -l) files to $dest"

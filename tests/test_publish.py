@@ -108,6 +108,19 @@ def test_one_run_s_record_is_the_study_s(tmp_path: Path) -> None:
 
 
 @needs_nvcc
+def test_one_run_without_a_readme_says_the_study_s_is_to_be_written(tmp_path: Path) -> None:
+    """A study's README.md says how its raw files were made: a run that brings none leaves it to
+    be written by hand, and says so, as several runs do."""
+    first, second = split_runs(tmp_path)
+    shutil.move(second / "sweep" / LATER_SERVER, first / "sweep" / LATER_SERVER)  # one whole run
+    (first / "README.md").unlink()
+    done, dest = publish(tmp_path, first)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (dest / "README.md").exists()
+    assert f"write {dest / 'README.md'} (how the study was measured) by hand" in done.stderr
+
+
+@needs_nvcc
 def test_a_measurement_no_run_holds_stops_the_publication(tmp_path: Path) -> None:
     first, second = split_runs(tmp_path)
     shutil.rmtree(first / "engine")  # measured on the GPU, never computed while publishing
