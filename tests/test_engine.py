@@ -168,14 +168,23 @@ def test_long_generations_outgrowing_the_pool_are_retracted_and_recomputed(
     assert eng.stats().retractions == eng.retractions
     assert [r.meta_info()["retractions"] for r in reqs] == [r.retractions for r in reqs]
     assert eng.pool.allocator.num_free == eng.pool.num_pages
+    if spec != "none":  # a recomputed request emits nothing until the verify step it left
+        assert [r.accepted for r in reqs] == [len(r.output) - 1 for r in reqs]
 
 
-def test_a_retracted_request_samples_the_tokens_it_would_have(long_prompts):
+@pytest.mark.parametrize("spec", ["none", "chain", "tree"])
+def test_a_retracted_request_samples_the_tokens_it_would_have(long_prompts, spec):
+    # A verify step draws one sample per query row: the recomputed request must resume at the
+    # step it left, not sample its next token in the prefill, or its generator's stream shifts.
     params = dataclasses.replace(LONG, temperature=0.9, seed=7)
-    alone = [outputs(engine(), [p], params)[0] for p in long_prompts]
-    eng = engine(max_total_tokens=200, new_token_ratio=0.0)
-    assert outputs(eng, long_prompts, params) == alone
+    alone = [outputs(engine(spec=spec), [p], params)[0] for p in long_prompts]
+    eng = engine(spec=spec, max_total_tokens=200, new_token_ratio=0.0)
+    reqs = eng.generate(long_prompts, params)
+    assert [r.output for r in reqs] == alone
     assert eng.retractions > 0
+    assert eng.pool.allocator.num_free == eng.pool.num_pages
+    if spec != "none":  # every token but the prompt prefill's first came from a verify step
+        assert [r.accepted for r in reqs] == [len(r.output) - 1 for r in reqs]
 
 
 def test_the_youngest_running_request_is_the_one_retracted():

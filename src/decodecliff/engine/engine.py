@@ -8,8 +8,9 @@ of query tokens: 1 (plain), the chain length, or the tree size, so its shapes ar
 Admission is SGLang's: first come, first served while the pool holds what every admitted request
 needs through its next step plus ``new_token_ratio`` of its remaining output tokens (not its worst
 case). When the running requests outgrow the pool, the youngest is retracted: its KV is freed and
-it goes back to the front of the queue with its output so far, which a later prefill recomputes
-(prompt + output), so greedy outputs stay those of an unretracted run.
+it goes back to the front of the queue with its output so far, whose KV a later prefill recomputes
+(all but the last token, as before the retraction) without emitting: the next decode or verify
+step is then the one it left, so its outputs, greedy or seeded samples, stay an unretracted run's.
 
 The engine runs in its own thread (``start``) or is stepped by the caller (``generate``).
 """
@@ -309,7 +310,10 @@ class Engine:
         self.pool.close(req.row)
         req.row = None
         req.prefilled = req.kv_len = 0
-        req.fill_len = len(req.tokens)
+        # The last output token's KV comes with the next step, as it would have: the prefill
+        # then emits nothing, and the generator draws what the step it left would have drawn
+        # (a verify step samples every query row, a prefill one token).
+        req.fill_len = len(req.tokens) - 1 if req.output else len(req.tokens)
         req.retractions += 1
         self.retractions += 1
         self.running.remove(req)
@@ -530,17 +534,18 @@ class Engine:
         self._sync()
         t0 = time.perf_counter()
         logits = self.forward(step)
-        last = end == req.fill_len
-        target = self._targets([req], [1], logits)[0] if last else None
+        # Only a prompt's prefill emits; a retracted request's resumes with its next step.
+        emits = end == len(req.tokens)
+        target = self._targets([req], [1], logits)[0] if emits else None
         self._sync()
         req.prefill_ms += (time.perf_counter() - t0) * 1e3
-        if last and target is None:
+        if emits and target is None:
             return  # sampling failed; the request has ended
         req.prefilled = req.kv_len = end
         if req.drafter_state is not None:
             # Index the prompt chunk by chunk, so no verify step pays for the whole context.
             self.drafter.observe(req.drafter_state, req.tokens, end)
-        if last:
+        if emits:
             self._emit(req, target)
 
     def _decode_step(self, reqs: list[Request]) -> None:

@@ -69,7 +69,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # prompt + output
     row: int | None = None  # page-table row while running
     prefilled: int = 0  # tokens of the prefill whose KV is cached
-    # Tokens the prefill computes: the prompt, or after a retraction prompt + output so far.
+    # Tokens the prefill computes: the prompt, or after a retraction all but the last token.
     fill_len: int = 0
     kv_len: int = 0  # tokens whose KV is cached (the last output token's KV comes next step)
     finish_reason: dict | None = None
