@@ -369,6 +369,21 @@ def test_a_yaml_slip_and_a_command_line_value_are_named_where_they_are(tmp_path:
     assert not (workdir / "results").exists()
 
 
+def test_a_published_folder_without_a_study_is_warned_of_and_shown_as_none(tmp_path: Path) -> None:
+    """`published:` naming the folder that holds the published studies, not one of them: the
+    notebooks were handed it, and the compare notebook stopped the run on its empty tables."""
+    config = small_config()
+    config["published"] = "published"
+    workdir = copy_workflow(tmp_path, config)
+    shutil.copytree(ROOT / "tests" / "data" / "published", workdir / "published" / "h200")
+    done = snakemake(workdir, "-n", "-p", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warning: published: published: no study " in done.stderr, done.stderr[-2000:]
+    assert "did you mean 'published/h200'?" in done.stderr
+    assert """-y '{"published": ""}'""" in done.stdout  # the notebooks show none
+    assert """-y '{"published": "published"}'""" not in done.stdout
+
+
 def test_a_mistyped_target_is_one_line_with_the_valid_names(tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path, small_config())
     done = snakemake(workdir, "-n", "results/sweep/torch-aa/ctx64.json", timeout=120)

@@ -323,6 +323,21 @@ def test_a_published_folder_that_is_not_there_is_said_once() -> None:
     assert config.validate({**raw(), "published": "null"})["published"] is None  # --config's null
 
 
+def test_a_published_folder_that_holds_no_study_is_said_and_shown_as_none(monkeypatch) -> None:
+    """The folder of the published studies (results/published) named for one of them: there,
+    but no study, it stopped the run in the compare notebook with a KeyError."""
+    cfg = config.load([REPO / "config.yaml"])
+    cfg["published"] = "results/published"
+    warning = config.published_warning(cfg, REPO)
+    assert warning is not None and warning.startswith("published: results/published: no study ")
+    assert "did you mean 'results/published/h200'?" in warning, warning  # the studies in it
+    monkeypatch.chdir(REPO)  # Snakemake's workdir, against which the path is read
+    s = Study(cfg)
+    assert s.published_dir() == "" and s.published_inputs() == []
+    cfg["published"] = "results/published/h200"
+    assert Study(cfg).published_dir() == "results/published/h200"
+
+
 def test_what_serve_would_take_passes_the_check() -> None:
     """The serve check refuses only what serve refuses, and checks only serve's commands."""
     cfg = raw("h200")  # a CUDA study: --device auto (or none) is the GPU there

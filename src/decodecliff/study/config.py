@@ -325,11 +325,39 @@ def published_warning(cfg: dict, workdir: str | Path) -> str | None:
     a copy of the workflow without the published results (a cluster's work folder, a study not
     yet published) is run on purpose."""
     published = cfg.get("published")
-    if not published or (Path(workdir) / published).is_dir():
+    if not published:
         return None
+    root = Path(workdir) / published
+    if not root.is_dir():
+        return (
+            f"published: {published}: no such study folder under {workdir}; the report shows no "
+            "published study (published: null says so on purpose)"
+        )
+    if is_study_folder(root):
+        return None
+    # e.g. results/published, the folder of the published studies, named for one of them
+    inside = [f"{published.rstrip('/')}/{sub.name}" for sub in sorted(root.iterdir())]
+    inside = [name for name in inside if is_study_folder(Path(workdir) / name)]
     return (
-        f"published: {published}: no such study folder under {workdir}; the report shows no "
-        "published study (published: null says so on purpose)"
+        f"published: {published}: no study (no kernels/bench.json or summary/kernels.csv, or no "
+        "sweep/<server>/ctx<N>.json or summary/sweep.csv); the report shows no published study"
+        + (f"; {did_you_mean(published, inside)}" if inside else "")
+    )
+
+
+# What a study folder holds, either form of each part (summarize.load_study reads both).
+STUDY_PARTS = (
+    ("kernels/bench.json", "summary/kernels.csv"),
+    ("sweep/*/ctx*.json", "summary/sweep.csv"),
+)
+
+
+def is_study_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a study's kernel and sweep results, raw or summarised: the notebooks
+    draw a folder without them as a study of empty tables, and fail on them."""
+    root = Path(path)
+    return root.is_dir() and all(
+        any(next(root.glob(pattern), None) for pattern in part) for part in STUDY_PARTS
     )
 
 

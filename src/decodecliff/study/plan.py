@@ -217,10 +217,10 @@ class Study:
     # -- the published study shown beside this one -------------------------------------------------
 
     def published_dir(self) -> str:
-        """The published study folder named by the config, '' where it names none or none is
+        """The published study folder named by the config, '' where it names none or no study is
         there (the main process warns of that: config.published_warning)."""
         path = self.config.get("published") or ""
-        return path if path and os.path.isdir(path) else ""
+        return path if path and study_config.is_study_folder(path) else ""
 
     def published_inputs(self) -> list[str]:
         """Its tables, raw files and notes, so a newly published study re-renders what shows it."""
