@@ -681,8 +681,26 @@ def test_a_gpu_config_without_a_gpu_says_what_fails_here() -> None:
     warning = s.gpu_warning(have_gpu=False)
     assert warning and "\n" not in warning
     assert "bench_kernels fails" in warning and "bench_engine fails" in warning
-    assert f"the sweep's {len(s.order())} points are recorded as failed" in warning
+    assert f"of the sweep's {len(s.order())} points are recorded as failed" in warning
     assert study().gpu_warning(have_gpu=False) is None  # the CPU study asks for no GPU
+
+
+def test_a_gpu_config_without_a_gpu_counts_only_the_points_that_fail_here(monkeypatch) -> None:
+    """A server skipped here (its package missing) records its points as skipped, and one swept
+    at its URL runs elsewhere: the warning counted their points among those recorded as failed."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        registry.importlib.util, "find_spec", lambda n, *a: None if n == "sglang" else real(n, *a)
+    )
+    cfg = raw("h200")
+    by_url = next(server for server in cfg["sweep"]["servers"] if server["name"] == "triton-p1")
+    by_url.update(url="http://gpu-node:30000")
+    s = Study(cfg)
+    skipped, remote = len(s.point_files("sglang-graph-p1")), len(s.point_files("triton-p1"))
+    failing = len(s.order()) - skipped - remote
+    warning = s.gpu_warning(have_gpu=False)
+    assert f"{failing} of the sweep's {len(s.order())} points are recorded as failed" in warning
+    assert f"{skipped} as skipped" in warning and f"{remote} swept at their url" in warning
 
 
 def test_the_schemas_triton_configs_are_the_baselines_own() -> None:

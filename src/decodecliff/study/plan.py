@@ -162,12 +162,29 @@ class Study:
             return None
         fails = [f"{rule} fails" for rule, key in BENCH_RULES if f"{key}.device" in keys]
         if "sweep.device" in keys:
-            fails.append(f"the sweep's {len(self.order())} points are recorded as failed")
+            fails.append(self._points_failing_here())
         return (
             f"no NVIDIA GPU on this machine, but {', '.join(keys)} = cuda: a job run here "
             f"fails ({'; '.join(fails)}); fine for a dry run (-n), publishing measured files "
             "(--touch) or an executor that sends the jobs to GPU nodes"
         )
+
+    def _points_failing_here(self) -> str:
+        """How many points a sweep on a missing GPU records as failed: not those of a server
+        recorded as skipped here (a package missing), nor of one swept at its URL (elsewhere)."""
+        counts = {"failed": 0, "skipped": 0, "url": 0}
+        for name, _ in self.order():
+            server = self.servers[name]
+            if server.get("url"):
+                counts["url"] += 1
+            else:
+                counts["skipped" if srv.skip_reason(self.sweep, server) else "failed"] += 1
+        said = (
+            f"{counts['failed']} of the sweep's {len(self.order())} points are recorded as failed"
+        )
+        also = [f"{counts['skipped']} as skipped"] if counts["skipped"] else []
+        also += [f"{counts['url']} swept at their url"] if counts["url"] else []
+        return ", ".join([said, *also])
 
     # -- the benches -----------------------------------------------------------------------------
 
