@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decodecliff.study import config
+from decodecliff.study import config, runs
 from decodecliff.study.plan import Study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,7 +313,6 @@ def launch(n: int) -> str:
 
 
 def test_a_run_folder_is_filled_from_calls_by_merging(tmp_path: Path) -> None:
-    from decodecliff.study import runs
 
     run = tmp_path / "run"
     (run / "sweep/custom-p1").mkdir(parents=True)
@@ -351,7 +350,6 @@ def test_a_run_folder_is_filled_from_calls_by_merging(tmp_path: Path) -> None:
 
 
 def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_path, capsys):
-    from decodecliff.study import runs
 
     run = tmp_path / "run"
     (run / "sweep/custom-p1").mkdir(parents=True)
@@ -369,8 +367,6 @@ def test_a_point_measured_twice_stops_the_merge_before_anything_is_written(tmp_p
 
 def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_place(tmp_path):
     import json
-
-    from decodecliff.study import runs
 
     def point(status: str, n: int) -> str:
         return json.dumps({"env": {"git": "abc1234"}, "status": status, "reason": f"try {n}"})
@@ -410,8 +406,6 @@ def test_a_failed_attempt_is_filed_apart_and_the_point_measured_again_takes_its_
 def test_a_bench_cut_short_stands_until_a_finished_one_takes_its_place(tmp_path) -> None:
     import json
 
-    from decodecliff.study import runs
-
     def engine(n: int, finished: bool) -> str:
         doc = {"env": {"git": "abc1234"}, "rows": [{"n": i} for i in range(n)]}
         return json.dumps({**doc, "targets": []} if finished else doc)
@@ -438,7 +432,6 @@ def test_a_bench_cut_short_stands_until_a_finished_one_takes_its_place(tmp_path)
 
 
 def test_filed_logs_pair_with_their_points_wherever_the_run_folder_lies(tmp_path) -> None:
-    from decodecliff.study import runs
 
     run = tmp_path / "logs" / "run"  # a folder named like the rule logs' above the run folder
     (run / "failed/sweep/s").mkdir(parents=True)
@@ -450,7 +443,6 @@ def test_filed_logs_pair_with_their_points_wherever_the_run_folder_lies(tmp_path
 
 
 def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_path) -> None:
-    from decodecliff.study import runs
 
     run = tmp_path / "deep" / "run"
     for name in ("../escaped.json", "/tmp/decodecliff-escaped.json"):
@@ -479,7 +471,6 @@ def test_a_tar_reaching_outside_the_folder_or_holding_nothing_is_refused(tmp_pat
 def test_a_rerun_cut_short_beside_the_point_it_left_is_filed(tmp_path) -> None:
     """A key measured again on the same machine and cut short brings back the earlier point
     unchanged (a point is written whole at its end) beside a new log: the log is the attempt."""
-    from decodecliff.study import runs
 
     run, key, log = tmp_path / "run", "sweep/s/ctx1.json", "logs/sweep/s/ctx1.log"
     point = '{"env": {"git": "abc1234"}, "status": "failed", "reason": "timeout"}'
@@ -491,7 +482,6 @@ def test_a_rerun_cut_short_beside_the_point_it_left_is_filed(tmp_path) -> None:
 
 def test_a_server_log_cut_inside_a_character_merges(tmp_path) -> None:
     """A log packed while its server wrote may end inside a UTF-8 character (tqdm's bars)."""
-    from decodecliff.study import runs
 
     run, log = tmp_path / "run", "sweep/s/server-s.log"
     full = "\n==== launch 1 at 2026-12-04T10:00:00: ['serve']\nprefill █████\nbye\n".encode()
@@ -509,7 +499,6 @@ def test_a_server_log_cut_inside_a_character_merges(tmp_path) -> None:
 
 
 def test_a_merge_that_cannot_write_every_file_writes_none(tmp_path: Path) -> None:
-    from decodecliff.study import runs
 
     run = tmp_path / "run"
     run.mkdir()
@@ -524,8 +513,6 @@ def test_a_merge_stopped_part_way_is_completed_by_merging_again(tmp_path, monkey
     """Stopped inside any one file's write (^C, a full disk): no half file is left, no failed
     attempt that a point displaced is lost, and the same merge again gives the whole result."""
     import json
-
-    from decodecliff.study import runs
 
     def point(status: str) -> str:
         return json.dumps({"env": {"git": "abc1234"}, "status": status, "pad": "x" * 100})
@@ -567,7 +554,6 @@ def test_a_merge_stopped_part_way_is_completed_by_merging_again(tmp_path, monkey
 
 
 def test_an_empty_file_then_another_in_one_merge_is_a_conflict(tmp_path: Path) -> None:
-    from decodecliff.study import runs
 
     calls = [
         _tar(tmp_path / f"c{i}.tar", {"sweep/s/ctx1.json": text})
@@ -578,7 +564,6 @@ def test_an_empty_file_then_another_in_one_merge_is_a_conflict(tmp_path: Path) -
 
 
 def test_a_launch_logged_further_is_taken_whole_and_one_logged_otherwise_stops(tmp_path) -> None:
-    from decodecliff.study import runs
 
     run = tmp_path / "run"
     cut = launch(1).removesuffix("bye\n")
@@ -597,8 +582,6 @@ def test_a_launch_logged_further_is_taken_whole_and_one_logged_otherwise_stops(t
 def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
     import json
 
-    from decodecliff.study import runs
-
     def point(git: str) -> str:
         return json.dumps({"env": {"git": git}, "status": "ok"})
 
@@ -615,8 +598,6 @@ def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
 def test_a_run_folder_holds_one_gpu(tmp_path: Path) -> None:
     # A lease may lend another GPU than the run's: its points must not join the run.
     import json
-
-    from decodecliff.study import runs
 
     def point(gpu: str | None) -> str:
         return json.dumps({"env": {"git": "abc1234", "gpu": gpu}, "status": "ok"})
@@ -639,8 +620,6 @@ def test_a_run_folder_named_for_a_commit_and_gpu_takes_no_other_s_measurements(t
     """results/runs/h200/05f0426 names its commit and GPU: the first call merged into it is held
     to them too, not only the calls after it to the first's."""
     import json
-
-    from decodecliff.study import runs
 
     def point(git: str, gpu: str) -> dict[str, str]:
         return {"sweep/s/ctx1.json": json.dumps({"env": {"git": git, "gpu": gpu}, "status": "ok"})}
@@ -665,8 +644,6 @@ def test_a_run_folder_named_for_a_commit_and_gpu_takes_no_other_s_measurements(t
 
 def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tmp_path) -> None:
     import json
-
-    from decodecliff.study import runs
 
     def record(host: str) -> str:
         return json.dumps({"ok": True, "env": {"git": "abc1234", "host": host, "cpu_count": 16}})
@@ -714,7 +691,6 @@ def test_one_commit_s_build_recorded_on_two_machines_and_hand_kept_logs_merge(tm
 
 
 def test_describe_refuses_what_is_no_run_folder(tmp_path: Path, capsys) -> None:
-    from decodecliff.study import runs
 
     assert runs.main(["describe", str(tmp_path / "missing")]) == 1
     assert "no run folder" in capsys.readouterr().err
@@ -732,8 +708,6 @@ def test_describe_refuses_what_is_no_run_folder(tmp_path: Path, capsys) -> None:
 
 def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
     import json
-
-    from decodecliff.study import runs
 
     def point(ctx: int, status: str, start: str, requests: int) -> None:
         doc = {"env": {"git": "abc1234"}, "status": status, "requests": [{}] * requests,
@@ -757,8 +731,6 @@ def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
 
 def test_what_a_run_lacks_is_packed_into_calls_by_an_earlier_run_s_times(tmp_path, capsys):
     import json
-
-    from decodecliff.study import runs
 
     earlier = tmp_path / "earlier"
     for key, seconds in {"a:1": 300, "b:1": 200, "c:1": 150, "d:1": 100, "e:1": 50}.items():
@@ -815,3 +787,29 @@ def test_an_earlier_run_whose_point_gives_no_time_is_said_so(tmp_path, capsys) -
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and f"--like: {earlier / 'ctx1.json'}: " in err, err
         assert said in err
+
+
+@pytest.mark.parametrize(
+    ("name", "recorded", "same"),
+    [
+        ("h100", "NVIDIA H100 80GB HBM3", True),
+        ("H200", "NVIDIA H200", True),
+        ("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", True),
+        ("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", True),
+        ("H20", "NVIDIA H200", False),
+        ("A10", "NVIDIA A100-SXM4-80GB", False),
+        ("L4", "NVIDIA L40S", False),
+        ("H100", "NVIDIA H200", False),
+        ("", "NVIDIA H200", False),
+    ],
+)
+def test_a_gpu_is_named_by_its_whole_words(name: str, recorded: str, same: bool) -> None:
+    assert runs.gpu_named(name, recorded) is same
+
+
+@pytest.mark.parametrize(("study", "gpu"), [("h200", "H200"), ("h100", "H100")])
+def test_each_published_study_is_one_study_of_its_config_s_gpu(study: str, gpu: str) -> None:
+    folder = REPO / "results/published" / study
+    assert runs.gpu_mismatch(folder, gpu) is None
+    other = {"H200": "H100", "H100": "H200"}[gpu]
+    assert f"study.gpu {other}" in (runs.gpu_mismatch(folder, other) or "")

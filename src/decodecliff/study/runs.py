@@ -385,29 +385,31 @@ def _named(run_dir: Path) -> tuple[Callable[[str], bool] | None, Callable[[str],
     )
 
 
-def gpu_named(name: str, gpu: str) -> bool:
-    """Whether ``gpu`` as a result file records it ('NVIDIA H100 80GB HBM3') is the GPU ``name``
-    says (a run folder's 'h100', a config's study.gpu 'H100'): letters and digits alike."""
+def gpu_named(name: str, recorded: str) -> bool:
+    """Whether the GPU a result file records ('NVIDIA H100 80GB HBM3') is the one ``name`` says
+    (a run folder's 'h100', a config's study.gpu 'H100' or 'RTX PRO 6000'): its words, letters
+    and digits alike, whole (an H20 is no H200, an A10 no A100)."""
 
-    def alnum(text: str) -> str:
-        return re.sub(r"[^0-9a-z]", "", text.lower())
+    def words(text: str) -> str:
+        return " " + " ".join(re.findall(r"[0-9a-z]+", text.lower())) + " "
 
-    return alnum(name) in alnum(gpu)
+    return bool(name.strip()) and words(name) in words(recorded)
 
 
-def gpu_mismatch(results: Path, gpu: str | None) -> str | None:
+def gpu_mismatch(results: Path, study_gpu: str | None) -> str | None:
     """Why the measurements of a study's runs, merged and laid out as results/, are not one
-    study of ``gpu`` (its config's study.gpu; None: it names none): measured on several GPUs,
-    or on none or another than it names; None where they are. Each run folder holds one GPU's
-    files (merge_calls), but a publication merges several runs."""
+    study of ``study_gpu`` (its config's; None: it names none): measured on several GPUs, or on
+    none or another than it names; None where they are. Each run folder holds one GPU's files
+    (merge_calls), but a publication merges several runs."""
     found = _held(results, Merge(), gpu_of, MEASURED_DIRS)
     where = ", ".join(f"{value} ({name})" for value, name in found.items())
     if len(found) > 1:
         return f"the runs were measured on several GPUs, one study's on one: {where}"
-    if gpu and not (found and gpu_named(gpu, next(iter(found)))):
+    if study_gpu and not (found and gpu_named(study_gpu, next(iter(found)))):
         return (
-            f"the config names study.gpu {gpu}, but its runs were measured on {where or 'no GPU'}"
-            " (give the config of theirs: config/h200.yaml:config/h100.yaml for an H100's)"
+            f"the config names study.gpu {study_gpu}, but its runs were measured on "
+            f"{where or 'no GPU'} (give the config of theirs: config/h200.yaml:config/h100.yaml "
+            "for an H100's)"
         )
     return None
 
