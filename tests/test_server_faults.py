@@ -21,8 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from openai import OpenAI
 from test_server import Server, server
 
-from decodecliff.engine.request import SamplingParams
+from decodecliff.server import protocol
 from decodecliff.server.guard import Settings, parse_body
+from decodecliff.server.tokenizer import ByteTokenizer
 
 GEN = b'"sampling_params": {"max_new_tokens": 2}'
 NESTED = b"[" * 900 + b"]" * 900
@@ -134,10 +135,9 @@ def test_a_batch_of_too_many_prompts_is_refused_before_each_is_read(srv):
     assert resp.status_code == 400 and "at most 256" in resp.json()["error"]["message"]
 
 
-def test_many_repeated_stop_token_ids_are_one_set(srv):
-    """A million stop token ids (one repeated) shared by a batch: the engine holds them as a set,
-    each output token one lookup, not a scan of the million for every token of every request;
-    the outputs are those without the ids, which never came."""
+def test_many_repeated_stop_token_ids_leave_the_outputs_as_they_were(srv):
+    """A million stop token ids (one repeated) shared by a batch of 16 are taken, and the
+    outputs are those without them (the id never came)."""
     prompts = [[(7 * i + j) % 500 + 1 for j in range(20)] for i in range(16)]
 
     def outputs(extra: dict) -> list[list[int]]:
@@ -149,7 +149,21 @@ def test_many_repeated_stop_token_ids_are_one_set(srv):
     plain = outputs({})
     unseen = min(set(range(500)) - {t for out in plain for t in out})
     assert outputs({"stop_token_ids": [unseen] * 1_000_000}) == plain
-    assert SamplingParams(stop_token_ids=(unseen,) * 1_000).stop_token_ids == {unseen}
+
+
+def test_a_batch_s_one_sampling_params_object_is_read_once(monkeypatch):
+    """Sampling parameters given once for a batch are read once, not once per prompt (a long
+    stop list was validated 16 times over); a list of them is read one by one."""
+    reads: list[dict] = []
+    read = protocol._sampling
+    monkeypatch.setattr(protocol, "_sampling", lambda sp, *a: reads.append(sp) or read(sp, *a))
+    lim = protocol.Limits(vocab_size=512, max_tokens=4096, tokenizer=ByteTokenizer(512))
+    sp = {"max_new_tokens": 4, "stop_token_ids": [3] * 10_000}
+    parsed = protocol.parse_generate({"input_ids": [[1, 2]] * 16, "sampling_params": sp}, lim)
+    assert len(reads) == 1 and len(parsed.params) == 16
+    reads.clear()
+    protocol.parse_generate({"input_ids": [[1, 2]] * 2, "sampling_params": [sp, dict(sp)]}, lim)
+    assert len(reads) == 2
 
 
 def test_f7_a_big_body_is_decoded_and_validated_off_the_event_loop():
