@@ -275,8 +275,10 @@ class Engine:
 
     def _booked_tokens(self, req: Request) -> int:
         """KV slots admission books for a request: what it holds through its next decode or
-        verify step (after its prefill, which emits a token), plus new_token_ratio of the output
-        tokens left after that step. At ratio 1 this is its worst case, constant over its life."""
+        verify step (after its prefill: a prompt's emits a token, a retracted request's recompute
+        does not, which this counts as if it did, a slot over), plus new_token_ratio of the
+        output tokens left after that step. At ratio 1 this is its worst case, constant over its
+        life."""
         if req.prefill_done:
             now, left = req.kv_len, req.params.max_new_tokens - len(req.output)
         else:
