@@ -330,7 +330,8 @@ def test_a_published_folder_that_holds_no_study_is_said_and_shown_as_none(monkey
     cfg["published"] = "results/published"
     warning = config.published_warning(cfg, REPO)
     assert warning is not None and warning.startswith("published: results/published: no study ")
-    assert "did you mean 'results/published/h200'?" in warning, warning  # the studies in it
+    for study in ("results/published/h100", "results/published/h200"):  # the studies in it
+        assert study in warning, warning
     monkeypatch.chdir(REPO)  # Snakemake's workdir, against which the path is read
     s = Study(cfg)
     assert s.published_dir() == "" and s.published_inputs() == []

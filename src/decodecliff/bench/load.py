@@ -30,6 +30,7 @@ from decodecliff import envinfo
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
+from decodecliff.sweep.launcher import strict_json
 
 READY = "decodecliff server ready at "
 STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
@@ -134,7 +135,7 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
                 # A chunk the server got wrong fails this request alone; the load and its
                 # record go on.
                 try:
-                    data = json.loads(line[len("data: ") :])
+                    data = strict_json(line[len("data: ") :])
                     if (error := _stream_error(data)) is not None:
                         job.error, code = error
                         job.status = code if isinstance(code, int) else job.status
@@ -142,7 +143,7 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
                     if job.ttft_s is None:
                         job.ttft_s = time.perf_counter() - start
                     _chunk_tokens(job, data)
-                except (ValueError, RecursionError) as exc:
+                except ValueError as exc:
                     job.error = f"malformed stream chunk ({exc}): {line[:200]}"
                     return
                 chunks += 1
