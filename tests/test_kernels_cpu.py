@@ -299,6 +299,26 @@ def test_triton_refuses_a_page_table_of_fewer_rows_than_requests() -> None:
         backend.check(batch.meta)  # what plan() runs first, before any slot or kernel
 
 
+def test_triton_refuses_an_output_or_queries_its_kernels_would_misaddress() -> None:
+    # The kernels write out[t, h] at out.stride(0), out.stride(1) with unit dims and take the
+    # heads from the plan: a strided output had been written at the wrong addresses, and queries
+    # of more heads than the plan left the others' rows unwritten, both without an error.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    for q_len in (3, 1):  # the extend kernel, then the grouped decode
+        batch = random_batch([40, 20], q_len, heads=2, page_size=4, seed=1)
+        t, h = batch.q.shape[:2]
+        strided = torch.full((t, D_V, h), float("nan"), dtype=batch.q.dtype).transpose(1, 2)
+        with pytest.raises(ValueError, match=r"out must be \[T=.*unit last stride"):
+            tb.TritonAttention()(batch, strided)
+        with pytest.raises(ValueError, match=r"out must be \[T="):
+            tb.TritonAttention()(batch, batch.new_output()[:, :1])
+        wide = batch.meta.batch(torch.cat([batch.q, batch.q], 1), batch.kv_cache)
+        with pytest.raises(ValueError, match=r"q must be \[T=.*, H=2, 576\]"):
+            tb.TritonAttention()(wide, wide.new_output())
+        out = tb.TritonAttention()(batch, batch.new_output())
+        assert relative_error(out, reference_attention(batch)) < BF16_TOL
+
+
 def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
     from decodecliff.kernels import custom
     from decodecliff.kernels.api import AttnMeta

@@ -354,10 +354,20 @@ def _decode_stage2(
     tl.store(Out + b.to(tl.int64) * stride_ot + head * stride_oh + offs_dv, acc / e_sum)
 
 
-def _check(batch: AttnBatch) -> None:
+def _check(batch: AttnBatch, out: torch.Tensor) -> None:
     """What the kernels rely on in one call's tensors; raises ValueError otherwise."""
-    if batch.q.dim() != 3 or batch.q.shape[2] != D_QK:
-        raise ValueError(f"q must be [tokens, heads, {D_QK}], got {tuple(batch.q.shape)}")
+    # The grids take the heads from the plan and the output is written through its first two
+    # strides with a unit last one: other shapes or layouts would be misaddressed, not refused.
+    t, h = batch.meta.num_tokens, batch.meta.num_heads
+    if tuple(batch.q.shape) != (t, h, D_QK):
+        raise ValueError(f"q must be [T={t}, H={h}, {D_QK}], got {list(batch.q.shape)}")
+    if tuple(out.shape) != (t, h, D_V) or out.stride(2) != 1:
+        raise ValueError(
+            f"out must be [T={t}, H={h}, {D_V}] with unit last stride, got {list(out.shape)} "
+            f"strides {list(out.stride())}"
+        )
+    if out.device != batch.q.device:
+        raise ValueError("q and out must be on the same device")
     if batch.kv_cache.dim() != 3 or batch.kv_cache.shape[2] != D_QK:
         raise ValueError(f"kv_cache must be [pages, page_size, {D_QK}]")
     if not batch.kv_cache.is_contiguous():
@@ -455,7 +465,7 @@ class TritonAttention(AttentionBackend):
         return _meta_problem(meta)
 
     def validate(self, batch: AttnBatch, out: torch.Tensor) -> None:
-        _check(batch)
+        _check(batch, out)
 
     def describe(self) -> dict:
         return {"backend": self.name, "arch_config": self._config.name if self._config else None,
