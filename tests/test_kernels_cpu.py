@@ -319,6 +319,18 @@ def test_triton_refuses_an_output_or_queries_its_kernels_would_misaddress() -> N
         assert relative_error(out, reference_attention(batch)) < BF16_TOL
 
 
+def test_triton_refuses_a_q_indptr_of_fewer_entries_than_requests_and_one() -> None:
+    # The extend kernel reads request b's rows at q_indptr[b] .. q_indptr[b + 1]: a q_indptr of
+    # B entries was read one past its end, here into the rest of the tensor it is a view of (the
+    # second request's 3 rows taken as 1), and a result came back where the torch backend raises.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    batch = random_batch([40, 20], 3, heads=2, page_size=4, seed=1)
+    assert tb.TritonAttention().unsupported(batch.meta) is None
+    batch.meta.q_indptr = torch.tensor([0, 3, 4, 6], dtype=torch.int32)[:2]
+    with pytest.raises(ValueError, match=r"q_indptr must be \[B \+ 1\]"):
+        tb.TritonAttention()(batch)
+
+
 def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
     from decodecliff.kernels import custom
     from decodecliff.kernels.api import AttnMeta

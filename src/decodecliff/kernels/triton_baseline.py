@@ -393,6 +393,10 @@ def _meta_problem(meta: AttnMeta) -> str | None:
         return "page_table and kv_lens must be on the same device"
     if not (meta.kv_lens.is_contiguous() and meta.q_indptr.is_contiguous()):
         return "kv_lens and q_indptr must be contiguous (the kernels read them as flat arrays)"
+    if meta.q_indptr.dim() != 1 or meta.q_indptr.shape[0] < meta.batch_size + 1:
+        # the extend kernel reads q_indptr[b + 1] for every request b of kv_lens
+        got = list(meta.q_indptr.shape)
+        return f"q_indptr must be [B + 1] = [{meta.batch_size + 1}], got {got}"
     tm, max_q = meta.tree_mask, meta.max_q_len
     if tm is not None and (
         tm.dim() != 3
