@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from pathlib import Path
 
+import pandas as pd
+from published_study import copy_study, fail_points
+
+from decodecliff.analysis import notes, summarize, tables
 from decodecliff.analysis.notes import _attention_ms
 
 
@@ -45,3 +49,29 @@ def test_a_server_run_as_on_sm120_takes_only_the_series_timed_that_way() -> None
     # and no server on the GPU's own resources takes the sm_120 series, not even as the fastest
     slow = modelled.assign(ms=[0.3, 0.4, 0.1])
     assert _attention_ms(slow, "flashinfer", 1, 185000)["series"] == "flashinfer (fa2)"
+
+
+def test_a_server_on_auto_takes_the_series_auto_ran_not_a_faster_pinned_variant() -> None:
+    row = {"backend": "custom", "mode": "chain16", "heads": 8, "page_size": 1, "ctx": 131072,
+           "status": "ok"}  # fmt: skip
+    timed = pd.DataFrame([
+        {**row, "series": "custom", "ms": 0.1914},  # what the auto rule runs
+        {**row, "series": "custom (v4)", "ms": 0.1912},  # a pinned variant, a hair faster
+    ])  # fmt: skip
+    assert _attention_ms(timed, "custom", 1, 128000, "auto")["series"] == "custom"
+    assert _attention_ms(timed, "custom", 1, 128000)["series"] == "custom"  # none recorded
+    assert _attention_ms(timed, "custom", 1, 128000, "v4")["series"] == "custom (v4)"
+
+
+def test_a_custom_server_whose_longest_point_failed_cites_auto_s_time(tmp_path: Path) -> None:
+    """The published H200 study at 131,072 tokens: custom (v4) timed 0.1912 ms, auto's own
+    series 0.1914; a custom server whose longest point is 128k runs the latter."""
+    study = copy_study(tmp_path / "study")
+    fail_points(study, ["custom-graph-p1"], [185000], "the server died")
+    loaded = summarize.load_study(study)
+    row = next(r for r in notes.server_rows(loaded) if r["server"] == "custom-graph-p1")
+    k = loaded.kernels
+    auto = k[(k["series"] == "custom") & (k["mode"] == "chain16") & (k["heads"] == 8)]
+    auto = auto[(auto["page_size"] == 1) & (auto["ctx"] == 131072)]["ms"].iloc[0]
+    assert row["ctx_label"] == "128k"
+    assert (row["attention_series"], row["attention_layer_ms"]) == ("custom", tables.num(auto))
