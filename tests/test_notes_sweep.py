@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import yaml
+from published_study import copy_study, edit_points
 from report_study import STUDY, study_config
 
 from decodecliff.analysis import notes, summarize
@@ -97,3 +98,21 @@ def test_a_cpu_study_s_speedups_are_said_to_be_the_interpreter_s() -> None:
     caveat = "On this CPU Triton runs in its interpreter"
     assert caveat in notes.render(STUDY, study_config(), "cpu")
     assert caveat not in (REPO / "results/published/h200/NOTES.md").read_text()
+
+
+def test_drafts_the_servers_accept_are_not_said_to_be_never_accepted(tmp_path: Path) -> None:
+    """The published study's servers accept no draft (1 token per verify step); where its points
+    record 2.5, the notes say so instead of calling tokens/s verify steps/s."""
+    study = copy_study(tmp_path / "study")
+    cfg = yaml.safe_load((REPO / "config/h200.yaml").read_text())
+    never = "almost never accepted\n(median tokens per verify step: 1), so tokens/s equal"
+    assert never in notes.render(study, cfg, "h200")
+
+    def accept(doc: dict) -> None:
+        for request in doc["requests"]:
+            request["metrics"]["spec_accept_length"] = 2.5
+
+    edit_points(study, [p.name for p in (study / "sweep").iterdir()], [], accept)
+    text = notes.render(study, cfg, "h200")
+    assert "almost never accepted" not in text and "tokens/s equal verify steps/s" not in text
+    assert "a median of 2.5 tokens per verify step" in text

@@ -427,10 +427,20 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
         "peer_wins": peer_rows(study),
         "servers": servers,
         "over_100": any(s.get("attention_over", False) for s in servers),
-        "accept": _num(tables.ok(sweep)["spec_accept_length"].median())
-        if len(tables.ok(sweep))
-        else "–",
+        **acceptance(sweep),
     }
+
+
+def acceptance(sweep: pd.DataFrame) -> dict:
+    """The median over the ok points of tokens per verify step (``accept``, as text) and whether
+    drafts were accepted (``accepted``: None where no point recorded it, False where the median
+    reads 1, so tokens/s are verify steps/s): the notes say which, not always the former."""
+    good = tables.ok(sweep)
+    col = good["spec_accept_length"] if "spec_accept_length" in good else pd.Series(dtype=float)
+    median = pd.to_numeric(col, errors="coerce").median()
+    if pd.isna(median):
+        return {"accept": "–", "accepted": None}
+    return {"accept": _num(median), "accepted": _num(median) != "1"}
 
 
 def render(
