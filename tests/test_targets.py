@@ -201,6 +201,28 @@ def test_the_custom_kernel_counts_as_its_auto_rule_runs_it_not_its_pinned_varian
     assert shown == {"custom", "triton (grouped-sglang)"}
 
 
+def test_a_near_miss_is_not_shown_at_the_threshold_it_missed() -> None:
+    """A measured value that rounds to its threshold keeps the digits that tell them apart: a
+    bandwidth of 69.98% of the copy rate is not written '70%' under '>= 70%'."""
+    study = kernel_study(
+        [
+            {"backend": "custom", "mode": "decode", "ctx": 185000, "ms": 0.09, "gbs": 2799.2},
+            {"backend": "custom", "mode": "chain16", "ctx": 185000, "ms": 0.15004},
+            {"backend": "custom", "mode": "tree64", "ctx": 185000, "ms": 0.35},
+        ],
+        copy_gbs=4000.0,
+    )  # fmt: skip
+    specs = [
+        {"kind": "kernel_copy_fraction", "mode": "decode", "ctx": 185000, "min": 0.7},
+        {"kind": "kernel_ms", "mode": "chain16", "ctx": 185000, "max": 0.15},
+        {"kind": "kernel_ms", "mode": "tree64", "ctx": 185000, "max": 0.35},
+    ]
+    checked = targets.evaluate(study, targets.parse(specs))
+    shown = targets.display_table(checked)
+    assert list(checked["status"]) == [MISSED, MISSED, MET]
+    assert list(shown["measured"]) == ["69.98% of copy GB/s", "0.15004 ms", "0.35 ms"]
+
+
 def test_context_matching_takes_the_nearest_point_within_tolerance() -> None:
     points = [{"backend": "custom", "mode": "chain16", "ctx": c, "ms": c / 1e6} for c in (
         64000, 131072)]  # fmt: skip

@@ -435,12 +435,23 @@ def evaluate(study: summarize.Study, targets: list[Target]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _value(value: float, unit: str) -> str:
+def _value(value: float, unit: str, extra: int = 0) -> str:
+    """``value`` in its unit, with ``extra`` digits beyond the usual (0% or 3 figures)."""
     if unit == "of copy GB/s":
-        return f"{value:.0%} {unit}"
+        return f"{value:.{extra}%} {unit}"
     if unit == "x":
-        return f"{value:.3g}x"
-    return f"{value:.3g} {unit}"
+        return f"{value:.{3 + extra}g}x"
+    return f"{value:.{3 + extra}g} {unit}"
+
+
+def _measured(value: float, threshold: float, unit: str) -> str:
+    """The measured value as the table shows it, with the digits that tell it from a threshold
+    it does not equal: a near miss written at the threshold's own rounding ('70%' under '>= 70%')
+    would read as met."""
+    for extra in range(6):
+        if value == threshold or _value(value, unit, extra) != _value(threshold, unit, extra):
+            return _value(value, unit, extra)
+    return _value(value, unit, extra)
 
 
 def display_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -453,8 +464,8 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
                 for o, v, u in zip(df["op"], df["threshold"], df["unit"], strict=True)
             ],
             "measured": [
-                "–" if pd.isna(v) else _value(v, u)
-                for v, u in zip(df["measured"], df["unit"], strict=True)
+                "–" if pd.isna(v) else _measured(v, t, u)
+                for v, t, u in zip(df["measured"], df["threshold"], df["unit"], strict=True)
             ],
             "margin": df["margin"],
             "status": [
