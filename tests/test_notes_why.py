@@ -142,6 +142,23 @@ def test_where_a_peer_is_faster_is_every_such_point_of_each_view() -> None:
     assert notes.peer_rows(SimpleNamespace(kernels=kernels.iloc[:0]))[1] == "No kernel point ran."
 
 
+def test_a_peer_faster_by_under_half_a_percent_is_not_written_1x() -> None:
+    """A row listed because the peer is faster keeps the digits that show it: 0.2240 ms against
+    0.2236 ms is 1.002x, not '1.00x'."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    shape = {"heads": 8, "page_size": 1, "batch": 1, "status": "ok", "floor_ms": 0.07,
+             "mode": "chain16", "q_len": 16, "ctx": 185000}  # fmt: skip
+    kernels = pd.DataFrame([
+        {**shape, "series": "custom", "backend": "custom", "ms": 0.2240},
+        {**shape, "series": "flashinfer (fa2)", "backend": "flashinfer", "ms": 0.2236},
+    ])  # fmt: skip
+    rows, _ = notes.peer_rows(SimpleNamespace(kernels=kernels))
+    assert [r["ratio"] for r in rows] == ["1.002x"]
+
+
 def test_a_decode_speedup_without_a_named_baseline_explains_the_baseline_it_measured() -> None:
     """The schema's default target names no servers: it compares the eager custom server with
     the eager Triton one, and its step anatomy is of those two, not of another Triton server."""

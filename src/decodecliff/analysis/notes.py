@@ -232,7 +232,8 @@ def _peer_row(view: str, r: pd.Series) -> dict:
     return {
         "view": view, "mode": r["mode"], "ctx_label": tables.ctx_label(r["ctx"]),
         "custom_ms": _num(r["custom_ms"]), "peer": r["best_peer"], "peer_ms": _num(r["peer_ms"]),
-        "ratio": f"{r['custom_ms'] / r['peer_ms']:.2f}x", "floor_ms": _num(r["floor_ms"]),
+        # times(): a lead under 0.5% keeps its digits ('1.002x'); two decimals wrote '1.00x'
+        "ratio": tables.times(r["custom_ms"] / r["peer_ms"]), "floor_ms": _num(r["floor_ms"]),
     }  # fmt: skip
 
 
