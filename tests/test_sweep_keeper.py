@@ -173,3 +173,15 @@ def test_a_launcher_killed_outright_takes_the_whole_tree_along(tmp_path, leftove
     holder.kill()  # SIGKILL: nothing runs in the launcher any more
     holder.wait(timeout=30)
     assert gone([keeper, command, daemon], timeout=30), "the server's tree outlived its launcher"
+
+
+def test_relaunches_on_a_fresh_port_share_one_start_timeout(tmp_path, leftovers):
+    """A server that loses its port only once loaded (SGLang binds it after loading the model)
+    is relaunched within what is left of the start timeout, not given a whole one again."""
+    said = "OSError: [Errno 98] error while attempting to bind: address already in use"
+    template = f"sh -c 'sleep 2; echo \"{said}\" >&2; exit 1' {{port}}"
+    server = launcher.Server(template, log_path=tmp_path / "serve.log", stop_grace_s=1)
+    with pytest.raises(launcher.ServerError, match=r"within the start timeout \(3 s\)"):
+        server.start(timeout_s=3)
+    # each launch takes 2 s to lose its port: a third one would start past the 3 s
+    assert server.launches <= 2

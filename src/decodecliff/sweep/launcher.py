@@ -213,20 +213,26 @@ class Server:
         """Launch (if a template) and wait until healthy; return its server info.
 
         A port picked free can be taken by another process before the server binds it; a
-        server that exits saying so (in its log) is launched again on a fresh port.
+        server that exits saying so (in its log) is launched again on a fresh port, within what
+        is left of ``timeout_s``: a server binds its port once loaded (SGLang does), so a whole
+        timeout for each launch would let one start take several.
         """
+        deadline = time.monotonic() + timeout_s
         if not self.launched:
-            return self._wait_healthy(timeout_s)
+            return self._wait_healthy(deadline, timeout_s)
         for _ in range(PORT_ATTEMPTS - 1):
             log_start = self._log_size()
             try:
-                return self._start_once(timeout_s)
-            except PortTaken:
-                continue
-            except ServerError:
-                if not self._lost_its_port(log_start):
+                return self._start_once(deadline, timeout_s)
+            except ServerError as exc:
+                if not isinstance(exc, PortTaken) and not self._lost_its_port(log_start):
                     raise
-        return self._start_once(timeout_s)
+                if time.monotonic() >= deadline:
+                    raise ServerError(
+                        f"server not healthy within the start timeout ({timeout_s:g} s); "
+                        f"last: {exc}"
+                    ) from None
+        return self._start_once(deadline, timeout_s)
 
     def _last_words(self, limit: int = 300) -> str:
         """The last line the last launch wrote to its log (its error, as a rule), shortened."""
@@ -255,7 +261,7 @@ class Server:
             log.seek(log_start)
             return PORT_TAKEN.search(log.read().decode(errors="replace")) is not None
 
-    def _start_once(self, timeout_s: float) -> dict:
+    def _start_once(self, deadline: float, timeout_s: float) -> dict:
         self.stop()
         port = free_port(self.host) if "{port}" in self.template else 0
         env, argv = render_command(self.template, self.host, port)
@@ -268,7 +274,7 @@ class Server:
             self._launch(argv, {**env, LAUNCH_ID_ENV: self.launch_id}, log)
         finally:
             log.close()
-        return self._wait_healthy(timeout_s)
+        return self._wait_healthy(deadline, timeout_s)
 
     def _launch(self, argv: list[str], env: dict[str, str], log: BinaryIO) -> None:
         """Start the keeper running ``argv``; learn the command's pid from it."""
@@ -308,8 +314,9 @@ class Server:
         log.flush()
         return log
 
-    def _wait_healthy(self, timeout_s: float) -> dict:
-        deadline, problem = time.monotonic() + timeout_s, "not asked"
+    def _wait_healthy(self, deadline: float, timeout_s: float) -> dict:
+        """The server info once healthy before ``deadline`` (of the start's ``timeout_s``)."""
+        problem = "not asked"
         while time.monotonic() < deadline:
             code = self.exit_code()
             if code is not None:
