@@ -514,3 +514,56 @@ def test_an_unexpected_error_fails_its_point_only(tmp_path):
     assert "RuntimeError: a bug in the sweep" in hit["reason"]
     assert (first["server_launch"], last["server_launch"]) == (1, 2)
     assert sorted(_points(tmp_path)) == [16, 24, 32]  # every point written
+
+
+def test_a_url_server_back_after_it_went_away_is_warmed_up_and_described_again(tmp_path):
+    """A server given by URL that its owner stopped between two points and started again: the
+    point after is measured on the new server, warmed up, with its own server info."""
+    port = launcher.free_port("127.0.0.1")
+    url = launcher.http_url("127.0.0.1", port)
+    faulty = Path(__file__).with_name("faulty_server.py")
+    servers: list[subprocess.Popen] = []
+
+    def serve(tag: str) -> None:  # the tag comes back as the server info's launch_id
+        env = {**os.environ, launcher.LAUNCH_ID_ENV: tag}
+        argv = [sys.executable, str(faulty), "--port", str(port)]
+        servers.append(subprocess.Popen(argv, env=env))
+        deadline = time.monotonic() + 60
+        while not launcher.healthy(url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    cfg = SweepConfig(
+        name="url",
+        chunks=[Chunk([16, 24, 32], timeout_s=180.0, point_timeout_s=60.0)],
+        out=tmp_path,
+        url=url,
+        gen_tokens=4,
+        start_timeout_s=3.0,
+        progress=False,
+    )
+    runner = Runner(cfg)
+    new_result = runner._new_result
+
+    def between_points(ctx: int, index: int, chunk: Chunk) -> dict:
+        if ctx == 24:  # its owner stops it
+            servers[-1].terminate()
+            servers[-1].wait(timeout=30)
+        if ctx == 32:  # and starts it again
+            serve("second")
+        return new_result(ctx, index, chunk)
+
+    runner._new_result = between_points
+    serve("first")
+    try:
+        first, gone, back = runner.run()
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    assert first["status"] == back["status"] == "ok"
+    assert first["server_info"]["launch_id"] == "first"
+    assert gone["status"] == "failed"
+    assert gone["reason"].startswith("server not reachable (start timeout 3 s)")
+    assert back["server_info"]["launch_id"] == "second"  # not the stopped server's
+    assert back["warmup"]["ok"] and back["warmup"] != first["warmup"]
+    assert sorted(_points(tmp_path)) == [16, 24, 32]

@@ -1,8 +1,9 @@
 """Chunked context sweeps: one server per chunk, one point at a time, one JSON file per point.
 
-Every server launch (restarts included; a server given by URL once it is first reached) gets one
-short unrecorded warm-up request before its first point, as SGLang's bench_serving sends one, so
-one-time costs (JIT compiles, CUDA graph capture, allocator growth) stay out of the first point.
+Every server launch (restarts included; a server given by URL once it is first reached, and once
+it is back after it was not) gets one short unrecorded warm-up request before its first point,
+as SGLang's bench_serving sends one, so one-time costs (JIT compiles, CUDA graph capture,
+allocator growth) stay out of the first point.
 A warm-up that fails is written into the points that follow and fails nothing by itself: a dead
 server shows up in the next point.
 
@@ -443,9 +444,10 @@ class Runner:
             return
         res["health"]["before"] = launcher.healthy(self.server.url)
         if not res["health"]["before"]:
-            if not self.server.launched:
-                return self._fail(res, "server not healthy before the point")
-            self.up = False  # restart once, then go on
+            # A launched server is restarted once, a URL server waited for as when first reached
+            # (its owner may start it again): the server that comes up is another, so it is
+            # warmed up and described anew, not measured cold with the gone one's info.
+            self.up = False
             if not self._ensure_up(res, deadline):
                 return
             self._describe_server(res)
