@@ -18,7 +18,9 @@ import proctree
 import pytest
 from test_sweep_keeper import daemonising, orphaned_daemon
 
+from decodecliff.jsonio import write_json
 from decodecliff.sweep import launcher
+from decodecliff.sweep import runner as runner_module
 from decodecliff.sweep.runner import SCHEMA_PATH, Chunk, Runner, SweepConfig
 
 pytestmark = pytest.mark.slow  # every test starts a server and sweeps it, faults included
@@ -567,3 +569,30 @@ def test_a_url_server_back_after_it_went_away_is_warmed_up_and_described_again(t
     assert back["server_info"]["launch_id"] == "second"  # not the stopped server's
     assert back["warmup"]["ok"] and back["warmup"] != first["warmup"]
     assert sorted(_points(tmp_path)) == [16, 24, 32]
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_a_signal_while_a_point_is_written_loses_no_point(tmp_path, monkeypatch):
+    """Ctrl-C landing while a measured point's file is written (injected: a signal cannot be
+    timed to land there): the point is still written whole, then the sweep exits 130."""
+    calls = []
+
+    def interrupted_once(path: Path, doc: dict, **kw: object) -> None:
+        calls.append(path)
+        if len(calls) == 1:  # as the handler raises it, before the file is replaced
+            raise KeyboardInterrupt
+        write_json(path, doc, **kw)
+
+    monkeypatch.setattr(runner_module, "write_json", interrupted_once)
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}}"
+    runner = Runner(_config(tmp_path, [16, 24], server_cmd=cmd, gen_tokens=4, warmup_tokens=0))
+    raised: BaseException | None = None
+    try:
+        runner.run()
+    except BaseException as exc:  # noqa: BLE001 (a KeyboardInterrupt must not end pytest)
+        raised = exc
+    assert isinstance(raised, SystemExit) and raised.code == 128 + signal.SIGINT
+    points = _points(tmp_path)
+    assert sorted(points) == [16] and points[16]["status"] == "ok"
+    assert runner.server.proc is None  # stopped on the way out

@@ -388,7 +388,8 @@ class Runner:
         """Run and write the point; an unexpected error fails this point only (hours of sweep
         stay). Only an OSError of the write itself (a full disk) ends the sweep. A signal that
         ends the sweep (SIGINT, or SIGTERM/SIGHUP as SystemExit) writes the point as interrupted
-        first; then the sweep exits with 128 + the signal's number, without a traceback.
+        first (one that comes while the point is written: the point as it is); then the sweep
+        exits with 128 + the signal's number, without a traceback.
 
         A server to be stopped (a failed point's) is stopped once the point is written: a signal
         during its stop (up to the stop grace) then neither loses the point nor replaces its
@@ -406,7 +407,23 @@ class Runner:
             interrupted = _as_exit(exc)
             self._fail(res, f"interrupted by {_signal_name(interrupted.code)}")
             self.up = False
-        res["finished_at"] = _now()
+        try:
+            res["finished_at"] = _now()
+            self._write_point(res)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # The signal cut the write short and left the file as it was; the point is whole, so
+            # it is written before the sweep ends (a second signal ends it at once).
+            interrupted = interrupted or _as_exit(exc)
+            self._write_point(res)
+        if not self.up:
+            try:
+                self._stop()
+            except (KeyboardInterrupt, SystemExit) as exc:  # its lifeline closed, the keeper
+                interrupted = interrupted or _as_exit(exc)  # goes on stopping the server
+        if interrupted is not None:
+            raise interrupted from None
+
+    def _write_point(self, res: dict) -> None:
         try:
             self._write(res)
         except ValueError as exc:  # a value JSON cannot hold, e.g. a NaN the server sent
@@ -415,13 +432,6 @@ class Runner:
             res.clear()
             res.update(clean)
             self._write(res)
-        if not self.up:
-            try:
-                self._stop()
-            except (KeyboardInterrupt, SystemExit) as exc:  # its lifeline closed, the keeper
-                interrupted = interrupted or _as_exit(exc)  # goes on stopping the server
-        if interrupted is not None:
-            raise interrupted from None
 
     def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
         ctx, gen, k = res["requested_ctx"], self.cfg.gen_tokens, self.cfg.concurrency
