@@ -596,3 +596,23 @@ def test_a_signal_while_a_point_is_written_loses_no_point(tmp_path, monkeypatch)
     points = _points(tmp_path)
     assert sorted(points) == [16] and points[16]["status"] == "ok"
     assert runner.server.proc is None  # stopped on the way out
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_a_server_that_died_between_points_is_relaunched_and_its_death_recorded(tmp_path):
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}}"
+    runner = Runner(_config(tmp_path, [16, 24], server_cmd=cmd, gen_tokens=4, warmup_tokens=0))
+    new_result = runner._new_result
+
+    def between_points(ctx: int, index: int, chunk: Chunk) -> dict:
+        if ctx == 24:  # after the first point was written: the server dies on its own
+            os.kill(runner.server.pid, signal.SIGKILL)
+            proctree.wait_for("its keeper to exit", lambda: runner.server.exit_code() is not None)
+        return new_result(ctx, index, chunk)
+
+    runner._new_result = between_points
+    first, after = runner.run()
+    assert first["status"] == after["status"] == "ok"
+    assert after["server_launch"] == first["server_launch"] + 1
+    assert "the server of launch 1 exited between points (killed by SIGKILL)" in after["warnings"]

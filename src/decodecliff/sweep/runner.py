@@ -526,8 +526,13 @@ class Runner:
             res["token_timestamps"], res["stream"] = bad["token_timestamps"], bad["http"]
 
     def _ensure_up(self, res: dict, deadline: float) -> bool:
-        if self.up and self.server.exit_code() is None:
+        code = self.server.exit_code()
+        if self.up and code is None:
             return True
+        if self.up:  # it passed the last point's checks: its crash is on record only here
+            launch, how = self.server.launches, _exit_text(code)
+            res["warnings"].append(f"the server of launch {launch} exited between points ({how})")
+            self.console.print(f"[yellow]{self.cfg.name}: {res['warnings'][-1]}; launching again")
         wait = self.cfg.start_timeout_s
         if self.url_gone_at is not None:
             wait = min(wait, URL_RECHECK_S)
