@@ -120,7 +120,7 @@ def test_sampling_is_seeded_and_speculation_keeps_it():
 
 def test_stop_token_and_eos_finish_early(plain):
     stop = plain[0][5]
-    params = SamplingParams(max_new_tokens=24, stop_token_ids=(stop,))
+    params = SamplingParams(max_new_tokens=24, stop_token_ids=frozenset({stop}))
     req = engine().generate([prompt(90, 1)], params)[0]
     eos = PRESETS["tiny"].eos_token_id
     first = min(i for i, t in enumerate(plain[0]) if t in (stop, eos))

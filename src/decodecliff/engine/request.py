@@ -25,14 +25,10 @@ class SamplingParams:
     top_p: float = 1.0  # nucleus sampling (1: off)
     top_k: int = 0  # keep the k most likely tokens (0: off)
     ignore_eos: bool = False
-    stop_token_ids: frozenset[int] = frozenset()  # (a tuple given is made a set)
+    stop_token_ids: frozenset[int] = frozenset()  # a set: each output token is looked up in it
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token sequences that end the output
     seed: int | None = None  # sampling seed at temperature > 0 (default: server seed + request no.)
     logprobs: int | None = None  # report each output token's logprob and this many alternatives
-
-    def __post_init__(self) -> None:
-        # a set: every output token is looked up in it, and a client may send a long list
-        self.stop_token_ids = frozenset(self.stop_token_ids)
 
     @property
     def greedy(self) -> bool:

@@ -101,6 +101,11 @@ def _number(value: object, name: str, lo: float, hi: float) -> float:
     return float(value)
 
 
+def _optional_int(value: object, name: str, lo: int, hi: int, default: int | None) -> int | None:
+    """An optional integer field: null (or absent) is the default, anything else an integer."""
+    return default if value is None else _int(value, name, lo, hi)
+
+
 def _bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"{name} must be true or false, got {show(value)}", name)
@@ -249,7 +254,6 @@ def _sampling(
     if is_int(top_k) and top_k == -1:  # -1 is "off" as in SGLang and vLLM (-1.0 is no integer)
         top_k = 0
     top_k = _int(top_k, names.get("top_k", "top_k"), 0, lim.vocab_size)
-    seed = get("seed")
     return SamplingParams(
         max_new_tokens=_int(get("max_new_tokens"), names["max_new_tokens"], 1, lim.max_tokens),
         temperature=_number(get("temperature"), "temperature", 0.0, MAX_TEMPERATURE),
@@ -259,7 +263,7 @@ def _sampling(
         stop_token_ids=frozenset(
             _token_ids(get("stop_token_ids"), "stop_token_ids", lim.vocab_size)
         ),
-        seed=None if seed is None else _int(seed, names.get("seed", "seed"), 0, 2**63 - 1),
+        seed=_optional_int(get("seed"), names.get("seed", "seed"), 0, 2**63 - 1, None),
         logprobs=logprobs,
     )
 
@@ -406,8 +410,8 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
             sp, SAMPLING_KEYS, SAMPLING_NEUTRAL, SAMPLING_IGNORED, "sampling_params."
         )
     logprob = _flag(body, "return_logprob")
-    top = body.get("top_logprobs_num")  # null is absent; false or "" is no integer
-    top = _int(0 if top is None else top, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
+    # null is absent; false or "" is no integer
+    top = _optional_int(body.get("top_logprobs_num"), "top_logprobs_num", 0, MAX_TOP_LOGPROBS, 0)
     start = body.get("logprob_start_len")  # SGLang's: one for all prompts, or one per prompt
     starts = start if isinstance(start, list) else [] if start is None else [start]
     starts = [_int(v, "logprob_start_len", -1, 2**31 - 1) for v in starts]
@@ -423,8 +427,7 @@ def parse_generate(body: object, lim: Limits) -> ParsedRequest:
         p = _sampling(sp, lim, names, defaults, top if logprob else None)
         read[id(sp)] = dataclasses.replace(p, stop_sequences=tuple(stop))
         stops.update(stop)
-        count = sp.get("n")
-        ns.add(1 if count is None else _int(count, "sampling_params.n", 1, MAX_N))
+        ns.add(_optional_int(sp.get("n"), "sampling_params.n", 1, MAX_N, 1))
         trims.add(not _flag(sp, "no_stop_trim", "sampling_params."))
     params = [read[id(sp)] for sp in sps]
     if len(ns) > 1 or len(trims) > 1:
@@ -603,8 +606,7 @@ def parse_completions(body: object, lim: Limits) -> ParsedRequest:
     best_of = body.get("best_of")
     if best_of is not None and (not is_int(best_of) or best_of != (body.get("n") or 1)):
         raise BadRequest("best_of other than n is not supported", "best_of")
-    lp = body.get("logprobs")
-    lp = None if lp is None else _int(lp, "logprobs", 0, MAX_TOP_LOGPROBS)
+    lp = _optional_int(body.get("logprobs"), "logprobs", 0, MAX_TOP_LOGPROBS, None)
     echo = _flag(body, "echo")
     if echo and lp is not None:
         raise BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo")
@@ -661,8 +663,7 @@ def parse_chat(body: object, lim: Limits) -> ParsedRequest:
         raise BadRequest("add_generation_prompt = false is not supported", "add_generation_prompt")
     prompt = chat_prompt(body.get("messages"), lim)
     want = _flag(body, "logprobs")
-    top = body.get("top_logprobs")
-    top = None if top is None else _int(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top = _optional_int(body.get("top_logprobs"), "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
     if top is not None and not want:
         raise BadRequest("top_logprobs needs logprobs = true", "top_logprobs")
     logprobs = (top or 0) if want else None
