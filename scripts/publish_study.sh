@@ -93,10 +93,9 @@ print(" ".join(cut_benches(Path(sys.argv[1]))))' "$work/results")
 [ -z "$cut" ] || fail "a bench the runs hold did not finish (measure it again): $cut"
 # one GPU's measurements, the one the config names (config/h200.yaml over an H100's runs is no
 # H200 study): the config's files merged as snakemake merges them, config.yaml first
-mismatch=$(python3 -c 'import sys, yaml; from pathlib import Path
-from decodecliff.study.config import merge; from decodecliff.study.runs import gpu_mismatch
-cfg = {}
-for c in sys.argv[2:]: cfg = merge(cfg, yaml.safe_load(Path(c).read_text()) or {})
+mismatch=$(python3 -c 'import sys; from pathlib import Path
+from decodecliff.study.config import merged; from decodecliff.study.runs import gpu_mismatch
+cfg = merged(sys.argv[2:])
 print(gpu_mismatch(Path(sys.argv[1]), (cfg.get("study") or {}).get("gpu")) or "")' \
   "$work/results" "$repo/config.yaml" "${cfg[@]}")
 [ -z "$mismatch" ] || fail "$mismatch"

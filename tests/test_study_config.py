@@ -33,10 +33,7 @@ def study(preset: str | None = None) -> Study:
 
 def raw(preset: str | None = None) -> dict:
     """The YAML of config.yaml (and a preset) merged, not validated."""
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    for path in PRESETS[preset] if preset else []:
-        cfg = config.merge(cfg, yaml.safe_load(path.read_text()))
-    return cfg
+    return config.merged([REPO / "config.yaml", *(PRESETS[preset] if preset else [])])
 
 
 def by_name(s: Study, name: str) -> dict:

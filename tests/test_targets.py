@@ -331,12 +331,10 @@ def test_published_notes_are_rendered_from_the_published_files(
 ) -> None:
     """Each published study's NOTES.md is the template filled from its folder: never typed."""
     from decodecliff.analysis import notes
-    from decodecliff.study.config import merge
+    from decodecliff.study.config import merged
 
     study = REPO / "results/published" / name
-    cfg: dict = {}
-    for path in configs:
-        cfg = merge(cfg, yaml.safe_load((REPO / "config" / path).read_text()))
+    cfg = merged(REPO / "config" / path for path in configs)
     assert (study / "NOTES.md").read_text() == notes.render(study, cfg, name)
 
 

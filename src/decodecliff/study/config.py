@@ -149,12 +149,18 @@ def merge(base: dict, update: dict) -> dict:
 def load(paths: Iterable[str | Path], schema: str | Path = SCHEMA) -> dict:
     """The validated config of YAML files given in order (config.yaml, then presets); an error
     names the file and line that set the offending key."""
-    cfg: dict = {}
     paths = list(paths)
+    return validate(merged(paths), schema, paths)
+
+
+def merged(paths: Iterable[str | Path]) -> dict:
+    """YAML files given in order, each over the ones before it as Snakemake merges them; their
+    syntax checked, their values not validated."""
+    cfg: dict = {}
     for path in paths:
         check_syntax(path)
         cfg = merge(cfg, yaml.safe_load(Path(path).read_text()) or {})
-    return validate(cfg, schema, paths)
+    return cfg
 
 
 # Numbers finite (a bound cannot judge NaN) and integers written as integers: JSON Schema counts
