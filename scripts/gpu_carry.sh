@@ -4,16 +4,17 @@
 #
 #   scripts/gpu_carry.sh [PYTHON]            (PYTHON: the device's, 3.12 unless given)
 #
-# .whl: FlashInfer's and apache-tvm-ffi's wheels for that Python, which gpu_env.sh installs there
+# .whl: FlashInfer's and apache-tvm-ffi's wheels for that Python, and httpx-sse's (the clients' SSE
+# reader, pure Python, which that machine's Python may lack), which gpu_env.sh installs there
 # without dependencies; .sgl: the part of SGLang's wheel the peers read (its Triton attention
 # kernels, srt/utils, the Triton backend's source that tests/test_peers_fidelity.py reads, the
 # dist-info that names its version), less the kernel folders those never import, so that the tree
 # and both folders stay under a call's 64 MiB. The versions are the `peers` extra's
-# (pyproject.toml; tests/test_gpu_carry.py keeps them alike).
+# and the package's (pyproject.toml; tests/test_gpu_carry.py keeps them alike).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-3.12}
-FLASHINFER=0.5.3 TVM_FFI=0.1.15.post2 SGLANG=0.5.23
+FLASHINFER=0.5.3 TVM_FFI=0.1.15.post2 SGLANG=0.5.23 HTTPX_SSE=0.4.3
 UNUSED=(dsv4 flash_attn fa4_sm120 fla linear dsa minimax_sparse cutedsl_gdn_mtp_ring.py)
 platforms=()
 for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014; do
@@ -26,7 +27,7 @@ new=$tmp/new
 mkdir "$new"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python" \
   --implementation cp "${platforms[@]}" -d "$new/.whl" \
-  "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI"
+  "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI" "httpx-sse==$HTTPX_SSE"
 # SGLang's wheel is built per Python, but the files taken from it are Python source alone
 python3 -m pip download -q --no-deps -d "$tmp" "sglang==$SGLANG"
 mkdir "$new/.sgl"

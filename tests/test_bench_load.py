@@ -165,6 +165,17 @@ def test_a_stream_that_ends_before_done_is_errored_not_completed() -> None:
     assert job.error is None and job.latency_s is not None and job.tokens == [5, 6]
 
 
+def test_events_are_read_as_sse_says() -> None:
+    """A chunk over two data lines is one chunk; `event: error` fails the request with its
+    message, whatever its data's shape (the first was malformed, the second ignored)."""
+    job = load.Job(0, "generate", [1, 2], 2, None)
+    _run_stream(job, _sse(b'{"output_ids":\ndata: [5, 6]}', b"[DONE]"))
+    assert job.error is None and job.tokens == [5, 6]
+    job = load.Job(0, "generate", [1, 2], 2, None)
+    _run_stream(job, _sse(b'{"output_ids": [5]}', b"out of pages\nevent: error", b"[DONE]"))
+    assert job.error == "out of pages" and job.latency_s is None
+
+
 STUBBORN = (  # a server that ignores SIGTERM (hung in its shutdown)
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     f"print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"

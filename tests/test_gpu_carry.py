@@ -25,6 +25,14 @@ def test_the_carried_peers_are_the_peers_extra_s_versions() -> None:
         assert peers[names[var]].contains(version), (names[var], version, peers[names[var]])
 
 
+def test_the_carried_sse_reader_is_one_the_package_takes() -> None:
+    script = (REPO / "scripts" / "gpu_carry.sh").read_text()
+    pin = re.search(r"\bHTTPX_SSE=(\S+)", script).group(1)
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [r.specifier for r in map(Requirement, deps) if r.name == "httpx-sse"]
+    assert spec.contains(pin), (pin, spec)
+
+
 def test_a_download_that_fails_keeps_the_folders_there_were(tmp_path) -> None:
     """pip without a network (a stand-in python3 that fails) must not cost the carried folders."""
     tree = tmp_path / "tree"

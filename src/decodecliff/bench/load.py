@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from decodecliff import envinfo
 from decodecliff.helpformat import DefaultsHelpFormatter
@@ -121,21 +122,25 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
     start = time.perf_counter()
     chunks = 0
     try:
-        async with client.stream("POST", path, json=payload) as resp:
+        async with aconnect_sse(client, "POST", path, json=payload) as source:
+            resp = source.response
             job.status = resp.status_code
             if resp.status_code != 200:  # its body as text, whatever its bytes (a proxy's page)
                 job.error = (await resp.aread()).decode(errors="replace")[:300]
                 return
             done = False
-            async for line in resp.aiter_lines():
-                if line == "data: [DONE]":
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
                     done = True
-                if not line.startswith("data: ") or done:
+                if event.event == "error":
+                    job.error = event.data[:300] or "an error event without a message"
+                    return
+                if not event.data or done:
                     continue
                 # A chunk the server got wrong fails this request alone; the load and its
                 # record go on.
                 try:
-                    data = strict_json(line[len("data: ") :])
+                    data = strict_json(event.data)
                     if (error := _stream_error(data)) is not None:
                         job.error, code = error
                         job.status = code if isinstance(code, int) else job.status
@@ -144,7 +149,7 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
                         job.ttft_s = time.perf_counter() - start
                     _chunk_tokens(job, data)
                 except ValueError as exc:
-                    job.error = f"malformed stream chunk ({exc}): {line[:200]}"
+                    job.error = f"malformed stream chunk ({exc}): {event.data[:200]}"
                     return
                 chunks += 1
                 if job.disconnect_after is not None and chunks >= job.disconnect_after:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from decodecliff.sweep import launcher, metrics
 
@@ -26,7 +27,7 @@ class StreamRecord:
 
     events: list[tuple[float, int]] = field(default_factory=list)
     sent_at: float | None = None  # perf_counter at send
-    first_byte_s: float | None = None
+    first_byte_s: float | None = None  # the first and the latest server-sent event
     last_byte_s: float | None = None
     e2e_s: float | None = None  # send -> [DONE]
     done: bool = False
@@ -134,24 +135,27 @@ async def stream(
     last = 0
     rec.sent_at = time.perf_counter()
     try:
-        async with client.stream("POST", base_url.rstrip("/") + path, json=body) as resp:
+        async with aconnect_sse(client, "POST", base_url.rstrip("/") + path, json=body) as source:
+            resp = source.response
             rec.http_status = resp.status_code
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:500]
                 rec.error = f"HTTP {resp.status_code}: {text}"
                 return rec
-            async for line in resp.aiter_lines():
+            async for event in source.aiter_sse():
                 t = rec.elapsed()
                 if rec.first_byte_s is None:
                     rec.first_byte_s = t
                 rec.last_byte_s = t
-                if not line.startswith("data:"):
-                    continue  # blank separators, SSE comments, event names
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+                if event.data == "[DONE]":
                     rec.done, rec.e2e_s = True, t
                     break
-                data = launcher.strict_json(payload)
+                if event.event == "error":  # SSE's own error event, whatever its data holds
+                    rec.error = f"server error: {event.data[:500] or '(no message)'}"
+                    return rec
+                if not event.data:
+                    continue  # a named event with no data: nothing of the request's
+                data = launcher.strict_json(event.data)
                 if isinstance(data, dict) and data.get("error"):
                     rec.error = f"server error: {json.dumps(data['error'])[:500]}"
                     return rec
