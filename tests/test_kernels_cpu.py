@@ -331,6 +331,27 @@ def test_triton_refuses_a_q_indptr_of_fewer_entries_than_requests_and_one() -> N
         tb.TritonAttention()(batch)
 
 
+def empty_batch(**hints) -> AttnBatch:
+    """A step of no requests: no query rows, a cache and a page table of spare rows."""
+    i32 = {"dtype": torch.int32}
+    return AttnBatch.build(
+        torch.empty(0, 2, D_QK), torch.randn(3, 4, D_QK), torch.zeros(2, 2, **i32),
+        torch.zeros(0, **i32), torch.zeros(1, **i32), 0.1, **hints,
+    )  # fmt: skip
+
+
+def test_triton_plans_an_empty_step_as_one_that_writes_nothing() -> None:
+    # Without the hints plan() took the longest draft and context from the lengths, and max()
+    # of no lengths raised; with them the "sglang" split count indexed an empty list. An empty
+    # step is planned as the custom and torch backends plan it: run() launches nothing.
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    for options in ({}, {"decode": "extend"}, {"num_kv_splits": "sglang"}):
+        for hints in ({}, {"max_q_len": 1, "max_kv_len": 8}):
+            batch = empty_batch(**hints)
+            assert tb.TritonAttention(**options)(batch).shape == (0, 2, D_V), (options, hints)
+    assert TorchAttention()(empty_batch()).shape == (0, 2, D_V)
+
+
 def test_custom_refuses_lengths_and_masks_its_kernel_would_misread(monkeypatch) -> None:
     from decodecliff.kernels import custom
     from decodecliff.kernels.api import AttnMeta

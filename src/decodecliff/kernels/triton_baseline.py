@@ -479,6 +479,9 @@ class TritonAttention(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
         self.check(meta)
+        if meta.batch_size == 0 or meta.num_tokens * meta.num_heads == 0:
+            self._launch = lambda q, kv, out: None  # an empty step: nothing to read or write
+            return
         max_q = meta.max_q_len or int((meta.q_indptr[1:] - meta.q_indptr[:-1]).max())
         if meta.max_q_len is None:  # the tree mask must hold the longest draft read here too
             self.check(replace(meta, max_q_len=max_q))
