@@ -543,6 +543,15 @@ def test_sglang_verify_without_a_prefix_is_declined() -> None:
     assert math.isinf(float(err[:16].max())) and float(err[16:].max()) < 1e-2
 
 
+def test_sglang_plans_an_empty_step_as_one_that_writes_nothing() -> None:
+    # plan() took max() of no query lengths (and concatenated no row lists); an empty step is
+    # planned as the other backends plan it: run() launches nothing.
+    for kernel in ("extend", "verify", "decode"):
+        backend = sglang_peer(kernel, num_kv_splits=4)
+        for hints in ({}, {"max_q_len": 1, "max_kv_len": 8}):
+            assert backend(empty_batch(**hints)).shape == (0, 2, D_V), (kernel, hints)
+
+
 def test_sglang_split_count_follows_its_triton_backend() -> None:
     backend = sglang_peer("decode")
     from decodecliff.kernels import peers
