@@ -388,6 +388,34 @@ def test_custom_refuses_tensors_of_other_shapes_than_its_plan() -> None:
             custom.check_tensors(meta, *tensors)
 
 
+def test_custom_checks_a_call_whose_tensors_share_the_last_ones_pointers_but_not_layout() -> None:
+    # run() launches a call of the last call's key with its arguments, skipping check_tensors
+    # (the library needs a GPU, so the key is checked here). Keyed by the pointers and the q and
+    # cache shapes, an output or q transposed in place, an output of more rows, or views of
+    # another dtype at the same addresses were launched unchecked.
+    from decodecliff.kernels import custom
+
+    batch = random_batch([100, 40], 4, heads=8, page_size=4, seed=1)  # T = 8 rows of 8 heads
+    q, kv, meta = batch.q, batch.kv_cache, batch.meta
+    rows = torch.empty(9, 8, D_V, dtype=torch.bfloat16)
+    out = rows[:8]
+    custom.check_tensors(meta, q, kv, out)
+    key = custom.call_key(q, kv, out)
+    bad = {
+        "out transposed": (q, kv, out.transpose(0, 1)),
+        "q transposed": (q.transpose(0, 1), kv, out),
+        "out of more rows": (q, kv, rows),
+        "out of another dtype": (q, kv, out.view(torch.float16)),
+        "cache of another dtype": (q, kv.view(torch.float16), out),
+    }
+    for what, tensors in bad.items():
+        assert tensors[0].data_ptr() == q.data_ptr() and tensors[2].data_ptr() == out.data_ptr()
+        with pytest.raises(ValueError):
+            custom.check_tensors(meta, *tensors)
+        assert custom.call_key(*tensors) != key, what
+    assert custom.call_key(q, kv, rows[:8]) == key  # the same tensors again: launched as they were
+
+
 def test_relative_error_flags_nan() -> None:
     ref = torch.ones(2, 3)
     assert math.isinf(relative_error(torch.full((2, 3), float("nan")), ref))

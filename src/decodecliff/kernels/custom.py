@@ -314,6 +314,13 @@ def check_tensors(meta: AttnMeta, q: torch.Tensor, kv: torch.Tensor, out: torch.
     )
 
 
+def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor) -> tuple:
+    """What ``check_tensors`` and the launch arguments read of one call's tensors: ``run`` reuses
+    the last call's arguments, unchecked, for a call of its key."""
+    return (q.data_ptr(), kv.data_ptr(), out.data_ptr(), q.shape, kv.shape, out.shape,
+            q.stride(), kv.stride(), out.stride(), q.dtype, kv.dtype, out.dtype)  # fmt: skip
+
+
 def validate_meta(meta: AttnMeta) -> None:
     """The metadata checks, of a planned step and of each call (``validate``: the tensors' own)."""
     pt, b = meta.page_table, meta.batch_size
@@ -468,7 +475,7 @@ class CustomAttention(AttentionBackend):
         if self._step is None:
             raise RuntimeError("custom attention: run() before plan()")
         meta, plan = self._step
-        key = (q.data_ptr(), kv_cache.data_ptr(), out.data_ptr(), q.shape, kv_cache.shape)
+        key = call_key(q, kv_cache, out)
         if self._args is not None and self._args[0] == key:  # the same layer again: launch only
             return self._launch(self._args[1], q.device, out)
         check_tensors(meta, q, kv_cache, out)
