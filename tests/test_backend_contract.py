@@ -79,6 +79,25 @@ def test_a_backend_says_why_it_declines_a_step(name: str) -> None:
             backend(tree)
 
 
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_a_plan_that_reads_the_lengths_refuses_a_request_of_fewer_kv_than_query_tokens(
+    name: str,
+) -> None:
+    """A request's query tokens are the last q_len of its KV (kernels/api.py): a kv_len under its
+    q_len is no step, and the kernels read it before the request's own slots. A backend that
+    reads the lengths on the host refuses it in plan(), naming the request; one whose plan is
+    captured in a CUDA graph reads no device lengths and is not asked."""
+    backend = built(name)
+    meta = layers(3, [70, 33])[0].meta  # q_len 4
+    if DEVICE == "cuda" and backend.capturable and not backend.plan_outside_graph:
+        pytest.skip(f"{name} plans inside a CUDA graph: the lengths stay on the device")
+    if backend.unsupported(meta):
+        pytest.skip(f"{name}: {backend.unsupported(meta)}")
+    meta.kv_lens[1] = 3
+    with pytest.raises(ValueError, match=rf"{name} attention: request 1 has kv_len 3 < q_len 4"):
+        backend.plan(meta)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("name", sorted(BACKENDS))

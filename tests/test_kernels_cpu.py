@@ -580,6 +580,16 @@ def test_sglang_plans_an_empty_step_as_one_that_writes_nothing() -> None:
             assert backend(empty_batch(**hints)).shape == (0, 2, D_V), (kernel, hints)
 
 
+def test_sglang_refuses_a_request_of_fewer_kv_than_query_tokens() -> None:
+    # plan() took kv_len - q_len as the request's prefix: a negative one sliced its row lists
+    # from their end, and the kernels ran on them.
+    for kernel, q_len in (("extend", 4), ("decode", 1)):
+        batch = random_batch([40, 20], q_len, heads=2, dtype=torch.float32, seed=1)
+        batch.meta.kv_lens[1] = q_len - 1
+        with pytest.raises(ValueError, match=f"request 1 has kv_len {q_len - 1} < q_len {q_len}"):
+            sglang_peer(kernel).plan(batch.meta)
+
+
 def test_sglang_split_count_follows_its_triton_backend() -> None:
     backend = sglang_peer("decode")
     from decodecliff.kernels import peers

@@ -166,7 +166,8 @@ class AttentionBackend(abc.ABC):
     ``init_forward_metadata`` + per-layer ``forward``).
 
     * ``plan(meta)`` runs once per step, before the first layer: it builds what the step's layers
-      share (launch plans, index lists, workspaces).
+      share (launch plans, index lists, workspaces). A plan that reads the lengths on the host
+      refuses a request whose kv_len is under its q_len (``check_lengths``).
     * ``run(q, kv_cache, out)`` runs once per layer with that layer's queries [T, H, 576] and cache
       [pages, page_size, 576], writes ``out`` [T, H, 512] and does launch work only.
     * ``capturable``: ``run`` neither syncs nor allocates, so a step's layers can be captured in a
@@ -200,6 +201,17 @@ class AttentionBackend(abc.ABC):
         reason = self.unsupported(meta)
         if reason:
             raise ValueError(f"{self.name} attention: {reason}")
+
+    def check_lengths(self, q_lens: Sequence[int], kv_lens: Sequence[int]) -> None:
+        """Raise ValueError naming the first request whose kv_len is under its q_len (its query
+        tokens are the last q_len of its KV). For lengths on the host: a ``plan`` captured in a
+        CUDA graph reads none."""
+        for b, (q, n) in enumerate(zip(q_lens, kv_lens, strict=True)):
+            if n < q:
+                raise ValueError(
+                    f"{self.name} attention: request {b} has kv_len {n} < q_len {q} (its KV "
+                    "includes its query tokens)"
+                )
 
     def validate(self, batch: AttnBatch, out: torch.Tensor) -> None:  # noqa: B027 (optional)
         """Raise ValueError when one call's tensors break what ``run`` relies on (layouts)."""

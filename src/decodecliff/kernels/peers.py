@@ -291,6 +291,7 @@ class SGLangAttention(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         self.check(meta)
         q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
+        self.check_lengths(q_lens, kv_lens)
         if not any(q_lens):
             self._step = {"T": 0}  # an empty step: run() launches nothing
             return
@@ -474,6 +475,7 @@ class FlashInferAttention(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         self.check(meta)
         q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
+        self.check_lengths(q_lens, kv_lens)
         pages = [math.ceil(n / meta.page_size) for n in kv_lens]
         indices = torch.cat([meta.page_table[r, :p] for r, p in enumerate(pages)])
         rows, width = meta.page_table.shape

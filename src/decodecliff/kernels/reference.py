@@ -64,6 +64,7 @@ class TorchAttention(AttentionBackend):
 
     def plan(self, meta: AttnMeta) -> None:
         q_indptr, kv_lens = meta.q_indptr.tolist(), meta.kv_lens.tolist()
+        self.check_lengths([q_indptr[b + 1] - q_indptr[b] for b in range(len(kv_lens))], kv_lens)
         spans = []
         for b, kv_len in enumerate(kv_lens):
             q0, q1 = q_indptr[b], q_indptr[b + 1]

@@ -479,6 +479,8 @@ class TritonAttention(AttentionBackend):
     def plan(self, meta: AttnMeta) -> None:
         """Once per step: the token-slot list (SGLang's init_forward_metadata) and the launcher."""
         self.check(meta)
+        if not (meta.kv_lens.is_cuda or meta.q_indptr.is_cuda):  # on the host: read at no sync
+            self.check_lengths(meta.q_lens(), meta.kv_lens.tolist())
         if meta.batch_size == 0 or meta.num_tokens * meta.num_heads == 0:
             self._launch = lambda q, kv, out: None  # an empty step: nothing to read or write
             return
