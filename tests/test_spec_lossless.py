@@ -131,3 +131,24 @@ def triton_plain(plain) -> list[list[int]]:
 @pytest.mark.parametrize("spec", ["chain", "tree"])
 def test_speculation_is_lossless_on_triton(triton_plain, spec):
     check(engine("triton", spec), "oracle", triton_plain)
+
+
+@pytest.mark.parametrize("spec", ["none", "chain", "tree"])
+def test_the_length_limit_goes_before_a_stop_token_one_token_at_a_time(plain, spec):
+    # As SGLang's check_finished after each accepted token: the limit first, then stop tokens.
+    # The oracle's whole drafts are accepted: a chain step emits 6 tokens, a tree step 8 (its
+    # path of 7 drafts and the bonus); token k is in the middle of one, with more after it.
+    out, eos = plain[0], PRESETS["tiny"].eos_token_id
+    k = next(i for i in range(2, len(out)) if out[i] not in out[:i] + [eos] and i % 6 and i % 8)
+    for limit, reason in [
+        (k + 1, {"type": "length", "length": k + 1}),  # the stop token is the last one allowed
+        (k + 2, {"type": "stop", "matched": out[k]}),  # one before: the next one is dropped
+    ]:
+        eng = engine("torch", spec)
+        if spec != "none":
+            refs = [p + o for p, o in zip(prompts(), plain, strict=True)]
+            eng.drafter = OracleDrafter(refs, error_rate=0.0)
+        params = SamplingParams(max_new_tokens=limit, stop_token_ids=frozenset({out[k]}))
+        req = eng.generate([prompts()[0]], params)[0]
+        assert (req.output, req.finish_reason) == (out[: k + 1], reason)
+        assert req.accepted == (k if spec != "none" else 0)  # the prefill emitted token 0

@@ -394,12 +394,14 @@ class Engine:
                 req.accepted += 1
             if params.logprobs is not None:
                 req.logprobs.append(req.row_logprobs[row])
-            if not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
+            # SGLang's order: the length limit, then stop tokens (off with ignore_eos), then stop
+            # sequences, so a stop token that is the last one allowed ends with "length".
+            if len(req.tokens) - len(req.prompt) >= params.max_new_tokens:
+                req.finish_reason = {"type": "length", "length": params.max_new_tokens}
+            elif not params.ignore_eos and (tok == eos or tok in params.stop_token_ids):
                 req.finish_reason = {"type": "stop", "matched": tok}
             elif (seq := self._stop_match(req)) is not None:
                 req.finish_reason = {"type": "stop", "matched": list(seq)}
-            elif len(req.tokens) - len(req.prompt) >= params.max_new_tokens:
-                req.finish_reason = {"type": "length", "length": params.max_new_tokens}
             if req.finish_reason is not None:
                 self._finish(req)
                 return
