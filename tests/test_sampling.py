@@ -1,5 +1,5 @@
 """Sampling in the engine (tiny preset, CPU): failures stay with their request; tiny temperatures,
-top_k = 1 and a vanishing top_p are greedy; seeds reproduce."""
+top_k = 1 and a vanishing top_p are greedy; seeds reproduce; top_p keeps the tokens SGLang keeps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decodecliff.engine.config import EngineConfig
-from decodecliff.engine.engine import Engine
+from decodecliff.engine.engine import Engine, nucleus, sample
 from decodecliff.engine.request import Request, SamplingParams
 
 PROMPT = [(5 * i) % 500 + 1 for i in range(30)]
@@ -59,3 +59,29 @@ def test_top_p_and_seeds(eng):
     ]
     a, b, c = (r.output for r in run(eng, hot))
     assert a == b != c
+
+
+def drawn(logits: list[float], **kw) -> set[int]:
+    """The tokens 256 seeded draws from one distribution give: the ones sampling keeps."""
+    rows = torch.tensor([logits]).expand(256, -1)
+    params = SamplingParams(temperature=1.0, **kw)
+    return set(sample(rows, params, torch.Generator().manual_seed(0)).tolist())
+
+
+@pytest.mark.parametrize(
+    ("n", "top_p", "kept"), [(2, 0.5, 2), (4, 0.25, 2), (4, 0.5, 3), (4, 0.75, 4), (4, 0.2, 1)]
+)
+def test_top_p_keeps_a_token_whose_more_likely_tokens_hold_top_p_exactly(n, top_p, kept):
+    # As SGLang's sampler: a token goes once the mass before it exceeds top_p, so a tie stays.
+    # n equal logits give exactly 1/n each, so the mass before each token ties with top_p.
+    assert len(drawn([0.0] * n, top_p=top_p)) == kept
+
+
+@pytest.mark.parametrize(
+    ("top_p", "kept"),
+    [(0.3, [1]), (0.5, [1, 2]), (0.79, [1, 2]), (0.8, [0, 1, 2]), (0.9, [0, 1, 2])],
+)
+def test_nucleus_keeps_the_tokens_sglang_keeps(top_p, kept):
+    # The mass before the tokens, most likely first: 0, 0.5 and 0.8 (0.5 + 0.3 is float32's 0.8).
+    probs = torch.tensor([[0.2, 0.5, 0.3]])  # out of order: the mask is in vocabulary order
+    assert nucleus(probs, top_p)[0].nonzero()[:, 0].tolist() == kept

@@ -52,12 +52,20 @@ def sample(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(dim=-1) - sorted_p >= params.top_p  # keeps at least the first
-        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        probs = probs.masked_fill(~nucleus(probs, params.top_p), 0.0)
     if not torch.isfinite(probs).all():
         raise ValueError("the logits give no finite distribution")
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Per row, the tokens top_p keeps: those whose more likely tokens hold at most top_p.
+
+    SGLang drops a token once the mass before it exceeds top_p, so one where it equals top_p
+    stays; the most likely token always does."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    kept = sorted_p.cumsum(dim=-1) - sorted_p <= top_p
+    return torch.empty_like(kept).scatter_(-1, order, kept)
 
 
 def token_logprobs(rows: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
