@@ -85,3 +85,11 @@ def test_nucleus_keeps_the_tokens_sglang_keeps(top_p, kept):
     # The mass before the tokens, most likely first: 0, 0.5 and 0.8 (0.5 + 0.3 is float32's 0.8).
     probs = torch.tensor([[0.2, 0.5, 0.3]])  # out of order: the mask is in vocabulary order
     assert nucleus(probs, top_p)[0].nonzero()[:, 0].tolist() == kept
+
+
+def test_top_p_measures_the_whole_distribution_with_top_k():
+    # SGLang filters top_k and top_p jointly on the distribution before either: with top_k = 2
+    # the mass before the second token is 0.4 <= 0.5, not 0.4 / 0.7 of the two tokens kept.
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log().tolist()
+    assert drawn(logits, top_k=2, top_p=0.5) == {0, 1}
+    assert drawn(logits, top_k=2) == {0, 1} and drawn(logits, top_p=0.5) == {0, 1}

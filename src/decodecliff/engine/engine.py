@@ -47,12 +47,14 @@ def sample(
 ) -> torch.Tensor:
     """One token per row of logits at the request's temperature, top_k and top_p."""
     logits = rows.float() / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    # Both filters read the whole distribution (SGLang's joint top_k / top_p): top_p's mass is
+    # not that of the top_k tokens renormalized.
     if params.top_p < 1.0:
         probs = probs.masked_fill(~nucleus(probs, params.top_p), 0.0)
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
+        probs = probs.masked_fill(logits < kth, 0.0)
     if not torch.isfinite(probs).all():
         raise ValueError("the logits give no finite distribution")
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
