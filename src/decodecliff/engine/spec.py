@@ -6,7 +6,10 @@ topological order, node 0 the last token, each other node a draft token under it
 
 Acceptance compares the drafts with the target's own choice at every position (argmax, or a sample
 at temperature > 0): the longest matching chain prefix or tree path is accepted, plus the target's
-token after it (the bonus). The emitted tokens are exactly those plain decoding would produce.
+token after it (the bonus). Greedy, the emitted tokens are exactly those plain decoding would
+produce; sampled, each is the target's own draw at its position, so they follow plain decoding's
+distribution, but a seed gives other tokens than plain decoding's (a step draws one sample per
+query row, accepted or not).
 """
 
 from __future__ import annotations
