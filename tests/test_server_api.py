@@ -288,6 +288,24 @@ def test_metrics_use_sglang_names(srv):
     assert count("sglang:inter_token_latency_seconds") >= 5
 
 
+def test_a_health_probe_is_not_counted_as_a_served_request(srv):
+    """/health_generate runs a token through the engine but is no one's request (SGLang's probe
+    is sent with log_metrics=False): a sweep that probes health leaves the counts as they were."""
+    served = ("num_requests", "prompt_tokens", "generation_tokens")
+    served += ("time_to_first_token_seconds", "e2e_request_latency_seconds")
+
+    def counts() -> dict:
+        text = srv.get("/metrics").text
+        return {
+            n: float(re.search(rf"^sglang:{n}_(?:total|count)\{{.*\}} (\S+)$", text, re.M)[1])
+            for n in served
+        }
+
+    before = counts()
+    assert srv.get("/health_generate").status_code == 200
+    assert counts() == before
+
+
 # The benchmark clients' request shapes, as raw HTTP ----------------------------------------------
 def _usage_of(chunks: list[dict]) -> int:
     return chunks[-1]["usage"]["completion_tokens"]

@@ -137,10 +137,10 @@ def check_queue(engine: Engine, parsed: ParsedRequest, limit: int) -> None:
         )
 
 
-def _batch(request: web.Request, parsed: ParsedRequest, queue: bool = True) -> Batch:
-    """The engine requests of an HTTP request (``queue``: within the queue's bound)."""
-    if queue:  # checked and submitted without an await between: no other handler runs
-        check_queue(request.app[ENGINE], parsed, request.app[SETTINGS].max_queued)
+def _batch(request: web.Request, parsed: ParsedRequest) -> Batch:
+    """The engine requests of an HTTP request, within the queue's bound."""
+    # checked and submitted without an await between: no other handler runs
+    check_queue(request.app[ENGINE], parsed, request.app[SETTINGS].max_queued)
     if parsed.ignored:
         _log_ignored(parsed.ignored)
     return Batch(request.app[ENGINE], parsed, request.app[METRICS])
@@ -227,10 +227,11 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    """Healthy when a one-token request goes through the engine (as SGLang checks)."""
+    """Healthy when a one-token request goes through the engine (as SGLang checks); never
+    refused for load, and not counted in /metrics as a served request (SGLang's isn't either)."""
     _check_alive(request.app[ENGINE])
     parsed = ParsedRequest([[1]], [SamplingParams(max_new_tokens=1, ignore_eos=True)], False)
-    batch = _batch(request, parsed, queue=False)  # a health check is never refused for load
+    batch = Batch(request.app[ENGINE], parsed, None)
     with batch:
         try:
             while not batch.done:

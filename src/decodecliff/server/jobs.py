@@ -131,7 +131,9 @@ def _forming(seq: tuple[int, ...], k: int, token: int) -> int:
 
 
 class Batch:
-    def __init__(self, engine: Engine, parsed: ParsedRequest, metrics: Metrics) -> None:
+    """``metrics``: None for a health probe, which is no one's request (as in SGLang)."""
+
+    def __init__(self, engine: Engine, parsed: ParsedRequest, metrics: Metrics | None) -> None:
         self.engine, self.parsed, self.metrics = engine, parsed, metrics
         self.loop = asyncio.get_running_loop()
         self.inbox: asyncio.Queue[tuple[int, Update]] = asyncio.Queue()
@@ -157,7 +159,8 @@ class Batch:
         for choice in self.choices:
             if not choice.finished:  # its client left (or the response failed): abort it
                 choice.req.cancelled = True
-                self.metrics.dropped(len(choice.prompt), len(choice.ids))
+                if self.metrics is not None:
+                    self.metrics.dropped(len(choice.prompt), len(choice.ids))
 
     @property
     def done(self) -> bool:
@@ -167,16 +170,8 @@ class Batch:
         """Wait for the next update of any choice and fold it in."""
         index, update = await self.inbox.get()
         choice = self.choices[index]
-        now = self.loop.time()
-        if update.new_ids:
-            self.metrics.generated(len(update.new_ids))
-            if choice.last_token_at is None and update.meta_info.get("ttft") is not None:
-                self.metrics.ttft.observe(update.meta_info["ttft"])
-            elif choice.last_token_at is not None:
-                gap = (now - choice.last_token_at) / len(update.new_ids)
-                for _ in update.new_ids:
-                    self.metrics.itl.observe(gap)
-            choice.last_token_at = now
+        if self.metrics is not None:
+            self._measure(self.metrics, choice, update)
         choice.ids += update.new_ids
         choice.logprobs += update.new_logprobs or []
         choice.meta = update.meta_info
@@ -184,8 +179,22 @@ class Batch:
         if update.finished and not choice.finished:
             choice.finished = True
             self.unfinished -= 1
-            self.metrics.finished(update.meta_info, update.error is None)
         return choice
+
+    def _measure(self, metrics: Metrics, choice: Choice, update: Update) -> None:
+        """Count an update of ``choice`` before it is folded in."""
+        now = self.loop.time()
+        if update.new_ids:
+            metrics.generated(len(update.new_ids))
+            if choice.last_token_at is None and update.meta_info.get("ttft") is not None:
+                metrics.ttft.observe(update.meta_info["ttft"])
+            elif choice.last_token_at is not None:
+                gap = (now - choice.last_token_at) / len(update.new_ids)
+                for _ in update.new_ids:
+                    metrics.itl.observe(gap)
+            choice.last_token_at = now
+        if update.finished and not choice.finished:
+            metrics.finished(update.meta_info, update.error is None)
 
     def first_error(self) -> Choice | None:
         return next((c for c in self.choices if c.error is not None), None)

@@ -1,7 +1,8 @@
 """Prometheus metrics under SGLang's names (`sglang:*`), so dashboards made for SGLang read them.
 
 Gauges are read from the engine when /metrics is scraped; counters and histograms are fed by the
-server as requests stream (time to first token, inter-token latency, end-to-end latency).
+server as requests stream (time to first token, inter-token latency, end-to-end latency); the
+one-token probe of /health_generate is not a request and is not counted (SGLang's is not either).
 gen_throughput is the output tokens per second over the last THROUGHPUT_WINDOW seconds;
 cache_hit_rate is 0, as there is no prefix cache (every prompt token is computed). Retractions
 (running requests sent back to the queue to free the KV pool) are counted under SGLang's name,
