@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -657,3 +658,21 @@ def test_a_plain_client_that_disconnects_cancels_its_request(srv):
     assert {n: _counter(srv, n) - c for n, c in counts.items()} == {
         "num_requests": 1, "num_aborted_requests": 1,
     }  # fmt: skip
+
+
+def test_tokens_a_departed_client_never_read_are_counted_as_generated(srv):
+    """A stream its client stops reading (cumulative logprobs fill the socket's buffers after a
+    hundred tokens or so) runs to its end in the engine; the client then leaves. Every token the
+    engine made is a generated token, though most never reached the client."""
+    body = {"input_ids": IDS, "stream": True, "return_logprob": True, "top_logprobs_num": 20}
+    body = json.dumps({**body, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}})
+    counts = {n: _counter(srv, n) for n in ("num_requests", "generation_tokens")}
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+        head = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        while srv.get("/get_server_info").json()["running_requests"] == 0:
+            time.sleep(0.02)  # admitted
+        _idle(srv, timeout=120)  # and run to its end
+    while _counter(srv, "num_requests") == counts["num_requests"]:
+        time.sleep(0.05)  # the handler has seen the client leave
+    assert _counter(srv, "generation_tokens") - counts["generation_tokens"] == 400

@@ -146,9 +146,15 @@ class Batch:
     def _pusher(self, index: int) -> Callable[[Update], None]:
         def push(update: Update) -> None:  # engine thread
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
-                self.loop.call_soon_threadsafe(self.inbox.put_nowait, (index, update))
+                self.loop.call_soon_threadsafe(self._arrive, index, update)
 
         return push
+
+    def _arrive(self, index: int, update: Update) -> None:
+        # counted as the engine makes them: after its client left too, when nobody reads them
+        if self.metrics is not None and update.new_ids:
+            self.metrics.generated(len(update.new_ids))
+        self.inbox.put_nowait((index, update))
 
     def __enter__(self) -> Batch:
         for choice in self.choices:
@@ -160,7 +166,7 @@ class Batch:
             if not choice.finished:  # its client left (or the response failed): abort it
                 choice.req.cancelled = True
                 if self.metrics is not None:
-                    self.metrics.dropped(len(choice.prompt), len(choice.ids))
+                    self.metrics.dropped(len(choice.prompt))
 
     @property
     def done(self) -> bool:
@@ -185,7 +191,6 @@ class Batch:
         """Count an update of ``choice`` before it is folded in."""
         now = self.loop.time()
         if update.new_ids:
-            metrics.generated(len(update.new_ids))
             if choice.last_token_at is None and update.meta_info.get("ttft") is not None:
                 metrics.ttft.observe(update.meta_info["ttft"])
             elif choice.last_token_at is not None:

@@ -3,10 +3,11 @@
 Gauges are read from the engine when /metrics is scraped; counters and histograms are fed by the
 server as requests stream (time to first token, inter-token latency, end-to-end latency); the
 one-token probe of /health_generate is not a request and is not counted (SGLang's is not either).
-gen_throughput is the output tokens per second over the last THROUGHPUT_WINDOW seconds;
-cache_hit_rate is 0, as there is no prefix cache (every prompt token is computed). Retractions
-(running requests sent back to the queue to free the KV pool) are counted under SGLang's name,
-num_retracted_requests, and as num_retractions.
+generation_tokens counts every token the engine makes, read by its client or not (one that left
+stops its request only at the engine's next step); gen_throughput is those tokens per second over
+the last THROUGHPUT_WINDOW seconds; cache_hit_rate is 0, as there is no prefix cache (every prompt
+token is computed). Retractions (running requests sent back to the queue to free the KV pool) are
+counted under SGLang's name, num_retracted_requests, and as num_retractions.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Metrics:
         self.recent: deque[tuple[float, int]] = deque()  # (time, output tokens) in the window
 
     def generated(self, tokens: int) -> None:
-        """Output tokens just streamed (for gen_throughput)."""
+        """Output tokens the engine just made."""
+        self.generation_tokens.inc(tokens)
         now = time.monotonic()
         self.recent.append((now, tokens))
         self._prune(now)
@@ -83,19 +85,17 @@ class Metrics:
         self._prune(time.monotonic())
         return sum(n for _, n in self.recent) / THROUGHPUT_WINDOW
 
-    def dropped(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """A request its client left before it finished: an aborted one, with what it made."""
+    def dropped(self, prompt_tokens: int) -> None:
+        """A request its client left before it finished: an aborted one."""
         self.requests.inc()
         self.aborted.inc()
         self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(completion_tokens)
 
     def finished(self, meta: dict, ok: bool) -> None:
         self.requests.inc()
         if not ok:
             self.aborted.inc()
         self.prompt_tokens.inc(meta["prompt_tokens"])
-        self.generation_tokens.inc(meta["completion_tokens"])
         self.e2e.observe(meta["e2e_latency"])
         self.verify_steps += meta["spec_verify_ct"]
         self.verify_tokens += meta["spec_accepted_tokens"]
