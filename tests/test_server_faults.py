@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -21,7 +21,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from openai import OpenAI
 from test_server import Server, server
 
+from decodecliff.engine.config import EngineConfig
+from decodecliff.engine.engine import Engine
 from decodecliff.server import protocol
+from decodecliff.server.app import make_app
 from decodecliff.server.guard import Settings, parse_body
 from decodecliff.server.tokenizer import ByteTokenizer
 
@@ -296,6 +299,36 @@ def test_f10_f11_a_signal_with_a_full_queue_takes_the_shutdown_path(sig):
         assert "Traceback" not in s.proc.stderr.read()
     finally:
         s.proc.kill()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_request_whose_engine_stops_while_its_body_comes_gets_503_at_once():
+    """A handler checks the engine, then awaits the body: an engine that stops meanwhile (a
+    signal's shutdown) refuses the request at once, where its request sat in an inbox nobody read
+    until the server's shutdown bound closed the connection unanswered. (In-process: a served
+    server stops reading bodies once it closes, so the instant is made here by stopping the
+    engine alone.)"""
+    engine = Engine(EngineConfig(max_total_tokens=1024))
+    engine.start()
+
+    async def main() -> tuple[int, dict]:
+        async with TestClient(TestServer(make_app(engine, Settings(), "tiny"))) as client:
+
+            async def body() -> AsyncIterator[bytes]:
+                yield b'{"input_ids": [1, 2, 3], '
+                assert (await client.get("/health")).status == 200  # the handler has begun
+                await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+                yield b'"sampling_params": {"max_new_tokens": 2}}'
+
+            async with asyncio.timeout(30):  # the request used to wait here for good
+                resp = await client.post("/generate", data=body())
+                return resp.status, await resp.json()
+
+    try:
+        status, answer = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert status == 503 and answer["error"]["message"] == "server shutting down"
 
 
 @pytest.mark.parametrize(

@@ -140,6 +140,10 @@ class Engine:
         self._request_no = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Held to queue a request and by the loop's last drain of the inbox, so no request lands
+        # in it after; then why the loop ended.
+        self._taking = threading.Lock()
+        self._closed: str | None = None
         self.failed: BaseException | None = None
 
     # sizing ------------------------------------------------------------------------------------
@@ -205,7 +209,16 @@ class Engine:
 
     # threading ---------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        self.inbox.put(req)
+        """Queue a request; once the loop has stopped, end it at once (503), for nobody reads the
+        inbox any more."""
+        with self._taking:
+            if self._closed is None:
+                self.inbox.put(req)
+                return
+        req.finish_reason = {"type": "abort", "message": self._closed}
+        req.error, req.status = self._closed, 503
+        req.finished_at = time.perf_counter()
+        req.on_update(req.snapshot())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="decodecliff-engine", daemon=True)
@@ -235,7 +248,8 @@ class Engine:
             self._abort_all("server shutting down", 503)
 
     def _abort_all(self, reason: str, status: int) -> None:
-        with contextlib.suppress(queue.Empty):
+        with self._taking, contextlib.suppress(queue.Empty):
+            self._closed = reason
             while True:
                 self.waiting.append(self.inbox.get_nowait())
         for req in list(self.running) + list(self.waiting):
