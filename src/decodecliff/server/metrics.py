@@ -54,9 +54,11 @@ class Metrics:
         self.cache_hit_rate = gauge(
             "sglang:cache_hit_rate", "Fraction of prompt tokens served from a prefix cache (none)"
         )
-        self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests")
+        self.prompt_tokens = counter(
+            "sglang:prompt_tokens", "Prompt tokens of ended requests (finished, failed or left)"
+        )
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
-        self.requests = counter("sglang:num_requests", "Finished requests")
+        self.requests = counter("sglang:num_requests", "Ended requests (finished, failed or left)")
         self.aborted = counter("sglang:num_aborted_requests", "Requests ended by abort or error")
         self.retracted = [
             counter("sglang:num_retracted_requests", "Running requests retracted to free the pool"),
