@@ -210,3 +210,51 @@ def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
     assert started[0].poll() == -9
     assert json.loads(out.read_text())["summary"]["server_exit_code"] == -9
     assert "did not stop within 1 s of SIGTERM" in capsys.readouterr().err
+
+
+ANSWERING = """
+import sys
+from aiohttp import web
+
+async def answer(request):
+    await request.read()
+    return web.Response(status=int(sys.argv[2]), text=sys.argv[3])
+
+app = web.Application()
+app.router.add_post("/generate", answer)
+app.router.add_post("/v1/completions", answer)
+ready = lambda _: print(READY + "http://127.0.0.1:" + sys.argv[1], flush=True)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=ready)
+""".replace("READY", repr(load.READY))  # a server answering every request with argv's answer
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "said"),
+    [
+        (500, "engine died", "HTTP 500: 'engine died'"),
+        (200, 'data: {"output_ids": [5]}\n\ndata: [DONE]', "malformed answer (Expecting value"),
+        (200, '{"output_ids": 7}', "malformed answer (no list of output_ids)"),
+        (200, '{"output_ids": [5], "x": NaN}', "malformed answer (non-finite number NaN"),
+    ],
+    ids=["error", "stream", "shape", "nan"],
+)
+def test_a_failed_reference_request_is_a_clear_error(
+    tmp_path, monkeypatch, leftovers, capsys, status, answer, said
+) -> None:
+    """The server answers a request served alone with an error or what is no answer of its API:
+    one line with the reason, the server stopped, no record (it was a traceback)."""
+    started: list[subprocess.Popen] = []
+
+    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
+        cmd = [sys.executable, "-c", ANSWERING, str(port), str(status), answer]
+        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
+        assert started[0].stdout.readline().startswith(load.READY)
+        return started[0], cmd
+
+    monkeypatch.setattr(load, "start_server", start_server)
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert err[0].startswith("decodecliff bench-load: the reference request 0 (/generate) failed: ")
+    assert started[0].poll() is not None and not out.exists()

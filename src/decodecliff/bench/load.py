@@ -6,7 +6,8 @@ output lengths, half through /generate and half through /v1/completions, with a 
 clients closing their stream after a few chunks, while /health is polled. Checks: every completed
 request has its requested token count and exactly its reference tokens, no 5xx, /health answered
 200 throughout, and the KV pool is empty afterwards. Records requests/s and latency percentiles
-with the hardware, versions and git revision into a JSON file; exits 1 when a check fails.
+with the hardware, versions and git revision into a JSON file; exits 1 when a check fails, or,
+with one line of why and no record, when a request served alone fails.
 """
 
 from __future__ import annotations
@@ -75,16 +76,42 @@ def body(job: Job, stream: bool) -> tuple[str, dict]:
     return "/v1/completions", {**req, "temperature": 0.0, "stream": stream}
 
 
+class BenchError(RuntimeError):
+    """Ends the bench before its checks can run: the message is its one line on stderr."""
+
+
 async def reference(client: httpx.AsyncClient, job: Job) -> None:
-    """The request served alone, not streamed: the tokens every concurrent run must reproduce."""
+    """The request served alone, not streamed: the tokens every concurrent run must reproduce.
+    BenchError where it fails: without them the load has nothing to be checked against."""
     path, payload = body(job, stream=False)
-    resp = await client.post(path, json=payload)
-    resp.raise_for_status()
-    data = resp.json()
+    failed = f"the reference request {job.index} ({path}) failed"
+    try:
+        resp = await client.post(path, json=payload)
+    except httpx.HTTPError as exc:
+        raise BenchError(f"{failed}: {exc!r}") from None
+    text = resp.content.decode(errors="replace")  # whatever its bytes (a proxy's page)
+    if resp.status_code != 200:
+        raise BenchError(f"{failed}: HTTP {resp.status_code}: {text[:300]!r}")
+    try:
+        job.reference = _answer_tokens(job, strict_json(text))
+    except ValueError as exc:
+        raise BenchError(f"{failed}: malformed answer ({exc}): {text[:200]!r}") from None
+
+
+def _answer_tokens(job: Job, data: object) -> list[int]:
+    """The tokens of a whole answer; ValueError where it is not of the API's shape."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
     if job.api == "generate":
-        job.reference = data["output_ids"]
-    else:  # the byte tokenizer is reversible: text back to ids
-        job.reference = TOKENIZER.encode(data["choices"][0]["text"])
+        if not isinstance(ids := data.get("output_ids"), list):
+            raise ValueError("no list of output_ids")
+        return ids
+    choices = data.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    text = first.get("text") if isinstance(first, dict) else None
+    if not isinstance(text, str):
+        raise ValueError("no text in choices[0]")
+    return TOKENIZER.encode(text)  # the byte tokenizer is reversible: text back to ids
 
 
 def _chunk_tokens(job: Job, data: object) -> None:
@@ -348,6 +375,9 @@ def cli(argv: list[str]) -> int:
         return 1
     try:
         run = asyncio.run(load(f"http://127.0.0.1:{port}", jobs))
+    except BenchError as exc:  # no load ran: nothing to record
+        print(f"decodecliff bench-load: {exc}", file=sys.stderr)
+        return 1
     finally:
         code = stop_server(proc)
     summary = summarize(jobs, run)
