@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import proctree
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -29,6 +30,8 @@ from decodecliff.bench import load
         (["--disconnect-fraction", "2"], "--disconnect-fraction must be in 0..1"),
         (["--disconnect-fraction", "nan"], "--disconnect-fraction must be in 0..1"),
         (["--max-total-tokens", "10"], "--max-total-tokens must hold the longest request"),
+        (["--start-timeout", "0"], "--start-timeout must be positive finite seconds"),
+        (["--start-timeout", "inf"], "--start-timeout must be positive finite seconds"),
     ],
 )
 def test_bad_options_are_refused_before_the_server_starts(tmp_path, capsys, args, said) -> None:
@@ -258,3 +261,37 @@ def test_a_failed_reference_request_is_a_clear_error(
     assert len(err) == 1 and said in err[0], err
     assert err[0].startswith("decodecliff bench-load: the reference request 0 (/generate) failed: ")
     assert started[0].poll() is not None and not out.exists()
+
+
+HANGING = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+GONE = (  # exits, its child still holding its output
+    "import os, subprocess, sys; p = subprocess.Popen(['sleep', '600']); "
+    "open(sys.argv[1], 'w').write(str(p.pid)); os._exit(3)"
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        (HANGING, "the server was not ready within --start-timeout 2 s; killed"),
+        (GONE, "the server did not start (exit code 3; its output: '')"),
+    ],
+    ids=["hangs", "exits, its child holding the pipe"],
+)
+def test_a_server_that_is_never_ready_is_a_clear_error(
+    tmp_path, monkeypatch, leftovers, capsys, server: str, said: str
+) -> None:
+    """A launched server that never prints its ready line (hung; or gone, its child keeping its
+    output open) ends the command after --start-timeout, killed (it was waited for forever)."""
+    pid_file = tmp_path / "server.pid"
+    leftovers.pid_file(pid_file)
+    monkeypatch.setattr(
+        load, "server_command", lambda args, port: [sys.executable, "-c", server, str(pid_file)]
+    )
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "2", "--start-timeout", "2", "--out", str(out)]) == 1
+    assert f"decodecliff bench-load: {said}" in capsys.readouterr().err
+    if server == HANGING:  # the server itself, not its child
+        assert not proctree.alive(int(pid_file.read_text()))
+    assert not out.exists()

@@ -16,11 +16,13 @@ import argparse
 import asyncio
 import json
 import math
+import queue
 import random
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +35,11 @@ from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 from decodecliff.sweep.launcher import strict_json
+from decodecliff.values import is_positive_seconds
 
 READY = "decodecliff server ready at "
+# Loading a large preset and capturing CUDA graphs takes minutes on a GPU (the sweep's default)
+START_TIMEOUT_S = 900.0
 STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
 PROMPT_LENS = (16, 64, 200, 500)
 OUTPUT_LENS = (8, 32, 64, 128)
@@ -285,18 +290,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen, list[str]]:
+def server_command(args: argparse.Namespace, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--preset", args.preset]
     cmd += ["--device", args.device, "--port", str(port), "--threads", str(args.threads)]
     cmd += ["--max-total-tokens", str(args.max_total_tokens)]
     cmd += ["--max-running-requests", str(args.max_running_requests), *(args.server_arg or [])]
+    return cmd
+
+
+def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen, list[str]]:
+    """The server once it printed its ready line; RuntimeError, the server killed, where it
+    exited or went --start-timeout without one."""
+    cmd = server_command(args, port)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith(READY):
-        proc.kill()
-        code = proc.wait()
-        raise RuntimeError(f"the server did not start (exit code {code}; its output: {line!r})")
-    return proc, cmd
+    line = first_line(proc, args.start_timeout)
+    if line is not None and line.startswith(READY):
+        return proc, cmd
+    hung = proc.poll() is None
+    proc.kill()
+    code = proc.wait()
+    if line is None and hung:
+        raise RuntimeError(
+            f"the server was not ready within --start-timeout {args.start_timeout:g} s; killed"
+        )
+    raise RuntimeError(f"the server did not start (exit code {code}; its output: {line or ''!r})")
+
+
+def first_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """The first line of ``proc``'s output; None where it exited, or ``timeout_s`` passed, before
+    one came. Read in a thread: a hung server, or its child still holding the pipe after it
+    exited, blocks the read."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return lines.get(timeout=0.1)
+        except queue.Empty:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return None
 
 
 def stop_server(proc: subprocess.Popen) -> int:
@@ -333,6 +365,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="requests the server runs at once (the rest wait)")  # fmt: skip
     p.add_argument("--server-arg", action="append", default=None,
                    help="extra `decodecliff serve` argument (repeat for several)")  # fmt: skip
+    p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="S",
+                   help="seconds the server may take to print its ready line")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"),
                    help="JSON record to write")  # fmt: skip
     args = p.parse_args(argv)
@@ -351,6 +385,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("requests", "threads", "max_running_requests"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not is_positive_seconds(args.start_timeout):
+        p.error(f"--start-timeout must be positive finite seconds, got {args.start_timeout}")
     if not 0 <= args.disconnect_fraction <= 1:  # NaN too
         p.error(f"--disconnect-fraction must be in 0..1, got {args.disconnect_fraction}")
     if args.max_total_tokens < (need := max(PROMPT_LENS) + max(OUTPUT_LENS)):
