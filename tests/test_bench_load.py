@@ -4,7 +4,9 @@ every client walks away still gives its record and summary."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -295,3 +297,52 @@ def test_a_server_that_is_never_ready_is_a_clear_error(
     if server == HANGING:  # the server itself, not its child
         assert not proctree.alive(int(pid_file.read_text()))
     assert not out.exists()
+
+
+def _server(bench: int) -> int | None:
+    """The pid of the `decodecliff serve` that ``bench`` launched, once it runs."""
+    for pid in proctree.descendants(bench):
+        if proctree.argv(pid)[1:4] == ["-m", "decodecliff.cli", "serve"]:
+            return pid
+    return None
+
+
+def _in_flight(server: int) -> int:
+    """Requests running or waiting in ``server`` (0 while it does not answer)."""
+    args = proctree.argv(server)
+    url = f"http://127.0.0.1:{args[args.index('--port') + 1]}/get_server_info"
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+        info = httpx.get(url, timeout=5).json()
+        return info["running_requests"] + info["waiting_requests"]
+    return 0
+
+
+@pytest.mark.slow  # a server, and requests served alone
+@pytest.mark.parametrize(
+    ("when", "in_flight"), [("starting", 0), ("served alone", 1), ("load", 2)], ids=str
+)
+def test_ctrl_c_stops_the_server_and_exits_130(tmp_path, leftovers, when, in_flight) -> None:
+    """SIGINT while the server starts, while the requests are served one by one, or under the
+    load: the server stopped, exit 130 with one line and no record (it was a traceback)."""
+    out = tmp_path / "load.json"
+    cmd = [sys.executable, "-m", "decodecliff.cli", "bench-load", "--requests", "16"]
+    cmd += ["--disconnect-fraction", "0", "--out", str(out)]
+    with open(tmp_path / "stderr", "w") as err:  # a file: a pipe nobody reads can fill up
+        bench = leftovers.popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=tmp_path,
+            # Ctrl-C as in a terminal, even if this test runs where SIGINT is ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    server = leftovers.track(proctree.wait_for("the server", lambda: _server(bench.pid), 120))
+    proctree.wait_for(f"{in_flight} requests", lambda: _in_flight(server) >= in_flight, 120)
+    bench.send_signal(signal.SIGINT)
+    assert bench.wait(timeout=120) == 128 + signal.SIGINT
+    stderr = (tmp_path / "stderr").read_text()
+    # The server's log may show its handlers failing to write to the streams cut short: its
+    # matter; none of this command's frames, nor the KeyboardInterrupt, is shown.
+    assert "KeyboardInterrupt" not in stderr and "bench/load.py" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "decodecliff bench-load: interrupted", stderr[-3000:]
+    assert not proctree.alive(server) and not out.exists()

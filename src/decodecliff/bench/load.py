@@ -7,7 +7,8 @@ clients closing their stream after a few chunks, while /health is polled. Checks
 request has its requested token count and exactly its reference tokens, no 5xx, /health answered
 200 throughout, and the KV pool is empty afterwards. Records requests/s and latency percentiles
 with the hardware, versions and git revision into a JSON file; exits 1 when a check fails, or,
-with one line of why and no record, when a request served alone fails.
+with one line of why and no record, when a request served alone fails. Ctrl-C stops the server
+and exits 130, with no record.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import math
 import queue
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -303,7 +305,12 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
     exited or went --start-timeout without one."""
     cmd = server_command(args, port)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = first_line(proc, args.start_timeout)
+    try:
+        line = first_line(proc, args.start_timeout)
+    except KeyboardInterrupt:  # not serving yet: nothing to end gracefully
+        proc.kill()
+        proc.wait()
+        raise
     if line is not None and line.startswith(READY):
         return proc, cmd
     hung = proc.poll() is None
@@ -397,6 +404,15 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
+    try:
+        return bench(args)
+    except KeyboardInterrupt:  # the server it launched is stopped on the way out
+        print("decodecliff bench-load: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def bench(args: argparse.Namespace) -> int:
+    """The server started, the load run and its record written: the command's exit code."""
     from decodecliff.engine.config import PRESETS
 
     global TOKENIZER
