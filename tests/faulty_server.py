@@ -6,12 +6,16 @@ with an error event mid-generation, as SGLang's server does when a request fails
     python tests/faulty_server.py --port P --error-mid-stream
     python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|vocab-huge|
         bad-figures|negative-prompt|abort
+    python tests/faulty_server.py --port P --chatty BYTES
 
 (--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of
 0 or 10^30 in its info: JSON of the wrong shape; a last chunk whose optional figures are of the
 wrong kind (spec_verify_ct 1.5, verify_step_ms -3, spec_accept_length "3"), or a prompt_tokens
 of -1 in every chunk: values of the wrong kind; or, for abort, one chunk of no token whose
 finish reason is SGLang's abort, then [DONE]: a request the server gave up.)
+
+(--chatty: a line on its start, then BYTES of log lines and a last line, "request N done", on
+its standard output for every /generate request: a server that logs much.)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from aiohttp import web
 
@@ -26,9 +31,9 @@ NAN = float("nan")
 
 
 def build(
-    nan_in: str | None, error_mid_stream: bool = False, shape: str | None = None
+    nan_in: str | None, error_mid_stream: bool = False, shape: str | None = None, chatty: int = 0
 ) -> web.Application:
-    calls = {"info": 0}
+    calls = {"info": 0, "generate": 0}
 
     async def health(_request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -47,6 +52,11 @@ def build(
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         n = body["sampling_params"]["max_new_tokens"]
+        calls["generate"] += 1
+        if chatty:
+            line = f"request {calls['generate']} chatter ".ljust(99, "x") + "\n"
+            sys.stdout.write(line * (chatty // len(line)) + f"request {calls['generate']} done\n")
+            sys.stdout.flush()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if shape == "abort":
@@ -97,6 +107,9 @@ if __name__ == "__main__":
             "abort",
         ],  # fmt: skip
     )
+    p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
     args = p.parse_args()
-    app = build(args.nan_in, args.error_mid_stream, args.shape)
+    if args.chatty:
+        print("faulty server starting", flush=True)
+    app = build(args.nan_in, args.error_mid_stream, args.shape, args.chatty)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)

@@ -389,6 +389,29 @@ def test_one_name_never_holds_two_server_commands(tmp_path):
     assert log.read_text().count("==== launch ") == 2
 
 
+def test_a_chatty_server_s_log_keeps_its_start_and_latest_output_under_the_cap(tmp_path):
+    """A server that logs much over a long chunk: a launch's output past the cap loses its
+    middle, so the log keeps how the server came up and what it wrote last; a log over half the
+    cap when a server is launched is moved to FILE.1 first, one earlier generation kept."""
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --chatty 100000"  # bytes per request
+    log, cap = tmp_path / "server-tiny.log", 2**18
+    for _ in range(2):
+        done = _sweep(
+            tmp_path, [16, 24, 32, 40], "--server-cmd", cmd, "--warmup-tokens", "0",
+            "--server-log-cap", "0.25",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [p["status"] for p in _points(tmp_path).values()] == ["ok"] * 4
+        text = log.read_text()
+        assert log.stat().st_size <= cap, log.stat().st_size
+        assert text.startswith("\n==== launch 1 ") and "faulty server starting" in text
+        assert "request 4 done" in text and "request 3 done" not in text
+        assert "bytes of the server's output cut here" in text
+    older = Path(f"{log}.1").read_text()  # the first sweep's
+    assert older.startswith("\n==== launch 1 ") and "request 4 done" in older
+
+
 def _serving(sweep: subprocess.Popen) -> int | None:
     """The sweep's server process, once it runs `decodecliff serve` (not before its exec)."""
     assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"

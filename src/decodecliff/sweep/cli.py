@@ -162,6 +162,15 @@ def _parser() -> argparse.ArgumentParser:
         help="server stdout/stderr (default: <out>/server-<name>.log)",
     )
     p.add_argument(
+        "--server-log-cap",
+        type=float,
+        default=_default("server_log_cap_mb"),
+        metavar="MIB",
+        help="MiB the server log may hold: past that a launch's output loses its middle (its "
+        "start and latest output stay), and a log over half of it at a launch is moved to "
+        "FILE.1 (0: no cap)",
+    )
+    p.add_argument(
         "--skip-reason",
         metavar="TEXT",
         help="write every point as skipped with this reason, starting nothing: a server whose "
@@ -262,6 +271,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         progress=not args.no_progress,
         heartbeat_s=args.heartbeat,
         server_log=args.server_log,
+        server_log_cap_mb=args.server_log_cap,
         warmup_tokens=args.warmup_tokens,
         warmup_gen_tokens=args.warmup_gen_tokens,
         requests_per_point=args.requests_per_point,

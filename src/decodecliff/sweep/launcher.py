@@ -5,6 +5,12 @@ the server's whole process tree, daemonised descendants included (SIGCONT so a s
 die, SIGTERM, SIGKILL after a grace period): when the sweep stops it, when the server exits, and
 when the sweep dies without stopping it (SIGKILL), which the keeper learns from a pipe only the
 sweep holds. So nothing the server spawned outlives the sweep.
+
+A launch's output goes to the server log through its keeper, which keeps the log under a cap by
+cutting the middle of a launch's output (its start and its latest output stay); a log over half
+the cap when a server is launched is moved to LOG.1 first (one earlier generation kept). The
+keeper, not the sweep, copies the output: no thread of the sweep's takes the time of the points
+it measures, and the cap holds through a point however long it runs.
 """
 
 from __future__ import annotations
@@ -180,6 +186,7 @@ class Server:
         host: str = "127.0.0.1",
         log_path: Path | None = None,
         stop_grace_s: float = 10.0,
+        log_cap: int = 0,
     ) -> None:
         if template is None and url is None:
             raise ValueError("give a server command template or a URL")
@@ -187,6 +194,8 @@ class Server:
             raise ValueError("a server command template without {port} needs the server's URL")
         self.template, self.host, self.log_path = template, host, log_path
         self.stop_grace_s = stop_grace_s
+        self.log_cap = log_cap  # bytes the log may hold (0: no cap)
+        self.log_start = 0  # where the last launch's part of the log begins
         self.url = url.rstrip("/") if url else None
         self.proc: subprocess.Popen | None = None  # the keeper (watchdog.py)
         self.server_pid: int | None = None  # the command it runs
@@ -221,11 +230,10 @@ class Server:
         if not self.launched:
             return self._wait_healthy(deadline, timeout_s)
         for _ in range(PORT_ATTEMPTS - 1):
-            log_start = self._log_size()
             try:
                 return self._start_once(deadline, timeout_s)
             except ServerError as exc:
-                if not isinstance(exc, PortTaken) and not self._lost_its_port(log_start):
+                if not isinstance(exc, PortTaken) and not self._lost_its_port():
                     raise
                 if time.monotonic() >= deadline:
                     raise ServerError(
@@ -253,12 +261,12 @@ class Server:
         except OSError:
             return 0
 
-    def _lost_its_port(self, log_start: int) -> bool:
-        """The last launch took a fresh port and its log (from ``log_start``) says it was taken."""
+    def _lost_its_port(self) -> bool:
+        """The last launch took a fresh port and its log says it was taken."""
         if self.log_path is None or "{port}" not in self.template or self.exit_code() is None:
             return False
         with open(self.log_path, "rb") as log:
-            log.seek(log_start)
+            log.seek(self.log_start)
             return PORT_TAKEN.search(log.read().decode(errors="replace")) is not None
 
     def _start_once(self, deadline: float, timeout_s: float) -> dict:
@@ -280,10 +288,12 @@ class Server:
         """Start the keeper running ``argv``; learn the command's pid from it."""
         lifeline_r, self.lifeline = os.pipe()  # neither end is inherited by other children
         report_r, report_w = os.pipe()
+        # what this launch may write: the cap less what the log holds (about half of it at most)
+        cap = max(self.log_cap - self._log_size(), 1) if self.log_cap and self.log_path else 0
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", str(WATCHDOG), str(self.stop_grace_s), str(report_w)]
-                + ["--", *argv],
+                + [str(cap), "--", *argv],
                 stdin=lifeline_r,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -305,10 +315,14 @@ class Server:
         self.server_pid = int(answer)
 
     def _open_log(self):
+        """The log, open to append this launch to (and to read: the keeper cuts it)."""
         if self.log_path is None:
             return open(os.devnull, "wb")  # noqa: SIM115 (closed by start)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 (closed by start)
+        if self.log_cap and self._log_size() > self.log_cap // 2:
+            self.log_path.replace(f"{self.log_path}.1")
+        self.log_start = self._log_size()
+        log = open(self.log_path, "a+b")  # noqa: SIM115 (closed by start)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         log.write(f"\n==== launch {self.launches} at {stamp}: {self.command}\n".encode())
         log.flush()

@@ -53,7 +53,7 @@ from decodecliff import envinfo
 from decodecliff.jsonio import unwritable, write_json
 from decodecliff.sweep import client, launcher, metrics, point, prompts
 from decodecliff.sweep.point import SCHEMA_PATH  # noqa: F401 (where the point files are defined)
-from decodecliff.values import is_int, is_positive_seconds
+from decodecliff.values import is_finite_number, is_int, is_positive_seconds
 
 SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sweep-point/2
 # How long a later point waits for a URL server that stayed unreachable through a whole start
@@ -104,6 +104,7 @@ class SweepConfig:
     progress: bool = True
     heartbeat_s: float = 60.0
     server_log: Path | None = None  # default: <out>/server-<name>.log
+    server_log_cap_mb: float = 32.0  # MiB the server log may hold (launcher.Server); 0: no cap
     warmup_tokens: int = 64  # prompt tokens of the warm-up request after each launch; 0: none
     warmup_gen_tokens: int = 4  # tokens it generates (prefill plus a few decode/verify steps)
     requests_per_point: int = 1  # recorded rounds per point, after the warm-up
@@ -134,6 +135,9 @@ class SweepConfig:
             value = getattr(self, name)
             if not (value == 0 or is_positive_seconds(value)):
                 raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
+        cap = self.server_log_cap_mb
+        if not (is_finite_number(cap) and cap >= 0):
+            raise ValueError(f"the server log cap must be finite MiB >= 0 (0: none), got {cap!r}")
         if not is_positive_seconds(self.start_timeout_s):
             raise ValueError(
                 f"the start timeout must be positive finite seconds, got {self.start_timeout_s!r}"
@@ -309,7 +313,12 @@ class Runner:
             self.log_path = cfg.server_log or cfg.out / f"server-{cfg.name}.log"
         self._check_outputs()
         self.server = launcher.Server(
-            cfg.server_cmd, cfg.url, cfg.host, self.log_path, cfg.stop_grace_s
+            cfg.server_cmd,
+            cfg.url,
+            cfg.host,
+            self.log_path,
+            cfg.stop_grace_s,
+            log_cap=int(cfg.server_log_cap_mb * 2**20),
         )
         self.info: dict = {}
         self.up = False

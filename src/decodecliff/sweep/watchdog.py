@@ -1,7 +1,7 @@
 """The launched server's keeper: it runs the server command as its child and takes the command's
 whole process tree down with it, daemonised descendants included.
 
-    python -I watchdog.py GRACE_S REPORT_FD -- COMMAND [ARG ...]
+    python -I watchdog.py GRACE_S REPORT_FD LOG_CAP -- COMMAND [ARG ...]
 
 A process group and a parent-death signal do not reach a descendant that calls setsid() (it leaves
 the group) after its parent exited (it is re-parented to init). So the keeper makes itself a child
@@ -18,6 +18,11 @@ Then it exits as the command did (the same code, or killed by the same signal), 
 the server's fate. It writes the command's pid, or ``error: <reason>`` when the command cannot be
 started, to REPORT_FD and closes it. It uses the standard library only, run isolated (-I), so that
 nothing of the server's environment can break it.
+
+The command's output (stdout and stderr) goes to the keeper's standard output, the server's log:
+with a LOG_CAP above 0 through a pipe the keeper copies from, keeping at most LOG_CAP bytes of it
+(past that the middle is cut: the log keeps how the server came up and its latest output, what
+came before a failure); with 0 straight to the log, whatever its size.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+READ_SIZE = 1 << 16  # bytes of the command's output copied at a time
 
 
 def become_subreaper() -> None:
@@ -71,12 +77,77 @@ def signal_tree(sig: int, command: int | None) -> None:
             os.kill(pid, sig)
 
 
+class CappedLog:
+    """The command's output appended to the log file ``fd`` (opened for reading and appending),
+    at most ``cap`` bytes of it: past that, its middle is cut, the first half of the cap kept and
+    the latest quarter (from a line's start), with a line that says how much is gone."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap = fd, cap
+        self.start = os.lseek(fd, 0, os.SEEK_END)  # where this launch's output begins
+        self.total = 0  # bytes of output received
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        self._append(data)
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        if end - self.start > self.cap:
+            self._cut(end)
+
+    def _append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def _cut(self, end: int) -> None:
+        head, keep = self.cap // 2, self.cap // 4
+        latest = os.pread(self.fd, keep, end - keep)
+        latest = latest[latest.find(b"\n") + 1 :]
+        os.ftruncate(self.fd, self.start + head)
+        gone = self.total - head - len(latest)
+        note = f"\n[decodecliff watchdog: {gone} bytes of the server's output cut here]\n"
+        self._append(note.encode() + latest)
+
+
 class Keeper:
     def __init__(self, wake: int) -> None:
         self.wake = wake  # readable when a signal arrived (signal.set_wakeup_fd)
         self.proc: subprocess.Popen | None = None  # the command (reaped here, not by Popen)
         self.pid: int | None = None
         self.status: int | None = None  # its wait status, once reaped
+        self.out: int | None = None  # the pipe of the command's output, while it is open
+        self.log: CappedLog | None = None
+
+    def pump(self) -> None:
+        """Copy what the command wrote (one read's worth) to the log; close the pipe once every
+        writer has closed it."""
+        if self.out is None:
+            return
+        try:
+            data = os.read(self.out, READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            os.close(self.out)
+            self.out = None
+            return
+        with contextlib.suppress(OSError):  # a full disk: the output is lost, the watch goes on
+            self.log.write(data)
+
+    def wait(self, fds: list[int], timeout: float | None) -> list[int]:
+        """Those of ``fds`` readable within ``timeout`` s; the command's output wakes it too
+        (and is copied), so it may return none of them early."""
+        outs = [] if self.out is None else [self.out]
+        ready = select.select([*fds, *outs], [], [], timeout)[0]
+        if self.out is not None and self.out in ready:
+            self.pump()
+        return ready
+
+    def drain(self) -> None:
+        """Copy what the pipe still holds, without waiting for more (once the tree has ended,
+        every writer is gone)."""
+        while self.out is not None and select.select([self.out], [], [], 0)[0]:
+            self.pump()
 
     def reap(self) -> bool:
         """Reap every exited child; False once no child is left (so no descendant either)."""
@@ -91,8 +162,8 @@ class Keeper:
                 self.status = status
 
     def signals(self, timeout: float | None) -> bytes:
-        """The signal numbers that arrived, waiting up to ``timeout`` s for one."""
-        select.select([self.wake], [], [], timeout)
+        """The signal numbers that arrived, waiting up to ``timeout`` s for one (or output)."""
+        self.wait([self.wake], timeout)
         with contextlib.suppress(BlockingIOError):
             return os.read(self.wake, 512)
         return b""
@@ -104,7 +175,7 @@ class Keeper:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.signals(left)  # SIGCHLD wakes it
+            self.signals(left)  # SIGCHLD wakes it (and output, which is copied meanwhile)
         return True
 
     def stop_tree(self, grace: float) -> None:
@@ -131,10 +202,16 @@ def exit_as(status: int | None) -> None:
     os._exit(128 + sig)  # a signal that does not kill by default
 
 
-def spawn(keeper: Keeper, command: list[str], report: int) -> None:
-    """Start the command and report its pid (or why it cannot start, then exit 127)."""
+def spawn(keeper: Keeper, command: list[str], report: int, log_cap: int) -> None:
+    """Start the command (its output through a pipe to a log of ``log_cap`` bytes at most, where
+    that is above 0) and report its pid (or why it cannot start, then exit 127)."""
+    out = None
     try:
-        keeper.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        if log_cap > 0:
+            keeper.log = CappedLog(sys.stdout.fileno(), log_cap)
+            keeper.out, out = os.pipe()
+            os.set_blocking(keeper.out, False)
+        keeper.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         keeper.pid = keeper.proc.pid
         answer = str(keeper.pid)
     except (OSError, ValueError) as exc:
@@ -143,12 +220,14 @@ def spawn(keeper: Keeper, command: list[str], report: int) -> None:
     with contextlib.suppress(OSError):  # the sweep died meanwhile: the lifeline says so next
         os.write(report, answer.encode())
     os.close(report)
+    if out is not None:
+        os.close(out)  # the command's, and its descendants', alone
     if keeper.pid is None:
         os._exit(127)
 
 
 def main(argv: list[str]) -> None:
-    grace, report, command = float(argv[0]), int(argv[1]), argv[3:]
+    grace, report, log_cap, command = float(argv[0]), int(argv[1]), int(argv[2]), argv[4:]
     with contextlib.suppress(OSError, AttributeError):  # Linux only
         become_subreaper()
     wake_r, wake_w = os.pipe()
@@ -158,9 +237,10 @@ def main(argv: list[str]) -> None:
     for sig in (signal.SIGCHLD, *STOP_SIGNALS):
         signal.signal(sig, lambda *_: None)  # the wakeup fd carries them
     keeper = Keeper(wake_r)
-    spawn(keeper, command, report)
+    spawn(keeper, command, report, log_cap)
     watch(keeper)
     keeper.stop_tree(grace)
+    keeper.drain()
     exit_as(keeper.status)
 
 
@@ -168,7 +248,7 @@ def watch(keeper: Keeper) -> None:
     """Return when the sweep is gone, asks to stop, or the command has exited."""
     lifeline = sys.stdin.fileno()
     while True:
-        ready, _, _ = select.select([lifeline, keeper.wake], [], [])
+        ready = keeper.wait([lifeline, keeper.wake], None)
         if lifeline in ready and not os.read(lifeline, 512):
             return  # end-of-file: the sweep has ended
         if keeper.wake in ready:
