@@ -7,6 +7,7 @@ with an error event mid-generation, as SGLang's server does when a request fails
     python tests/faulty_server.py --port P --shape list-chunk|text-meta|vocab0|vocab-huge|
         bad-figures|negative-prompt|abort
     python tests/faulty_server.py --port P --chatty BYTES
+    python tests/faulty_server.py --port P --unhealthy-after N --max-total-tokens T
 
 (--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of
 0 or 10^30 in its info: JSON of the wrong shape; a last chunk whose optional figures are of the
@@ -15,7 +16,9 @@ of -1 in every chunk: values of the wrong kind; or, for abort, one chunk of no t
 finish reason is SGLang's abort, then [DONE]: a request the server gave up.)
 
 (--chatty: a line on its start, then BYTES of log lines and a last line, "request N done", on
-its standard output for every /generate request: a server that logs much.)
+its standard output for every /generate request: a server that logs much. --unhealthy-after:
+/health answers 503 from its N+1-th call on, the server running on: a server gone bad between
+two points. --max-total-tokens: the KV pool its info reports, 100000 unless given.)
 """
 
 from __future__ import annotations
@@ -31,18 +34,27 @@ NAN = float("nan")
 
 
 def build(
-    nan_in: str | None, error_mid_stream: bool = False, shape: str | None = None, chatty: int = 0
+    nan_in: str | None,
+    error_mid_stream: bool = False,
+    shape: str | None = None,
+    chatty: int = 0,
+    unhealthy_after: int | None = None,
+    max_total_tokens: int = 100000,
 ) -> web.Application:
-    calls = {"info": 0, "generate": 0}
+    calls = {"info": 0, "generate": 0, "health": 0}
 
     async def health(_request: web.Request) -> web.Response:
+        calls["health"] += 1
+        if unhealthy_after is not None and calls["health"] > unhealthy_after:
+            return web.Response(status=503, text="unhealthy")
         return web.Response(text="ok")
 
     async def info(_request: web.Request) -> web.Response:
         calls["info"] += 1
         bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
         vocab = {"vocab0": 0, "vocab-huge": 10**30}.get(shape, 1000)
-        body = {"max_total_num_tokens": 100000, "vocab_size": vocab, "load": NAN if bad else 0.0}
+        body = {"max_total_num_tokens": max_total_tokens, "vocab_size": vocab}
+        body["load"] = NAN if bad else 0.0
         body["launch_id"] = os.environ.get("DECODECLIFF_LAUNCH_ID")  # as `decodecliff serve`
         return web.Response(text=json.dumps(body), content_type="application/json")
 
@@ -108,8 +120,17 @@ if __name__ == "__main__":
         ],  # fmt: skip
     )
     p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
+    p.add_argument("--unhealthy-after", type=int, metavar="N")
+    p.add_argument("--max-total-tokens", type=int, default=100000, metavar="T")
     args = p.parse_args()
     if args.chatty:
         print("faulty server starting", flush=True)
-    app = build(args.nan_in, args.error_mid_stream, args.shape, args.chatty)
+    app = build(
+        args.nan_in,
+        args.error_mid_stream,
+        args.shape,
+        args.chatty,
+        args.unhealthy_after,
+        args.max_total_tokens,
+    )
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)

@@ -521,6 +521,37 @@ def test_the_fit_check_counts_the_draft_tokens_of_a_verify_step(tmp_path):
 
 
 @pytest.mark.slow  # a sweep and its server
+def test_a_server_launched_again_mid_point_is_fit_checked_by_its_own_pool(tmp_path):
+    """A server that fails the health check before a point is launched again; the new launch
+    may hold a smaller KV pool (SGLang sizes it by the GPU memory free at its start), and the
+    point is checked against that one, not the pool of the launch before."""
+    faulty, pool = Path(__file__).with_name("faulty_server.py"), tmp_path / "pool"
+    pool.write_text("100000")
+    # /health: one answer to the start, one before and one after the first point; then 503
+    serve = f"{sys.executable} {faulty} --port {{port}} --unhealthy-after 3"
+    cmd = f"""sh -c 'exec {serve} --max-total-tokens "$(cat {pool})"'"""
+    cfg = _config(tmp_path, [16, 24], server_cmd=cmd, gen_tokens=4, warmup_tokens=0)
+    runner = Runner(cfg)
+    new_result = runner._new_result
+
+    def between_points(ctx: int, index: int, chunk: Chunk) -> dict:
+        if ctx == 24:  # the next launch reads a smaller pool
+            pool.write_text("20")
+        return new_result(ctx, index, chunk)
+
+    runner._new_result = between_points
+    first, second = runner.run()
+    assert first["status"] == "ok" and first["server_info"]["max_total_num_tokens"] == 100000
+    assert second["server_launch"] == 2 and second["health"]["before"] is False
+    assert second["server_info"]["max_total_num_tokens"] == 20
+    assert second["status"] == "skipped", second["reason"]
+    assert second["reason"] == "prompt 24 + 4 generated tokens exceed the server's " + (
+        "max_total_num_tokens 20"
+    )
+    assert second["requests"] == []  # nothing was sent
+
+
+@pytest.mark.slow  # a sweep and its server
 def test_an_unexpected_error_fails_its_point_only(tmp_path):
     """A fault in the sweep's own code (injected: no input causes one) fails that point, with
     its traceback; the server is stopped and started again for the next point."""

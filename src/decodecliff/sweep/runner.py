@@ -443,33 +443,18 @@ class Runner:
             self._write(res)
 
     def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
-        ctx, gen, k = res["requested_ctx"], self.cfg.gen_tokens, self.cfg.concurrency
-        if not self._ensure_up(res, deadline):
-            return
-        self._describe_server(res)
-        if launcher.INVALID in self.info:
-            return self._fail(res, f"server info unusable: {self.info[launcher.INVALID]}")
-        max_total = launcher.info_field(self.info, "max_total_num_tokens")
-        drafts = draft_reserve(self.info)
-        if isinstance(max_total, int) and k * (ctx + gen + drafts) > max_total:
-            res["status"] = "skipped"
-            streams = f"{k} streams of " if k > 1 else ""
-            also = f" + {drafts} draft tokens of a verify step" if drafts else ""
-            res["reason"] = (
-                f"{streams}prompt {ctx} + {gen} generated tokens{also} exceed the server's "
-                f"max_total_num_tokens {max_total}"
-            )
-            self.console.print(f"{self.cfg.name} ctx {ctx}: skipped: {res['reason']}")
+        ctx = res["requested_ctx"]
+        if not self._ensure_up(res, deadline) or not self._fits(res):
             return
         res["health"]["before"] = launcher.healthy(self.server.url)
         if not res["health"]["before"]:
             # A launched server is restarted once, a URL server waited for as when first reached
             # (its owner may start it again): the server that comes up is another, so it is
-            # warmed up and described anew, not measured cold with the gone one's info.
+            # warmed up, described and checked anew (its KV pool may be smaller), not measured
+            # cold with the gone one's info.
             self.up = False
-            if not self._ensure_up(res, deadline):
+            if not self._ensure_up(res, deadline) or not self._fits(res):
                 return
-            self._describe_server(res)
         res["flushed_cache"] = launcher.flush_cache(self.server.url)
         rng = self._id_range(res, ctx)
         for r in range(self.cfg.requests_per_point):
@@ -490,6 +475,28 @@ class Runner:
             res["warnings"].append("server not healthy after the point; restarting it")
             self.up = False  # stopped once the point is written
         self._summary(res)
+
+    def _fits(self, res: dict) -> bool:
+        """Describe the server in ``res``; False where the point cannot run on it: its info is
+        unusable (failed), or the point's tokens exceed its KV pool (skipped)."""
+        ctx, gen, k = res["requested_ctx"], self.cfg.gen_tokens, self.cfg.concurrency
+        self._describe_server(res)
+        if launcher.INVALID in self.info:
+            self._fail(res, f"server info unusable: {self.info[launcher.INVALID]}")
+            return False
+        max_total = launcher.info_field(self.info, "max_total_num_tokens")
+        drafts = draft_reserve(self.info)
+        if isinstance(max_total, int) and k * (ctx + gen + drafts) > max_total:
+            res["status"] = "skipped"
+            streams = f"{k} streams of " if k > 1 else ""
+            also = f" + {drafts} draft tokens of a verify step" if drafts else ""
+            res["reason"] = (
+                f"{streams}prompt {ctx} + {gen} generated tokens{also} exceed the server's "
+                f"max_total_num_tokens {max_total}"
+            )
+            self.console.print(f"{self.cfg.name} ctx {ctx}: skipped: {res['reason']}")
+            return False
+        return True
 
     def _round(self, res: dict, rng: prompts.IdRange, r: int, chunk: Chunk, deadline: float):
         """One round of ``concurrency`` streams, each recorded into the point; why it failed."""
