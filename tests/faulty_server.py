@@ -8,6 +8,7 @@ with an error event mid-generation, as SGLang's server does when a request fails
         bad-figures|negative-prompt|abort
     python tests/faulty_server.py --port P --chatty BYTES
     python tests/faulty_server.py --port P --unhealthy-after N --max-total-tokens T
+    python tests/faulty_server.py --port P --stall-on generate|info [--stall-at N]
 
 (--shape: a stream chunk that is a JSON list, a meta_info that is a string, or a vocab_size of
 0 or 10^30 in its info: JSON of the wrong shape; a last chunk whose optional figures are of the
@@ -18,7 +19,10 @@ finish reason is SGLang's abort, then [DONE]: a request the server gave up.)
 (--chatty: a line on its start, then BYTES of log lines and a last line, "request N done", on
 its standard output for every /generate request: a server that logs much. --unhealthy-after:
 /health answers 503 from its N+1-th call on, the server running on: a server gone bad between
-two points. --max-total-tokens: the KV pool its info reports, 100000 unless given.)
+two points. --max-total-tokens: the KV pool its info reports, 100000 unless given. --stall-on:
+the server stops itself (SIGSTOP) on its N-th /generate or /get_server_info request, the first
+unless --stall-at says otherwise, and answers nothing more: a server that hangs, as on a GPU
+fault, until it is stopped.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from aiohttp import web
@@ -40,8 +45,14 @@ def build(
     chatty: int = 0,
     unhealthy_after: int | None = None,
     max_total_tokens: int = 100000,
+    stall: tuple[str, int] | None = None,
 ) -> web.Application:
     calls = {"info": 0, "generate": 0, "health": 0}
+
+    def count(endpoint: str) -> None:
+        calls[endpoint] += 1
+        if stall == (endpoint, calls[endpoint]):
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     async def health(_request: web.Request) -> web.Response:
         calls["health"] += 1
@@ -50,7 +61,7 @@ def build(
         return web.Response(text="ok")
 
     async def info(_request: web.Request) -> web.Response:
-        calls["info"] += 1
+        count("info")
         bad = nan_in == "info" or (nan_in == "after" and calls["info"] > 1)
         vocab = {"vocab0": 0, "vocab-huge": 10**30}.get(shape, 1000)
         body = {"max_total_num_tokens": max_total_tokens, "vocab_size": vocab}
@@ -64,7 +75,7 @@ def build(
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         n = body["sampling_params"]["max_new_tokens"]
-        calls["generate"] += 1
+        count("generate")
         if chatty:
             line = f"request {calls['generate']} chatter ".ljust(99, "x") + "\n"
             sys.stdout.write(line * (chatty // len(line)) + f"request {calls['generate']} done\n")
@@ -122,6 +133,8 @@ if __name__ == "__main__":
     p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
     p.add_argument("--unhealthy-after", type=int, metavar="N")
     p.add_argument("--max-total-tokens", type=int, default=100000, metavar="T")
+    p.add_argument("--stall-on", choices=["generate", "info"])
+    p.add_argument("--stall-at", type=int, default=1, metavar="N")
     args = p.parse_args()
     if args.chatty:
         print("faulty server starting", flush=True)
@@ -132,5 +145,6 @@ if __name__ == "__main__":
         args.chatty,
         args.unhealthy_after,
         args.max_total_tokens,
+        (args.stall_on, args.stall_at) if args.stall_on else None,
     )
     web.run_app(app, host="127.0.0.1", port=args.port, print=None)

@@ -551,6 +551,43 @@ def test_a_server_launched_again_mid_point_is_fit_checked_by_its_own_pool(tmp_pa
     assert second["requests"] == []  # nothing was sent
 
 
+def _stalling(tmp_path: Path, chunk_s: float, where: str, at: int, warmup: int) -> list[dict]:
+    """The points 16 and 24 of one chunk of ``chunk_s`` s against a server that stalls on its
+    ``at``-th request to ``where`` (tests/faulty_server.py --stall-on)."""
+    faulty = Path(__file__).with_name("faulty_server.py")
+    cmd = f"{sys.executable} {faulty} --port {{port}} --stall-on {where} --stall-at {at}"
+    cfg = _config(tmp_path, [16, 24], server_cmd=cmd, gen_tokens=4, warmup_tokens=warmup)
+    cfg.chunks = [Chunk([16, 24], timeout_s=chunk_s, point_timeout_s=chunk_s)]
+    return Runner(cfg).run()
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_a_server_stalled_at_the_deadline_gets_no_health_check_and_no_launch_past_it(tmp_path):
+    """A server that stalls in its warm-up holds the point to the chunk's deadline (the start
+    timeout is longer). The health check before the point then has no time left: the point
+    fails as out of time, and no server is launched again past the deadline."""
+    stalled, rest = _stalling(tmp_path, 15.0, "generate", 1, warmup=16)
+    assert stalled["warmup"]["error"].startswith("warm-up timeout")
+    assert stalled["status"] == "failed"
+    assert stalled["reason"].startswith("chunk timeout (15 s) before the point"), stalled["reason"]
+    assert stalled["server_launch"] == 1
+    assert rest["status"] == "failed" and rest["reason"] == "chunk timeout (15 s) before the point"
+    assert (tmp_path / "server-tiny.log").read_text().count("==== launch ") == 1
+
+
+@pytest.mark.slow  # a sweep and its server
+def test_a_server_stalled_after_a_point_is_asked_about_it_no_longer_than_the_chunk_lasts(tmp_path):
+    """A server that stalls on the server info asked for after a point (its second: the first
+    answers the start): the info and the health check after the point take no longer than what
+    is left of the chunk, less than their own timeouts here; the measured point stands."""
+    point, rest = _stalling(tmp_path, 10.0, "info", 2, warmup=0)
+    assert point["status"] == "ok", point["reason"]
+    late = "chunk timeout (10 s) before the server checks after the point ended"
+    assert late in point["warnings"], point["warnings"]
+    assert point["health"]["after"] is not True
+    assert rest["status"] == "failed" and rest["reason"] == "chunk timeout (10 s) before the point"
+
+
 @pytest.mark.slow  # a sweep and its server
 def test_an_unexpected_error_fails_its_point_only(tmp_path):
     """A fault in the sweep's own code (injected: no input causes one) fails that point, with

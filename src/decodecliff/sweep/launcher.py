@@ -137,10 +137,14 @@ def health_problem(url: str, timeout: float = 5.0) -> str | None:
 
 
 def server_info(url: str, timeout: float = 10.0) -> dict:
-    """The server's self-description (/get_server_info, or /server_info on newer SGLang)."""
+    """The server's self-description (/get_server_info, or /server_info on newer SGLang), asked
+    for within ``timeout`` s in all; {} where neither answers in time."""
+    deadline = time.monotonic() + timeout
     for path in ("/get_server_info", "/server_info"):
+        if (left := deadline - time.monotonic()) <= 0:
+            break
         try:
-            resp = httpx.get(url.rstrip("/") + path, timeout=timeout, headers=auth())
+            resp = httpx.get(url.rstrip("/") + path, timeout=left, headers=auth())
         except httpx.HTTPError:
             continue
         if resp.status_code == 200:

@@ -59,6 +59,9 @@ SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sw
 # How long a later point waits for a URL server that stayed unreachable through a whole start
 # timeout (nothing here can start it again; its owner may restart it, so each point looks once).
 URL_RECHECK_S = 5.0
+# How long the requests around a point may take (the server info's two paths in all), each
+# less where the chunk has less left.
+HEALTH_S, FLUSH_S, INFO_S = 5.0, 30.0, 10.0
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
 
@@ -284,6 +287,11 @@ def _signal_name(code: object) -> str:
     return f"exit {code}"
 
 
+def _left(deadline: float, limit: float) -> float:
+    """``limit`` s, or what is left to ``deadline`` where that is less (<= 0: nothing)."""
+    return min(limit, deadline - time.monotonic())
+
+
 def _salt(index: int) -> int:
     """Prompt salt of a point's ``index``-th request: the first keeps the point's own prompt."""
     return 0 if index == 0 else 100 + index
@@ -443,11 +451,17 @@ class Runner:
             self._write(res)
 
     def _run_point(self, res: dict, chunk: Chunk, deadline: float) -> None:
-        ctx = res["requested_ctx"]
+        ctx, late = res["requested_ctx"], f"chunk timeout ({chunk.timeout_s:g} s)"
         if not self._ensure_up(res, deadline) or not self._fits(res):
             return
-        res["health"]["before"] = launcher.healthy(self.server.url)
-        if not res["health"]["before"]:
+        if (wait := _left(deadline, HEALTH_S)) <= 0:
+            return self._fail(res, f"{late} before the point")
+        problem = launcher.health_problem(self.server.url, wait)
+        res["health"]["before"] = problem is None
+        if problem is not None and time.monotonic() >= deadline:
+            self.up = False
+            return self._fail(res, f"{late} before the point (health check: {problem})")
+        if problem is not None:
             # A launched server is restarted once, a URL server waited for as when first reached
             # (its owner may start it again): the server that comes up is another, so it is
             # warmed up, described and checked anew (its KV pool may be smaller), not measured
@@ -455,7 +469,8 @@ class Runner:
             self.up = False
             if not self._ensure_up(res, deadline) or not self._fits(res):
                 return
-        res["flushed_cache"] = launcher.flush_cache(self.server.url)
+        if (wait := _left(deadline, FLUSH_S)) > 0:  # else the round says the time is up
+            res["flushed_cache"] = launcher.flush_cache(self.server.url, wait)
         rng = self._id_range(res, ctx)
         for r in range(self.cfg.requests_per_point):
             reason = self._round(res, rng, r, chunk, deadline)
@@ -465,14 +480,19 @@ class Runner:
                 self.up = False  # a failed point leaves the server in an unknown state: stopped
                 return
         self._finish(res)
-        after = launcher.server_info(self.server.url)
-        res["server_info_after"] = after
-        if launcher.INVALID in after:
-            why = after[launcher.INVALID]
-            return self._fail(res, f"server info after the point unusable: {why}")
-        res["health"]["after"] = launcher.healthy(self.server.url)
+        if (wait := _left(deadline, INFO_S)) > 0:
+            after = launcher.server_info(self.server.url, wait)
+            res["server_info_after"] = after
+            if launcher.INVALID in after:
+                why = after[launcher.INVALID]
+                return self._fail(res, f"server info after the point unusable: {why}")
+        if (wait := _left(deadline, HEALTH_S)) > 0:
+            res["health"]["after"] = launcher.healthy(self.server.url, wait)
         if not res["health"]["after"]:
-            res["warnings"].append("server not healthy after the point; restarting it")
+            if time.monotonic() >= deadline:
+                res["warnings"].append(f"{late} before the server checks after the point ended")
+            else:
+                res["warnings"].append("server not healthy after the point; restarting it")
             self.up = False  # stopped once the point is written
         self._summary(res)
 
