@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def test_an_errored_request_is_not_counted_completed() -> None:
         "wall_s": 1.0,
         "health": [(200, 0.01)],
         "info": {"fragmentation": {"free_pages": 8, "num_pages": 8}, "running_requests": 0},
+        "faults": [],
     }
     summary = load.summarize([ok, bad], run)
     assert (summary["completed"], summary["errored"], summary["disconnected"]) == (1, 1, 0)
@@ -205,7 +207,7 @@ def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
         for job in jobs:
             job.disconnect_after = 1  # every client walked away
         info = {"fragmentation": {"free_pages": 8, "num_pages": 8}, "running_requests": 0}
-        return {"wall_s": 1.0, "health": [(200, 0.01)], "info": info, "metrics_bytes": 0}
+        return {"wall_s": 1.0, "health": [(200, 0.01)], "info": info, "faults": []}
 
     monkeypatch.setattr(load, "start_server", start_server)
     monkeypatch.setattr(load, "load", no_load)
@@ -346,3 +348,125 @@ def test_ctrl_c_stops_the_server_and_exits_130(tmp_path, leftovers, when, in_fli
     assert "KeyboardInterrupt" not in stderr and "bench/load.py" not in stderr, stderr[-3000:]
     assert stderr.splitlines()[-1] == "decodecliff bench-load: interrupted", stderr[-3000:]
     assert not proctree.alive(server) and not out.exists()
+
+
+SERVING = """
+import json, os, signal, sys
+from aiohttp import web
+
+async def answer(request):
+    body = await request.json()
+    text = "max_tokens" in body  # /v1/completions: the tokens as text, "a" being token 97
+    n = body["max_tokens"] if text else body["sampling_params"]["max_new_tokens"]
+    if not body["stream"]:
+        whole = {"choices": [{"text": "a" * n}]} if text else {"output_ids": [97] * n}
+        return web.json_response(whole)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(1, n + 1):
+        chunk = {"choices": [{"text": "a"}]} if text else {"output_ids": [97] * i}
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+    await resp.write(b"data: [DONE]\\n\\n")
+    return resp
+
+async def health(request):
+    return web.Response(text="ok")
+
+async def info(request):
+    fault(request)
+    pool = {"free_pages": 8, "num_pages": 8}
+    return web.json_response({"running_requests": 0, "waiting_requests": 0, "fragmentation": pool})
+
+async def metrics(request):
+    fault(request)
+    return web.Response(text="")
+
+def fault(request):
+    if request.path == sys.argv[2] and sys.argv[3] == "exits":
+        os._exit(3)
+    if request.path == sys.argv[2] and sys.argv[3] == "errs":
+        raise web.HTTPInternalServerError(text="engine died")
+    if request.path == sys.argv[2]:  # stalls, as a hung device would hold it
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+app = web.Application()
+app.router.add_post("/generate", answer)
+app.router.add_post("/v1/completions", answer)
+app.router.add_get("/health", health)
+app.router.add_get("/get_server_info", info)
+app.router.add_get("/metrics", metrics)
+ready = lambda _: print(READY + "http://127.0.0.1:" + sys.argv[1], flush=True)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=ready)
+""".replace("READY", repr(load.READY))  # serves the load, then exits, errs or stalls at argv's path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("path", "fault", "code"),
+    [
+        ("/get_server_info", "exits", 3),
+        ("/get_server_info", "stalls", -9),
+        ("/get_server_info", "errs", None),
+        ("/metrics", "exits", 3),
+    ],
+    ids=["info, exits", "info, stalls", "info, errs", "metrics, exits"],
+)
+def test_a_server_gone_after_the_streams_leaves_a_record_that_says_why(
+    tmp_path, monkeypatch, leftovers, capsys, path, fault, code
+) -> None:
+    """The streams served, the server then exits, answers an error or stops answering when asked
+    for its info or metrics: the record is written, its checks failed with what the server did
+    not answer and its exit code, one line, exit 1 (it was a traceback and no record, or a wait
+    of 600 s)."""
+    started: list[subprocess.Popen] = []
+
+    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
+        cmd = [sys.executable, "-c", SERVING, str(port), path, fault]
+        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
+        assert started[0].stdout.readline().startswith(load.READY)
+        return started[0], cmd
+
+    monkeypatch.setattr(load, "start_server", start_server)
+    monkeypatch.setattr(load, "ANSWER_TIMEOUT_S", 1.0, raising=False)
+    monkeypatch.setattr(load, "STOP_GRACE_S", 1.0)
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "4", "--out", str(out)]) == 1
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["completed"] == 3 and summary["disconnected"] == 1
+    assert code is None or summary["server_exit_code"] == code
+    assert not summary["ok"]
+    assert not summary["checks"]["server_up_until_stopped"]
+    assert any(f.startswith(f"{path}: ") for f in summary["faults"]), summary["faults"]
+    if code is not None and code > 0:
+        assert f"the server exited with code {code} before it was stopped" in summary["faults"]
+    unchecked = ["kv_pool_empty_after", "no_request_left_running"] if path != "/metrics" else []
+    assert summary["unchecked"] == unchecked
+    assert all(not summary["checks"][name] for name in unchecked)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "checks FAILED" in lines[0] and f"{path}: " in lines[0], lines
+    assert started[0].poll() is not None
+
+
+@pytest.mark.slow  # a server, and requests served alone
+def test_a_server_killed_under_the_load_leaves_a_failed_record(tmp_path, leftovers) -> None:
+    """The server dies with streams in flight: they fail, each with its reason; the record says
+    the server exited, and with what, and what it no longer answered; one line, exit 1 (it was
+    a traceback and no record)."""
+    out = tmp_path / "load.json"
+    cmd = [sys.executable, "-m", "decodecliff.cli", "bench-load", "--requests", "16"]
+    cmd += ["--disconnect-fraction", "0", "--out", str(out)]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        bench = leftovers.popen(cmd, stdout=stdout, stderr=stderr, cwd=tmp_path)
+    server = leftovers.track(proctree.wait_for("the server", lambda: _server(bench.pid), 120))
+    proctree.wait_for("2 requests", lambda: _in_flight(server) >= 2, 120)
+    os.kill(server, signal.SIGKILL)
+    assert bench.wait(timeout=120) == 1
+    stderr = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["errored"] > 0 and not summary["checks"]["no_errors_on_completed"]
+    assert summary["server_exit_code"] == -9 and not summary["checks"]["server_up_until_stopped"]
+    assert "the server exited with code -9 before it was stopped" in summary["faults"]
+    assert any(f.startswith("/get_server_info: ConnectError") for f in summary["faults"])
+    lines = (tmp_path / "stdout").read_text().splitlines()
+    assert len(lines) == 1 and "checks FAILED" in lines[0] and "code -9" in lines[0], lines

@@ -5,10 +5,11 @@ first (greedy: the reference tokens), then sends them all at once as streams of 
 output lengths, half through /generate and half through /v1/completions, with a quarter of the
 clients closing their stream after a few chunks, while /health is polled. Checks: every completed
 request has its requested token count and exactly its reference tokens, no 5xx, /health answered
-200 throughout, and the KV pool is empty afterwards. Records requests/s and latency percentiles
-with the hardware, versions and git revision into a JSON file; exits 1 when a check fails, or,
-with one line of why and no record, when a request served alone fails. Ctrl-C stops the server
-and exits 130, with no record.
+200 throughout, the KV pool is empty afterwards, and the server ran and answered until it was
+stopped. Records requests/s and latency percentiles with the hardware, versions and git revision
+into a JSON file; exits 1 when a check fails (a server gone or hung under or after the load: the
+record says what it did not answer and how it exited), or, with one line of why and no record,
+when a request served alone fails. Ctrl-C stops the server and exits 130, with no record.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -43,9 +46,11 @@ READY = "decodecliff server ready at "
 # Loading a large preset and capturing CUDA graphs takes minutes on a GPU (the sweep's default)
 START_TIMEOUT_S = 900.0
 STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
+ANSWER_TIMEOUT_S = 10.0  # for /health, /get_server_info and /metrics: past it the server is hung
 PROMPT_LENS = (16, 64, 200, 500)
 OUTPUT_LENS = (8, 32, 64, 128)
 TOKENIZER = ByteTokenizer(512)  # set to the preset's vocabulary in cli()
+T = TypeVar("T")
 
 
 @dataclass
@@ -200,7 +205,7 @@ async def poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list)
     while not stop.is_set():
         start = time.perf_counter()
         try:
-            status = (await client.get("/health", timeout=10)).status_code
+            status = (await client.get("/health", timeout=ANSWER_TIMEOUT_S)).status_code
         except httpx.HTTPError as exc:
             status = repr(exc)
         out.append((status, time.perf_counter() - start))
@@ -208,9 +213,12 @@ async def poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list)
 
 
 async def wait_idle(client: httpx.AsyncClient, timeout: float = 60) -> dict:
+    """The server's info once it runs and queues no request, or at ``timeout``; httpx.HTTPError
+    or ValueError where the server does not answer with it."""
     deadline = time.monotonic() + timeout
     while True:
-        info = (await client.get("/get_server_info")).json()
+        resp = await client.get("/get_server_info", timeout=ANSWER_TIMEOUT_S)
+        info = strict_json(resp.raise_for_status().text)
         idle = info["running_requests"] == 0 and info["waiting_requests"] == 0
         if idle or time.monotonic() > deadline:
             return info
@@ -236,11 +244,36 @@ async def load(url: str, jobs: list[Job]) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(run_stream(client, job) for job in jobs))
         wall = time.perf_counter() - start
-        info = await wait_idle(client)
+        faults: list[str] = []  # what the server did not answer after the streams, and why
+        info = await answered(wait_idle(client), "/get_server_info", faults)
         stop.set()
         await poller
-        metrics = (await client.get("/metrics")).text
-    return {"wall_s": wall, "health": health, "info": info, "metrics_bytes": len(metrics)}
+        metrics = await answered(read_metrics(client), "/metrics", faults)
+    size = None if metrics is None else len(metrics)
+    return {"wall_s": wall, "health": health, "info": info, "metrics_bytes": size, "faults": faults}
+
+
+async def read_metrics(client: httpx.AsyncClient) -> str:
+    resp = await client.get("/metrics", timeout=ANSWER_TIMEOUT_S)
+    return resp.raise_for_status().text
+
+
+async def answered(call: Awaitable[T], path: str, faults: list[str]) -> T | None:
+    """What ``call`` returns; None, its reason added to ``faults``, where the server does not
+    answer it (gone, hung, an error): the load ran, and its record says what failed after it."""
+    try:
+        return await call
+    except (httpx.HTTPError, ValueError) as exc:
+        faults.append(f"{path}: {_why(exc)}")
+        return None
+
+
+def _why(exc: Exception) -> str:
+    """One line: a timeout as such, else the exception's type and its message's first line."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer within {ANSWER_TIMEOUT_S:g} s ({type(exc).__name__})"
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def summarize(jobs: list[Job], run: dict) -> dict:
@@ -249,7 +282,8 @@ def summarize(jobs: list[Job], run: dict) -> dict:
     left = [j for j in jobs if j.disconnect_after is not None]
     latencies = [j.latency_s for j in done if j.latency_s is not None]
     ttfts = [j.ttft_s for j in done if j.ttft_s is not None]
-    frag = run["info"]["fragmentation"]
+    info = run["info"]  # None where the server did not answer: what it shows is unchecked
+    frag = info["fragmentation"] if info is not None else None
     health_codes = [s for s, _ in run["health"]]
     checks = {
         "completed_have_requested_length": all(len(j.tokens) == j.max_tokens for j in stayed),
@@ -258,8 +292,9 @@ def summarize(jobs: list[Job], run: dict) -> dict:
         "no_5xx": all(not (isinstance(j.status, int) and j.status >= 500) for j in jobs),
         "no_errors_on_completed": len(done) == len(stayed),
         "health_always_200": bool(health_codes) and all(s == 200 for s in health_codes),
-        "kv_pool_empty_after": frag["free_pages"] == frag["num_pages"],
-        "no_request_left_running": run["info"]["running_requests"] == 0,
+        "kv_pool_empty_after": frag is not None and frag["free_pages"] == frag["num_pages"],
+        "no_request_left_running": info is not None and info["running_requests"] == 0,
+        "server_up_until_stopped": not run["faults"],
     }
     return {
         "requests": len(jobs),
@@ -283,6 +318,8 @@ def summarize(jobs: list[Job], run: dict) -> dict:
         },
         "checks": checks,
         "ok": all(checks.values()),
+        "faults": run["faults"],
+        "unchecked": ["kv_pool_empty_after", "no_request_left_running"] if info is None else [],
     }
 
 
@@ -431,7 +468,10 @@ def bench(args: argparse.Namespace) -> int:
         print(f"decodecliff bench-load: {exc}", file=sys.stderr)
         return 1
     finally:
+        gone = proc.poll()  # exited on its own: a fault of the load, whatever its code
         code = stop_server(proc)
+    if gone is not None:
+        run["faults"].insert(0, f"the server exited with code {gone} before it was stopped")
     summary = summarize(jobs, run)
     summary["server_exit_code"] = code
     record = {
@@ -449,13 +489,14 @@ def bench(args: argparse.Namespace) -> int:
     }
     write_json(args.out, record)
     s = summary
+    why = f" ({'; '.join(s['faults'])})" if s["faults"] else ""
     print(
         f"{s['completed']} completed, {s['errored']} errored, {s['disconnected']} disconnected "
         f"in {s['wall_s']:.2f} s: "
         f"{s['requests_per_s']:.2f} req/s, p99 latency {_s(s['latency_s']['p99'])}, "
         f"/health max {_s(s['health']['max_s'])}; checks "
         + ("passed" if s["ok"] else f"FAILED: {[k for k, v in s['checks'].items() if not v]}")
-        + f" -> {args.out}"
+        + f"{why} -> {args.out}"
     )
     return 0 if s["ok"] else 1
 
