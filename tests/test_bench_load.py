@@ -183,6 +183,50 @@ def test_events_are_read_as_sse_says() -> None:
     assert job.error == "out of pages" and job.latency_s is None
 
 
+@pytest.mark.timeout(60)
+def test_a_cancelled_load_stops_its_health_polls() -> None:
+    """The load cancelled under its streams, as Ctrl-C cancels it: the /health poller is
+    cancelled with it (it polled on, the client closed, and asyncio printed the RuntimeError it
+    ended with as a traceback)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        text = "max_tokens" in body
+        n = body["max_tokens"] if text else body["sampling_params"]["max_new_tokens"]
+        if not body["stream"]:
+            return web.json_response(
+                {"choices": [{"text": "a" * n}]} if text else {"output_ids": [97] * n}
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.Event().wait()  # a stream that never ends
+        return resp
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    def pollers() -> list[asyncio.Task]:
+        return [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "poll_health"]
+
+    async def main() -> list[asyncio.Task]:
+        app = web.Application()
+        app.router.add_post("/generate", answer)
+        app.router.add_post("/v1/completions", answer)
+        app.router.add_get("/health", health)
+        async with TestServer(app) as srv:
+            jobs = load.make_jobs(2, 0, 0, 512)
+            task = asyncio.create_task(load.load(str(srv.make_url("")), jobs))
+            while not pollers():  # the references served, the streams under way
+                await asyncio.sleep(0.01)
+            polling = pollers()
+            task.cancel()
+            await asyncio.wait([task, *polling])
+            return polling
+
+    polling = asyncio.run(main())
+    assert len(polling) == 1 and polling[0].cancelled(), polling
+
+
 STUBBORN = (  # a server that ignores SIGTERM (hung in its shutdown)
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     f"print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"

@@ -241,13 +241,16 @@ async def load(url: str, jobs: list[Job]) -> dict:
         health: list = []
         stop = asyncio.Event()
         poller = asyncio.create_task(poll_health(client, stop, health))
-        start = time.perf_counter()
-        await asyncio.gather(*(run_stream(client, job) for job in jobs))
-        wall = time.perf_counter() - start
-        faults: list[str] = []  # what the server did not answer after the streams, and why
-        info = await answered(wait_idle(client), "/get_server_info", faults)
-        stop.set()
-        await poller
+        try:
+            start = time.perf_counter()
+            await asyncio.gather(*(run_stream(client, job) for job in jobs))
+            wall = time.perf_counter() - start
+            faults: list[str] = []  # what the server did not answer after the streams, and why
+            info = await answered(wait_idle(client), "/get_server_info", faults)
+            stop.set()
+            await poller
+        finally:  # the load cancelled too (Ctrl-C): no poll of the client once it is closed
+            poller.cancel()
         metrics = await answered(read_metrics(client), "/metrics", faults)
     size = None if metrics is None else len(metrics)
     return {"wall_s": wall, "health": health, "info": info, "metrics_bytes": size, "faults": faults}
