@@ -363,13 +363,21 @@ def _in_flight(server: int) -> int:
     return 0
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @pytest.mark.slow  # a server, and requests served alone
+@pytest.mark.parametrize("sig", STOPS, ids=lambda sig: sig.name)
 @pytest.mark.parametrize(
     ("when", "in_flight"), [("starting", 0), ("served alone", 1), ("load", 2)], ids=str
 )
-def test_ctrl_c_stops_the_server_and_exits_130(tmp_path, leftovers, when, in_flight) -> None:
-    """SIGINT while the server starts, while the requests are served one by one, or under the
-    load: the server stopped, exit 130 with one line and no record (it was a traceback)."""
+def test_a_stop_signal_stops_the_server_and_exits_128_plus_it(
+    tmp_path, leftovers, sig, when, in_flight
+) -> None:
+    """Ctrl-C, a scheduler's cancel (SIGTERM) or a closed terminal (SIGHUP) while the server
+    starts, while the requests are served one by one, or under the load: the server stopped,
+    exit 128 + the signal with one line and no record (Ctrl-C was a traceback; SIGTERM and
+    SIGHUP ended the command at once, its server left running)."""
     out = tmp_path / "load.json"
     cmd = [sys.executable, "-m", "decodecliff.cli", "bench-load", "--requests", "16"]
     cmd += ["--disconnect-fraction", "0", "--out", str(out)]
@@ -379,18 +387,19 @@ def test_ctrl_c_stops_the_server_and_exits_130(tmp_path, leftovers, when, in_fli
             stdout=subprocess.DEVNULL,
             stderr=err,
             cwd=tmp_path,
-            # Ctrl-C as in a terminal, even if this test runs where SIGINT is ignored
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # each as in a terminal, even if this test runs where one is ignored (nohup)
+            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in STOPS],
         )
     server = leftovers.track(proctree.wait_for("the server", lambda: _server(bench.pid), 120))
     proctree.wait_for(f"{in_flight} requests", lambda: _in_flight(server) >= in_flight, 120)
-    bench.send_signal(signal.SIGINT)
-    assert bench.wait(timeout=120) == 128 + signal.SIGINT
+    bench.send_signal(sig)
+    assert bench.wait(timeout=120) == 128 + sig
     stderr = (tmp_path / "stderr").read_text()
     # The server's log may show its handlers failing to write to the streams cut short: its
     # matter; none of this command's frames, nor the KeyboardInterrupt, is shown.
     assert "KeyboardInterrupt" not in stderr and "bench/load.py" not in stderr, stderr[-3000:]
-    assert stderr.splitlines()[-1] == "decodecliff bench-load: interrupted", stderr[-3000:]
+    said = "interrupted" if sig == signal.SIGINT else f"stopped by {sig.name}"
+    assert stderr.splitlines()[-1] == f"decodecliff bench-load: {said}", stderr[-3000:]
     assert not proctree.alive(server) and not out.exists()
 
 

@@ -9,7 +9,8 @@ request has its requested token count and exactly its reference tokens, no 5xx, 
 stopped. Records requests/s and latency percentiles with the hardware, versions and git revision
 into a JSON file; exits 1 when a check fails (a server gone or hung under or after the load: the
 record says what it did not answer and how it exited), or, with one line of why and no record,
-when a request served alone fails. Ctrl-C stops the server and exits 130, with no record.
+when a request served alone fails. Ctrl-C, SIGTERM or SIGHUP stops the server and exits 128 + the
+signal, with no record.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 from decodecliff.sweep.launcher import strict_json
+from decodecliff.sweep.runner import run_async
 from decodecliff.values import is_positive_seconds
 
 READY = "decodecliff server ready at "
@@ -442,13 +444,39 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--out: {why}")
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised as Ctrl-C is: the same way out stops the server launched."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
 def cli(argv: list[str]) -> int:
     args = parse_args(argv)
+    # SIGTERM (a scheduler's cancel) and SIGHUP (a closed terminal) unwind as Ctrl-C does, where
+    # nothing else took them (nohup's ignore is kept): left to kill this process, they orphaned
+    # the server.
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    taken = [
+        s for s in (signal.SIGTERM, signal.SIGHUP) if main and signal.getsignal(s) is signal.SIG_DFL
+    ]
+    for sig in taken:
+        signal.signal(sig, _stop)
     try:
         return bench(args)
-    except KeyboardInterrupt:  # the server it launched is stopped on the way out
-        print("decodecliff bench-load: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as exc:  # the server it launched is stopped on the way out
+        sig = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        said = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+        print(f"decodecliff bench-load: {said}", file=sys.stderr)
+        return 128 + sig
+    finally:
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -466,7 +494,8 @@ def bench(args: argparse.Namespace) -> int:
         print(f"decodecliff bench-load: {exc}", file=sys.stderr)
         return 1
     try:
-        run = asyncio.run(load(f"http://127.0.0.1:{port}", jobs))
+        # a stop signal cancels the load, then raises once its loop is closed (not in a task)
+        run = run_async(load(f"http://127.0.0.1:{port}", jobs))
     except BenchError as exc:  # no load ran: nothing to record
         print(f"decodecliff bench-load: {exc}", file=sys.stderr)
         return 1
