@@ -248,7 +248,7 @@ class Server:
 
     def _last_words(self, limit: int = 300) -> str:
         """The last line the last launch wrote to its log (its error, as a rule), shortened."""
-        if self.log_path is None:
+        if self.log_path is None or not self._log_is_file():  # a FIFO's read would wait
             return ""
         try:
             text = self.log_path.read_bytes()[-8192:].decode(errors="replace")
@@ -259,6 +259,10 @@ class Server:
         last = lines[-1] if lines else ""
         return last if len(last) <= limit else last[: limit - 1] + "…"
 
+    def _log_is_file(self) -> bool:
+        """The log is a regular file (or none yet): one that can be read back, cut and moved."""
+        return self.log_path is not None and (self.log_path.is_file() or not self.log_path.exists())
+
     def _log_size(self) -> int:
         try:
             return self.log_path.stat().st_size if self.log_path else 0
@@ -267,7 +271,7 @@ class Server:
 
     def _lost_its_port(self) -> bool:
         """The last launch took a fresh port and its log says it was taken."""
-        if self.log_path is None or "{port}" not in self.template or self.exit_code() is None:
+        if not self._log_is_file() or "{port}" not in self.template or self.exit_code() is None:
             return False
         with open(self.log_path, "rb") as log:
             log.seek(self.log_start)
@@ -293,7 +297,7 @@ class Server:
         lifeline_r, self.lifeline = os.pipe()  # neither end is inherited by other children
         report_r, report_w = os.pipe()
         # what this launch may write: the cap less what the log holds (about half of it at most)
-        cap = max(self.log_cap - self._log_size(), 1) if self.log_cap and self.log_path else 0
+        cap = max(self.log_cap - self._log_size(), 1) if self.log_cap and self._log_is_file() else 0
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", str(WATCHDOG), str(self.stop_grace_s), str(report_w)]
@@ -323,10 +327,13 @@ class Server:
         if self.log_path is None:
             return open(os.devnull, "wb")  # noqa: SIM115 (closed by start)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.log_cap and self._log_size() > self.log_cap // 2:
+        mode = "a+b"  # read too: the keeper cuts it
+        if not self._log_is_file():  # a FIFO, a terminal: written through, never cut or read
+            mode = "ab"
+        elif self.log_cap and self._log_size() > self.log_cap // 2:
             self.log_path.replace(f"{self.log_path}.1")
         self.log_start = self._log_size()
-        log = open(self.log_path, "a+b")  # noqa: SIM115 (closed by start)
+        log = open(self.log_path, mode)  # noqa: SIM115 (closed by start)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         log.write(f"\n==== launch {self.launches} at {stamp}: {self.command}\n".encode())
         log.flush()
