@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -263,6 +265,37 @@ def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
     assert "did not stop within 1 s of SIGTERM" in capsys.readouterr().err
 
 
+def test_a_second_ctrl_c_while_the_server_stops_kills_it(tmp_path, monkeypatch, leftovers) -> None:
+    """Ctrl-C under the load, then again while the server takes its time to stop: it is killed
+    at once and the bench exits 130 (the second one left it running, SIGTERM ignored)."""
+    termed = tmp_path / "got-sigterm"
+    stubborn = (  # notes SIGTERM and runs on
+        f"import signal, time; signal.signal(signal.SIGTERM, lambda *_: open({str(termed)!r}, "
+        f"'w').close()); print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"
+    )
+    started: list[subprocess.Popen] = []
+
+    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
+        cmd = [sys.executable, "-c", stubborn]
+        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
+        assert started[0].stdout.readline().startswith(load.READY)
+        return started[0], cmd
+
+    async def interrupted(url: str, jobs: list[load.Job]) -> dict:
+        raise KeyboardInterrupt  # the first Ctrl-C
+
+    def second_ctrl_c() -> None:  # once the server was asked to stop
+        while not termed.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(load, "start_server", start_server)
+    monkeypatch.setattr(load, "load", interrupted)
+    threading.Thread(target=second_ctrl_c, daemon=True).start()
+    assert load.cli(["--requests", "2", "--out", str(tmp_path / "load.json")]) == 130
+    assert started[0].poll() == -9
+
+
 ANSWERING = """
 import sys
 from aiohttp import web
@@ -331,7 +364,8 @@ def test_a_server_that_is_never_ready_is_a_clear_error(
     tmp_path, monkeypatch, leftovers, capsys, server: str, said: str
 ) -> None:
     """A launched server that never prints its ready line (hung; or gone, its child keeping its
-    output open) ends the command after --start-timeout, killed (it was waited for forever)."""
+    output open) ends the command after --start-timeout, killed with what it started (it was
+    waited for forever)."""
     pid_file = tmp_path / "server.pid"
     leftovers.pid_file(pid_file)
     monkeypatch.setattr(
@@ -340,8 +374,11 @@ def test_a_server_that_is_never_ready_is_a_clear_error(
     out = tmp_path / "load.json"
     assert load.cli(["--requests", "2", "--start-timeout", "2", "--out", str(out)]) == 1
     assert f"decodecliff bench-load: {said}" in capsys.readouterr().err
-    if server == HANGING:  # the server itself, not its child
-        assert not proctree.alive(int(pid_file.read_text()))
+    # the server hung, or the child of the one gone: killed with it (the child was left running)
+    pid, deadline = int(pid_file.read_text()), time.monotonic() + 10
+    while proctree.alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILL sent: its delivery
+    assert not proctree.alive(pid)
     assert not out.exists()
 
 

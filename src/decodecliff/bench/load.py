@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import queue
 import random
 import signal
@@ -346,18 +347,17 @@ def start_server(args: argparse.Namespace, port: int) -> tuple[subprocess.Popen,
     """The server once it printed its ready line; RuntimeError, the server killed, where it
     exited or went --start-timeout without one."""
     cmd = server_command(args, port)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    # its own session: stopped and killed with whatever it started, and Ctrl-C is the bench's
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = first_line(proc, args.start_timeout)
     except KeyboardInterrupt:  # not serving yet: nothing to end gracefully
-        proc.kill()
-        proc.wait()
+        kill_tree(proc)
         raise
     if line is not None and line.startswith(READY):
         return proc, cmd
     hung = proc.poll() is None
-    proc.kill()
-    code = proc.wait()
+    code = kill_tree(proc)
     if line is None and hung:
         raise RuntimeError(
             f"the server was not ready within --start-timeout {args.start_timeout:g} s; killed"
@@ -383,7 +383,7 @@ def first_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
 def stop_server(proc: subprocess.Popen) -> int:
     """SIGTERM, then SIGKILL after STOP_GRACE_S: a server hung in its shutdown neither outlives
     the bench (its port, its device memory) nor costs the record of the load; its exit code."""
-    proc.terminate()
+    _signal_tree(proc, signal.SIGTERM)
     try:
         return proc.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -392,8 +392,24 @@ def stop_server(proc: subprocess.Popen) -> int:
             "SIGTERM; killed",
             file=sys.stderr,
         )
-        proc.kill()
-        return proc.wait()
+        return kill_tree(proc)
+    except KeyboardInterrupt:  # a second Ctrl-C while it stops: no more waiting for it
+        kill_tree(proc)
+        raise
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL to the server and all it started (its session's group); its exit code."""
+    _signal_tree(proc, signal.SIGKILL)
+    return proc.wait()
+
+
+def _signal_tree(proc: subprocess.Popen, sig: int) -> None:
+    # the group outlives its leader while any of it runs (a child holding the server's output)
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # all gone, or a process that leads no group: itself alone
+        proc.send_signal(sig)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
