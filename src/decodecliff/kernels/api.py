@@ -166,8 +166,9 @@ class AttentionBackend(abc.ABC):
     ``init_forward_metadata`` + per-layer ``forward``).
 
     * ``plan(meta)`` runs once per step, before the first layer: it builds what the step's layers
-      share (launch plans, index lists, workspaces). A plan that reads the lengths on the host
-      refuses a request whose kv_len is under its q_len (``check_lengths``).
+      share (launch plans, index lists, workspaces). A plan that reads every request's lengths
+      on the host (the peers', the torch reference's, Triton's on the CPU) refuses a request whose
+      kv_len is under its q_len (``check_lengths``); one captured in a CUDA graph reads none.
     * ``run(q, kv_cache, out)`` runs once per layer with that layer's queries [T, H, 576] and cache
       [pages, page_size, 576], writes ``out`` [T, H, 512] and does launch work only.
     * ``capturable``: ``run`` neither syncs nor allocates, so a step's layers can be captured in a
