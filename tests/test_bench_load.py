@@ -229,6 +229,19 @@ def test_a_cancelled_load_stops_its_health_polls() -> None:
     assert len(polling) == 1 and polling[0].cancelled(), polling
 
 
+def _stand_in(leftovers, started: list[subprocess.Popen], argv: Callable[[int], list[str]]):
+    """A start_server for bench-load that runs ``argv(port)``'s stand-in server (appended to
+    ``started``) once it printed the ready line."""
+
+    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
+        cmd = [sys.executable, "-c", *argv(port)]
+        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
+        assert started[-1].stdout.readline().startswith(load.READY)
+        return started[-1], cmd
+
+    return start_server
+
+
 STUBBORN = (  # a server that ignores SIGTERM (hung in its shutdown)
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     f"print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"
@@ -242,12 +255,7 @@ def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
     record is written with its exit code (it was a TimeoutExpired traceback, no record, and a
     server left running)."""
     started: list[subprocess.Popen] = []
-
-    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
-        cmd = [sys.executable, "-c", STUBBORN]
-        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
-        assert started[0].stdout.readline().startswith(load.READY)
-        return started[0], cmd
+    start_server = _stand_in(leftovers, started, lambda _port: [STUBBORN])
 
     async def no_load(url: str, jobs: list[load.Job]) -> dict:  # the load is not what is tested
         for job in jobs:
@@ -274,12 +282,7 @@ def test_a_second_ctrl_c_while_the_server_stops_kills_it(tmp_path, monkeypatch, 
         f"'w').close()); print({load.READY!r} + 'http://127.0.0.1:1', flush=True); time.sleep(120)"
     )
     started: list[subprocess.Popen] = []
-
-    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
-        cmd = [sys.executable, "-c", stubborn]
-        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
-        assert started[0].stdout.readline().startswith(load.READY)
-        return started[0], cmd
+    start_server = _stand_in(leftovers, started, lambda _port: [stubborn])
 
     async def interrupted(url: str, jobs: list[load.Job]) -> dict:
         raise KeyboardInterrupt  # the first Ctrl-C
@@ -328,13 +331,9 @@ def test_a_failed_reference_request_is_a_clear_error(
     """The server answers a request served alone with an error or what is no answer of its API:
     one line with the reason, the server stopped, no record (it was a traceback)."""
     started: list[subprocess.Popen] = []
-
-    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
-        cmd = [sys.executable, "-c", ANSWERING, str(port), str(status), answer]
-        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
-        assert started[0].stdout.readline().startswith(load.READY)
-        return started[0], cmd
-
+    start_server = _stand_in(
+        leftovers, started, lambda port: [ANSWERING, str(port), str(status), answer]
+    )
     monkeypatch.setattr(load, "start_server", start_server)
     out = tmp_path / "load.json"
     assert load.cli(["--requests", "2", "--out", str(out)]) == 1
@@ -509,13 +508,7 @@ def test_a_server_gone_after_the_streams_leaves_a_record_that_says_why(
     not answer and its exit code, one line, exit 1 (it was a traceback and no record, or a wait
     of 600 s)."""
     started: list[subprocess.Popen] = []
-
-    def start_server(args, port: int) -> tuple[subprocess.Popen, list[str]]:
-        cmd = [sys.executable, "-c", SERVING, str(port), path, fault]
-        started.append(leftovers.popen(cmd, stdout=subprocess.PIPE, text=True))
-        assert started[0].stdout.readline().startswith(load.READY)
-        return started[0], cmd
-
+    start_server = _stand_in(leftovers, started, lambda port: [SERVING, str(port), path, fault])
     monkeypatch.setattr(load, "start_server", start_server)
     monkeypatch.setattr(load, "ANSWER_TIMEOUT_S", 1.0, raising=False)
     monkeypatch.setattr(load, "STOP_GRACE_S", 1.0)
