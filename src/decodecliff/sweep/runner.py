@@ -247,9 +247,9 @@ def _as_exit(exc: BaseException) -> SystemExit:
 
 def run_async(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run(main), with the SIGTERM and SIGHUP handlers its command installed (they end
-    the sweep, or bench-load) run once the event loop has stopped. Run inside the loop, a handler's SystemExit
-    surfaces in whichever task was running, and asyncio logs that task's exception as a
-    traceback; instead such a signal cancels ``main``, as asyncio does for Ctrl-C."""
+    the sweep, or bench-load) run once the event loop has stopped. Run inside the loop, a
+    handler's SystemExit surfaces in whichever task was running, and asyncio logs that task's
+    exception as a traceback; instead such a signal cancels ``main``, as asyncio does for Ctrl-C."""
     handlers = {s: h for s in (signal.SIGTERM, signal.SIGHUP) if callable(h := signal.getsignal(s))}
     if threading.current_thread() is not threading.main_thread():
         handlers = {}  # only the main thread may set handlers (and only it runs them)
