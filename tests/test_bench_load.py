@@ -463,6 +463,8 @@ async def health(request):
 
 async def info(request):
     fault(request)
+    if sys.argv[3] == "misshapen":  # JSON, but not the info the checks read
+        return web.json_response({"running": 0})
     pool = {"free_pages": 8, "num_pages": 8}
     return web.json_response({"running_requests": 0, "waiting_requests": 0, "fragmentation": pool})
 
@@ -475,7 +477,7 @@ def fault(request):
         os._exit(3)
     if request.path == sys.argv[2] and sys.argv[3] == "errs":
         raise web.HTTPInternalServerError(text="engine died")
-    if request.path == sys.argv[2]:  # stalls, as a hung device would hold it
+    if request.path == sys.argv[2] and sys.argv[3] == "stalls":  # as a hung device would hold it
         os.kill(os.getpid(), signal.SIGSTOP)
 
 app = web.Application()
@@ -496,17 +498,18 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=ready)
         ("/get_server_info", "exits", 3),
         ("/get_server_info", "stalls", -9),
         ("/get_server_info", "errs", None),
+        ("/get_server_info", "misshapen", None),
         ("/metrics", "exits", 3),
     ],
-    ids=["info, exits", "info, stalls", "info, errs", "metrics, exits"],
+    ids=["info, exits", "info, stalls", "info, errs", "info, misshapen", "metrics, exits"],
 )
 def test_a_server_gone_after_the_streams_leaves_a_record_that_says_why(
     tmp_path, monkeypatch, leftovers, capsys, path, fault, code
 ) -> None:
-    """The streams served, the server then exits, answers an error or stops answering when asked
-    for its info or metrics: the record is written, its checks failed with what the server did
-    not answer and its exit code, one line, exit 1 (it was a traceback and no record, or a wait
-    of 600 s)."""
+    """The streams served, the server then exits, answers an error or other JSON than its info, or
+    stops answering when asked for its info or metrics: the record is written, its checks failed
+    with what the server did not answer and its exit code, one line, exit 1 (it was a traceback
+    and no record, or a wait of 600 s)."""
     started: list[subprocess.Popen] = []
     start_server = _stand_in(leftovers, started, lambda port: [SERVING, str(port), path, fault])
     monkeypatch.setattr(load, "start_server", start_server)

@@ -43,7 +43,7 @@ from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
 from decodecliff.sweep.launcher import strict_json
 from decodecliff.sweep.runner import run_async
-from decodecliff.values import is_positive_seconds
+from decodecliff.values import is_int, is_positive_seconds
 
 READY = "decodecliff server ready at "
 # Loading a large preset and capturing CUDA graphs takes minutes on a GPU (the sweep's default)
@@ -221,11 +221,22 @@ async def wait_idle(client: httpx.AsyncClient, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         resp = await client.get("/get_server_info", timeout=ANSWER_TIMEOUT_S)
-        info = strict_json(resp.raise_for_status().text)
+        info = checked_info(strict_json(resp.raise_for_status().text))
         idle = info["running_requests"] == 0 and info["waiting_requests"] == 0
         if idle or time.monotonic() > deadline:
             return info
         await asyncio.sleep(0.1)
+
+
+def checked_info(info: object) -> dict:
+    """``info`` where it holds what the load's checks read; ValueError naming what it lacks."""
+    pool = info.get("fragmentation") if isinstance(info, dict) else None
+    read = {"running_requests": info, "waiting_requests": info, "free_pages": pool}
+    read["num_pages"] = pool
+    missing = [k for k, at in read.items() if not (isinstance(at, dict) and is_int(at.get(k)))]
+    if missing:
+        raise ValueError(f"no integer {', '.join(missing)} in the server info")
+    return info
 
 
 def percentile(xs: list[float], q: float) -> float | None:
