@@ -440,7 +440,7 @@ def test_a_stop_signal_stops_the_server_and_exits_128_plus_it(
 
 
 SERVING = """
-import json, os, signal, sys
+import asyncio, json, os, signal, sys
 from aiohttp import web
 
 async def answer(request):
@@ -475,6 +475,9 @@ async def metrics(request):
 def fault(request):
     if request.path == sys.argv[2] and sys.argv[3] == "exits":
         os._exit(3)
+    if request.path == sys.argv[2] and sys.argv[3] == "exits slowly":  # drops the answer first
+        request.transport.close()
+        asyncio.get_running_loop().call_later(0.5, os._exit, 3)
     if request.path == sys.argv[2] and sys.argv[3] == "errs":
         raise web.HTTPInternalServerError(text="engine died")
     if request.path == sys.argv[2] and sys.argv[3] == "stalls":  # as a hung device would hold it
@@ -500,8 +503,16 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=ready)
         ("/get_server_info", "errs", None),
         ("/get_server_info", "misshapen", None),
         ("/metrics", "exits", 3),
+        ("/metrics", "exits slowly", 3),
     ],
-    ids=["info, exits", "info, stalls", "info, errs", "info, misshapen", "metrics, exits"],
+    ids=[
+        "info, exits",
+        "info, stalls",
+        "info, errs",
+        "info, misshapen",
+        "metrics, exits",
+        "metrics, exits after dropping the answer",
+    ],  # fmt: skip
 )
 def test_a_server_gone_after_the_streams_leaves_a_record_that_says_why(
     tmp_path, monkeypatch, leftovers, capsys, path, fault, code

@@ -48,6 +48,7 @@ from decodecliff.values import is_int, is_positive_seconds
 READY = "decodecliff server ready at "
 # Loading a large preset and capturing CUDA graphs takes minutes on a GPU (the sweep's default)
 START_TIMEOUT_S = 900.0
+EXIT_SETTLE_S = 2.0  # for a server that dropped a connection to finish exiting, if it is
 STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
 ANSWER_TIMEOUT_S = 10.0  # for /health, /get_server_info and /metrics: past it the server is hung
 PROMPT_LENS = (16, 64, 200, 500)
@@ -409,6 +410,14 @@ def stop_server(proc: subprocess.Popen) -> int:
         raise
 
 
+def exit_code(proc: subprocess.Popen, wait_s: float) -> int | None:
+    """Its exit code where it has exited, given ``wait_s`` to; None while it runs."""
+    try:
+        return proc.wait(timeout=wait_s) if wait_s > 0 else proc.poll()
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def kill_tree(proc: subprocess.Popen) -> int:
     """SIGKILL to the server and all it started (its session's group); its exit code."""
     _signal_tree(proc, signal.SIGKILL)
@@ -523,11 +532,13 @@ def bench(args: argparse.Namespace) -> int:
     try:
         # a stop signal cancels the load, then raises once its loop is closed (not in a task)
         run = run_async(load(f"http://127.0.0.1:{port}", jobs))
+        # exited on its own: a fault of the load, whatever its code (one that dropped a request
+        # may be exiting still)
+        gone = exit_code(proc, EXIT_SETTLE_S if run["faults"] else 0.0)
     except BenchError as exc:  # no load ran: nothing to record
         print(f"decodecliff bench-load: {exc}", file=sys.stderr)
         return 1
     finally:
-        gone = proc.poll()  # exited on its own: a fault of the load, whatever its code
         code = stop_server(proc)
     if gone is not None:
         run["faults"].insert(0, f"the server exited with code {gone} before it was stopped")
