@@ -521,7 +521,7 @@ class Runner:
     def _round(self, res: dict, rng: prompts.IdRange, r: int, chunk: Chunk, deadline: float):
         """One round of ``concurrency`` streams, each recorded into the point; why it failed."""
         ctx, k, n = res["requested_ctx"], self.cfg.concurrency, self.cfg.requests_per_point
-        timeout = min(chunk.point_timeout_s, deadline - time.monotonic())
+        timeout = _left(deadline, chunk.point_timeout_s)
         where = f" (round {r + 1} of {n})" if n > 1 else ""
         if timeout <= 0:
             return f"chunk timeout ({chunk.timeout_s:g} s) before round {r + 1} of {n}"
@@ -572,7 +572,7 @@ class Runner:
         wait = self.cfg.start_timeout_s
         if self.url_gone_at is not None:
             wait = min(wait, URL_RECHECK_S)
-        budget = min(wait, deadline - time.monotonic())
+        budget = _left(deadline, wait)
         try:
             self.info = self.server.start(timeout_s=max(budget, 0.001))
         except launcher.ServerError as exc:
@@ -608,7 +608,7 @@ class Runner:
         cfg = self.cfg
         if cfg.warmup_tokens == 0:
             return None
-        timeout = max(min(cfg.start_timeout_s, deadline - time.monotonic()), 0.001)
+        timeout = max(_left(deadline, cfg.start_timeout_s), 0.001)
         info = {
             "launch": self.server.launches,
             "prompt_tokens": cfg.warmup_tokens,
