@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shlex
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -476,6 +477,30 @@ def test_engine_flags_fill_the_schemas_defaults() -> None:
     flags = study().engine_flags()
     assert "--modes chain --gemm cublas --draft-len 16 --repeats 5" in flags
     assert flags.endswith("--threads 1") and "--loop-contexts" not in flags
+
+
+@pytest.mark.parametrize("mode", ["chain999", "chain65", "chain1", "tree257", "tree8"])
+def test_a_kernel_mode_the_engine_cannot_verify_is_refused(tmp_path: Path, mode: str) -> None:
+    """chainN and treeN time the verify step of a server's chain of N tokens or tree of N nodes:
+    N beyond the engine's --draft-len or --tree-nodes range was timed as no server runs it."""
+    preset = tmp_path / "study.yaml"
+    preset.write_text(f"kernels:\n  modes: [decode, chain16, {mode}]\n")
+    with pytest.raises(config.ConfigError) as err:
+        config.load([REPO / "config.yaml", preset])
+    said = str(err.value)
+    assert said.startswith(
+        f"invalid study config at config.kernels.modes[2] ({preset}, line 2): {mode}: "
+    ), said
+    assert "chain2..chain64" in said and "tree16..tree256" in said and "\n" not in said
+    meta = {f.name: f.metadata for f in fields(EngineConfig)}
+    limits = [(meta[name]["min"], meta[name]["max"]) for name in ("draft_len", "tree_nodes")]
+    assert limits == [(2, 64), (16, 256)]  # the ranges the message names
+
+
+def test_kernel_modes_at_the_engines_limits_are_valid() -> None:
+    cfg = raw()
+    cfg["kernels"]["modes"] = ["decode", "chain2", "chain64", "tree16", "tree256"]
+    assert Study(cfg).config["kernels"]["modes"][-1] == "tree256"
 
 
 def test_the_engine_sections_gemm_paths_are_the_engines() -> None:

@@ -14,6 +14,7 @@ import copy
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ import jsonschema
 import yaml
 from jsonschema import Draft202012Validator
 
-from decodecliff.engine.config import DEFAULT_GEMM
+from decodecliff.engine.config import DEFAULT_GEMM, EngineConfig
 from decodecliff.helpformat import did_you_mean
 from decodecliff.kernels import registry
 from decodecliff.study import servers as srv
@@ -243,10 +244,12 @@ def validate(
 
 
 def check(cfg: dict) -> None:
-    """What the schema cannot say: unique names and points, timeouts, backend options, templates,
-    KV pools, the servers targets name, and what the engine bench can run on its device."""
+    """What the schema cannot say: the kernel modes' sizes, unique names and points, timeouts,
+    backend options, templates, KV pools, the servers targets name, and what the engine bench can
+    run on its device."""
     _check_gpu_study(cfg)
     _check_name(cfg["study"]["name"], "config.study.name", "study name")
+    _check_kernel_modes(cfg["kernels"]["modes"])
     sweep = cfg["sweep"]
     names = [server["name"] for server in sweep["servers"]]
     for i, server in enumerate(sweep["servers"]):
@@ -410,6 +413,28 @@ def _check_sm120_model(cfg: dict) -> None:
     for i, spec in enumerate(engine.get("backends", [])):
         if engine["device"] == "cuda" and registry.parse_spec(spec)[1].get("model") == "sm120":
             raise ConfigError(f"config.engine.backends[{i}]", why)
+
+
+# The sizes of the verify step a kernel mode times, as the engine takes them: chainN a chain of
+# --draft-len N tokens, treeN a tree of --tree-nodes N nodes.
+MODE_SIZES = {"chain": "draft_len", "tree": "tree_nodes"}
+
+
+def _check_kernel_modes(modes: list[str]) -> None:
+    """Each chainN and treeN of kernels.modes is a verify step the engine runs (the schema says
+    only that N is a positive number)."""
+    meta = {f.name: f.metadata for f in fields(EngineConfig)}
+    ranges = {kind: (meta[name]["min"], meta[name]["max"]) for kind, name in MODE_SIZES.items()}
+    for i, mode in enumerate(modes):
+        match = re.fullmatch(r"(chain|tree)(\d+)", mode)  # else decode: the schema says so
+        if not match or ranges[match[1]][0] <= int(match[2]) <= ranges[match[1]][1]:
+            continue
+        allowed = ", ".join(
+            f"{k}{low}..{k}{high} (the engine's --{MODE_SIZES[k].replace('_', '-')} range)"
+            for k, (low, high) in ranges.items()
+        )
+        why = f"{mode}: no server verifies it; the modes are decode, {allowed}"
+        raise ConfigError(f"config.kernels.modes[{i}]", why)
 
 
 def _check_name(name: str, key: str, what: str) -> None:
