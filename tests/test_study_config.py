@@ -530,6 +530,28 @@ def test_cpu_pool_is_the_engines_default() -> None:
     assert servers.pool_tokens(gpu.sweep, by_name(gpu, "custom-p1")) is None  # the GPU decides
 
 
+def test_the_pool_is_what_the_launch_command_passes() -> None:
+    """--max-total-tokens in a server's args sets its pool only where its command puts {args}: a
+    command without it launches the server at its default pool, which the check took for the
+    args' pool (refusing points that fit it, passing points beyond it)."""
+    s = study()
+    server = by_name(s, "torch-chain16-p1")
+    own = "decodecliff serve --preset {preset} --backend {backend} --device {device} --port {port}"
+    dropped = server | {"command": own, "args": "--max-total-tokens 1000"}
+    assert servers.pool_tokens(s.sweep, dropped) == servers.CPU_DEFAULT_POOL
+    assert servers.pool_tokens(s.sweep, dropped | {"command": f"{own} {{args}}"}) == 1000
+    in_command = dropped | {"command": f"{own} --max-total-tokens 2000"}
+    assert servers.pool_tokens(s.sweep, in_command) == 2000
+    cfg = raw()
+    cfg["sweep"]["servers"][0].update(command=own, args="--max-total-tokens 100")
+    Study(copy.deepcopy(cfg))  # its points fit the pool it is launched with
+    cfg["sweep"]["servers"][0].update(args="--max-total-tokens 100000")
+    cfg["sweep"]["servers"][0]["chunks"][0]["contexts"] = [70000]
+    with pytest.raises(config.ConfigError, match=r"exceed the KV pool .* \(65536 tokens\)") as err:
+        Study(cfg)
+    assert err.value.where == "config.sweep.servers[0].chunks[0].contexts"
+
+
 def test_peers_are_skipped_on_a_cpu_with_the_reason() -> None:
     s = study()
     for name in PEERS:

@@ -131,8 +131,10 @@ def draft_reserve(server: dict) -> int:
 
 def pool_tokens(sweep: dict, server: dict) -> int | None:
     """The server's KV pool when the config fixes it (--max-total-tokens in its command, or the
-    embedded server's CPU default), in whole pages; None when it depends on the GPU's memory."""
-    text = " ".join([template(sweep, server), server.get("args", "")])
+    embedded server's CPU default), in whole pages; None when it depends on the GPU's memory.
+    Read from the command it is launched with: its args count only where the template puts
+    {args}."""
+    text = command(sweep, server)
     found = re.findall(r"--max-total-tokens[ =]+(\d+)", text)
     if found:
         tokens = int(found[-1])
