@@ -165,3 +165,22 @@ def test_help_answers_without_torch_and_shows_every_default(command: str) -> Non
         assert action.required or "default" in shown or action.dest in ("server_cmd", "url"), (
             action.dest
         )
+
+
+def test_the_api_key_s_variable_is_named_once(monkeypatch) -> None:
+    """The variable whose key `decodecliff serve` requires, the sweep sends and the config check
+    names: one name, serve's, which the others import."""
+    from decodecliff.study import config
+    from decodecliff.sweep import launcher
+
+    name = serve_cli.API_KEY_ENV
+    monkeypatch.setenv(name, "s3cret")
+    assert serve_cli.parser().parse_args([]).api_key == "s3cret"
+    assert launcher.auth() == {"Authorization": "Bearer s3cret"}
+    cfg = config.merged([REPO / "config.yaml"])
+    cfg["sweep"]["servers"][0]["args"] = "--api-key s3cret"
+    with pytest.raises(config.ConfigError, match=re.escape(f"set ${name}, which both read")):
+        config.validate(cfg)
+    written = {p.relative_to(REPO).as_posix(): p.read_text().count(name)
+               for p in (REPO / "src").rglob("*.py") if name in p.read_text()}  # fmt: skip
+    assert written == {"src/decodecliff/server/cli.py": 1}

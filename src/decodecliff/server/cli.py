@@ -16,6 +16,10 @@ from decodecliff.engine.config import EngineConfig, add_options
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.kernels import registry
 
+# The variable whose key the server requires where --api-key is not given; the sweep sends the
+# key it holds, so a server it launches in the same environment is swept with its key.
+API_KEY_ENV = "DECODECLIFF_API_KEY"
+
 DESCRIPTION = (
     "Serve the synthetic MLA model over SGLang's native HTTP API and OpenAI's, so the same "
     "streaming sweep (and SGLang's, vLLM's and GuideLLM's benchmark clients) run against this "
@@ -62,10 +66,10 @@ def add_limits(p: argparse.ArgumentParser) -> None:
     """Who may call, and what one request may cost (server.guard.Settings)."""
     p.add_argument(
         "--api-key",
-        default=os.environ.get("DECODECLIFF_API_KEY"),
+        default=os.environ.get(API_KEY_ENV),
         help="require 'Authorization: Bearer KEY' on every route but /health, /ping and /metrics, "
         "as SGLang's --api-key; set it when listening beyond loopback (default: "
-        "$DECODECLIFF_API_KEY, else no key)",
+        f"${API_KEY_ENV}, else no key)",
     )
     p.add_argument(
         "--max-request-mb",

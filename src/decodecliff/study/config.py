@@ -500,9 +500,8 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
         except ValueError as exc:
             raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
         if any(w == "--api-key" or w.startswith("--api-key=") for w in words[at + 2 :]):
-            why = (
-                "--api-key: the sweep would send no key; set $DECODECLIFF_API_KEY, which both read"
-            )
+            why = "--api-key: the sweep would send no key; "
+            why += f"set ${serve.API_KEY_ENV}, which both read"
             raise ConfigError(where, why)
 
 

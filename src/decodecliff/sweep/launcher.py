@@ -33,6 +33,8 @@ from typing import BinaryIO
 
 import httpx
 
+from decodecliff.server.cli import API_KEY_ENV  # the key `decodecliff serve` requires
+
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -112,12 +114,9 @@ def render_command(template: str, host: str, port: int | str) -> tuple[dict[str,
     return env, words
 
 
-API_KEY_ENV = "DECODECLIFF_API_KEY"  # the key `decodecliff serve` requires where it is set
-
-
 def auth() -> dict[str, str]:
-    """The headers of every request to the server: the key of $DECODECLIFF_API_KEY, as a server
-    started in the same environment requires it (and as an OpenAI client sends its key)."""
+    """The headers of every request to the server: the key of $API_KEY_ENV, as a server started
+    in the same environment requires it (and as an OpenAI client sends its key)."""
     key = os.environ.get(API_KEY_ENV)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
