@@ -399,6 +399,30 @@ def test_a_literal_brace_reaches_the_launched_server_as_written() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("preset", [None, "h200"])
+def test_backend_options_of_a_server_given_by_url_are_refused(tmp_path: Path, preset) -> None:
+    """backend_options reach a server only as the --backend-option flags of the command the sweep
+    launches it with: a server given by url runs as it was started, so {model: sm120} there was
+    taken without a word (and made its points wait for the kernel library) but never applied."""
+    cfg = raw(preset)
+    i = next(i for i, s in enumerate(cfg["sweep"]["servers"]) if s["backend"] == "flashinfer")
+    server = cfg["sweep"]["servers"][i]
+    server.update(url="http://gpu-node:30000", backend_options={"backend": "fa2", "model": "sm120"})
+    server.pop("command", None)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(config.ConfigError) as err:
+        config.load([path])
+    said = str(err.value)
+    assert said.startswith(
+        f"invalid study config at config.sweep.servers[{i}].backend_options ({path}, line "
+    ), said
+    assert "given by url" in said and "--backend-option" in said and "\n" not in said
+    server["backend_options"] = {}  # what it runs is what it was started with
+    point = Study(cfg).point(server["name"], server["chunks"][0]["contexts"][0])
+    assert point.target == "--url http://gpu-node:30000" and not point.needs_kernel_lib
+
+
 def test_url_server_is_swept_where_it_runs() -> None:
     cfg = raw()
     cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"

@@ -276,6 +276,13 @@ def check(cfg: dict) -> None:
         if server.get("url") and not is_server_url(server["url"]):
             why = f"{server['url']!r} is no http(s)://HOST[:PORT][/PREFIX]"
             raise ConfigError(f"{key}.url", why)
+        if server.get("url") and server["backend_options"]:
+            why = (
+                "a server given by url runs with the options it was started with: the sweep "
+                "passes --backend-option only to a server it launches (start that server with "
+                "them, and drop them here)"
+            )
+            raise ConfigError(f"{key}.backend_options", why)
         if not server.get("url"):
             _check_template(sweep, server, key)
             if not (gpu_only and sweep["device"] != "cuda"):  # else recorded as skipped
@@ -405,9 +412,8 @@ def _check_sm120_model(cfg: dict) -> None:
     if cfg["kernels"].get("sm120_model"):
         raise ConfigError("config.kernels.sm120_model", why)
     sweep = cfg["sweep"]
-    for i, server in enumerate(sweep["servers"]):
-        uses = server["backend_options"].get("model") == "sm120" and not server.get("url")
-        if uses and sweep["device"] == "cuda":
+    for i, server in enumerate(sweep["servers"]):  # one given by url has no options (check)
+        if server["backend_options"].get("model") == "sm120" and sweep["device"] == "cuda":
             raise ConfigError(f"config.sweep.servers[{i}].backend_options", why)
     engine = cfg.get("engine", {})
     for i, spec in enumerate(engine.get("backends", [])):
