@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from proctree import Leftovers, alive, gone, parent, session, wait_for
 
-from decodecliff.sweep import launcher
+from decodecliff.sweep import launcher, watchdog
 
 FAULTY = Path(__file__).with_name("faulty_server.py")
 
@@ -185,3 +185,44 @@ def test_relaunches_on_a_fresh_port_share_one_start_timeout(tmp_path, leftovers)
         server.start(timeout_s=3)
     # each launch takes 2 s to lose its port: a third one would start past the 3 s
     assert server.launches <= 2
+
+
+def _open_fds() -> set[int]:
+    """This process's open file descriptors (not the one that listed them, closed by then)."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+        except OSError:
+            continue
+        fds.add(int(name))
+    return fds
+
+
+def test_a_keeper_that_cannot_be_started_leaves_no_pipe_open(tmp_path, monkeypatch, leftovers):
+    # The keeper runs under this Python: a missing one fails its Popen before any keeper runs.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    server = launcher.Server("sleep 600 {port}")
+    before = _open_fds()
+    for _ in range(3):
+        with pytest.raises(launcher.ServerError, match="cannot launch the server's keeper"):
+            server.start(timeout_s=30)
+    assert _open_fds() == before  # the report's read end and the lifeline were left open
+    assert server.lifeline is None and server.proc is None
+
+
+def test_a_command_the_keeper_cannot_start_leaves_it_no_pipe_open(tmp_path, monkeypatch):
+    # In the keeper's own process (spawn, as main calls it), with a capped log: the pipe of the
+    # command's output is made before the command fails to start.
+    log = open(tmp_path / "serve.log", "a+b")  # noqa: SIM115 (closed below)
+    monkeypatch.setattr(sys, "stdout", log)  # the keeper's standard output is the log
+    report_r, report_w = os.pipe()
+    before = _open_fds() - {report_w}  # spawn closes the report's write end
+    keeper = watchdog.Keeper(wake=-1)
+    try:
+        assert not watchdog.spawn(keeper, [str(tmp_path / "no-such-program")], report_w, 4096)
+        assert os.read(report_r, 512).decode().startswith("error: ")
+        assert _open_fds() == before and keeper.out is None
+    finally:
+        os.close(report_r)
+        log.close()

@@ -308,8 +308,14 @@ class Server:
                 start_new_session=True,
                 pass_fds=(report_w,),
             )
-        except OSError as exc:
-            raise ServerError(f"cannot launch the server's keeper: {exc}") from exc
+        except BaseException as exc:  # no keeper (no Python there, a bad argument, a signal):
+            # the sweep's ends of its pipes are closed too, none is left open
+            os.close(report_r)
+            os.close(self.lifeline)
+            self.lifeline = None
+            if isinstance(exc, OSError):
+                raise ServerError(f"cannot launch the server's keeper: {exc}") from exc
+            raise
         finally:
             os.close(lifeline_r)
             os.close(report_w)

@@ -202,9 +202,9 @@ def exit_as(status: int | None) -> None:
     os._exit(128 + sig)  # a signal that does not kill by default
 
 
-def spawn(keeper: Keeper, command: list[str], report: int, log_cap: int) -> None:
+def spawn(keeper: Keeper, command: list[str], report: int, log_cap: int) -> bool:
     """Start the command (its output through a pipe to a log of ``log_cap`` bytes at most, where
-    that is above 0) and report its pid (or why it cannot start, then exit 127)."""
+    that is above 0) and report its pid, or why it cannot start (then False, the pipe closed)."""
     out = None
     try:
         if log_cap > 0:
@@ -222,8 +222,10 @@ def spawn(keeper: Keeper, command: list[str], report: int, log_cap: int) -> None
     os.close(report)
     if out is not None:
         os.close(out)  # the command's, and its descendants', alone
-    if keeper.pid is None:
-        os._exit(127)
+    if keeper.pid is None and keeper.out is not None:
+        os.close(keeper.out)  # no command: nothing will write to it
+        keeper.out = None
+    return keeper.pid is not None
 
 
 def main(argv: list[str]) -> None:
@@ -237,7 +239,8 @@ def main(argv: list[str]) -> None:
     for sig in (signal.SIGCHLD, *STOP_SIGNALS):
         signal.signal(sig, lambda *_: None)  # the wakeup fd carries them
     keeper = Keeper(wake_r)
-    spawn(keeper, command, report, log_cap)
+    if not spawn(keeper, command, report, log_cap):
+        os._exit(127)
     watch(keeper)
     keeper.stop_tree(grace)
     keeper.drain()
