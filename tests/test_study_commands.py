@@ -579,6 +579,51 @@ def test_a_launch_logged_further_is_taken_whole_and_one_logged_otherwise_stops(t
     assert runs.merged_log("no launch here\n", "no launch, other text\n") is None
 
 
+def test_a_server_log_moved_to_log_1_merges_with_its_log(tmp_path, monkeypatch) -> None:
+    """The keeper moves a server log over half its cap to LOG.1 when it launches a server: a
+    later call brings back the launch the folder holds (logged further) in LOG.1, the next one in
+    the log. The two are one log, merged by its launches, each kept in the file the latest call
+    has it in; the folder's LOG.1 keeps what a call's no longer holds."""
+    older = LOG + ".1"
+    calls = {
+        "a.tar": {LOG: launch(1).removesuffix("bye\n")},  # launch 1, packed as it ran
+        "b.tar": {older: launch(1), LOG: launch(2)},  # moved at launch 2
+        "c.tar": {older: launch(2), LOG: launch(3)},  # moved again at launch 3
+    }
+    tars = [_tar(tmp_path / name, files) for name, files in calls.items()]
+    run = tmp_path / "run"
+    runs.merge_calls(tars[:2], run)
+    assert (run / older).read_text() == launch(1) and (run / LOG).read_text() == launch(2)
+    runs.merge_calls(tars[2:], run)
+    assert (run / older).read_text() == launch(1) + launch(2)
+    assert (run / LOG).read_text() == launch(3)
+    again = runs.merge_calls(tars, run)  # every call again: nothing to do
+    assert not again.added and not again.extended
+    other = launch(2).replace("ready", "crashed")
+    with pytest.raises(ValueError, match=r"custom-p1\.log \(a launch logged otherwise\)"):
+        runs.merge_calls([_tar(tmp_path / "d.tar", {older: other})], run)
+    # a merge stopped between the two files' writes is completed by merging the call again
+    write_bytes = Path.write_bytes
+    for stop in (1, 2):
+        part = tmp_path / f"part{stop}"
+        runs.merge_calls(tars[:1], part)
+        writes = []
+
+        def cut(path: Path, data: bytes, stop=stop, writes=writes) -> int:
+            writes.append(path)
+            if len(writes) == stop:
+                raise KeyboardInterrupt
+            return write_bytes(path, data)
+
+        monkeypatch.setattr(Path, "write_bytes", cut)
+        with pytest.raises(KeyboardInterrupt):
+            runs.merge_calls(tars[1:2], part)
+        monkeypatch.setattr(Path, "write_bytes", write_bytes)
+        runs.merge_calls(tars[1:], part)
+        assert (part / older).read_text() == launch(1) + launch(2), stop
+        assert (part / LOG).read_text() == launch(3), stop
+
+
 def test_a_run_folder_holds_one_commit(tmp_path: Path) -> None:
     import json
 

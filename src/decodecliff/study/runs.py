@@ -15,7 +15,9 @@ server on the machine, so a folder is filled by merging, not by copying over:
 * a file the folder lacks is added; one it holds with the same bytes is left alone;
 * a server log (``sweep/SERVER/server-SERVER.log``) gains the launches it lacks (each begins
   with a ``==== launch`` line, which names its time), and a launch a later call brings back
-  longer (the same launch, logged further) is taken whole;
+  longer (the same launch, logged further) is taken whole; a log and its ``.log.1`` (where the
+  keeper moved the log over half its cap when it launched a server) merge as one log, each
+  launch kept in the file the latest call holds it in, the earlier ones in ``.log.1``;
 * a point that records a failure (a server that died, a timeout, a call cut short: ``status``
   neither ok nor skipped) never displaces what the folder holds, and an ok point displaces a
   failed one: the failed attempt is filed under ``failed/`` (its path, a hash of its bytes), with
@@ -66,6 +68,7 @@ RULE_LOG = re.compile(
 FAILED = "failed"  # attempts that gave no key its result, kept on record
 MEASURED_STATUS = ("ok", "skipped")  # a point's status where the point is the key's result
 SERVER_LOG = re.compile(r"^sweep/[^/]+/server-[^/]+\.log$")
+ROTATED = ".1"  # a server log's earlier part, moved aside at a launch (sweep/launcher.py: LOG.1)
 LEFT_OUT = re.compile(r"(^build/\.built-by-rule-|\.so$)")
 LAUNCH = re.compile(r"(?=\n==== launch )")  # the server writes a blank line before each
 
@@ -150,6 +153,74 @@ def merged_log(have: str, new: str) -> str | None:
     extra = [block for header, block in theirs.items() if header not in known]
     sep = "" if not have or have.endswith("\n") else "\n"
     return have + sep + "".join(extra) if extra else have
+
+
+def _blocks(text: str) -> list[str]:
+    """``text`` cut before each ``==== launch`` line (what comes before the first one first)."""
+    blocks = LAUNCH.split("\n" + text)
+    blocks[0] = blocks[0][1:]
+    return blocks
+
+
+def _header(block: str) -> str | None:
+    """A launch's ``==== launch`` line (None for text before the first launch)."""
+    return block.splitlines()[1] if block.startswith("\n==== launch ") else None
+
+
+def _joined(older: str, log: str) -> str:
+    """A server log and its LOG.1 as one text, LOG.1 first. A launch in both (a call packed as
+    the keeper moved the log, a merge stopped between the two files' writes) is kept once, as
+    LOG.1 holds it, where that is as far or further."""
+    held = launches(older)
+
+    def moved(block: str) -> bool:
+        header = _header(block)
+        return header in held and held[header].startswith(block.rstrip("\n"))
+
+    return older + "".join(b for b in _blocks(log) if not moved(b))
+
+
+def _split_after(text: str, earlier: set[str]) -> tuple[str, str]:
+    """``text`` cut after the last launch named in ``earlier``: (LOG.1's part, the log's)."""
+    cut = end = 0
+    for block in _blocks(text):
+        end += len(block)
+        if _header(block) in earlier:
+            cut = end
+    return text[:cut], text[cut:]
+
+
+def _merge_server_log(
+    name: str, log: bytes | None, older: bytes | None, run_dir: Path, merge: Merge
+) -> None:
+    """A call's server log ``name`` and its LOG.1 (None: the call has no such file), merged with
+    the folder's pair by their launches (``merged_log``) as one log, cut into the two again."""
+    rotated = name + ROTATED
+    have_log, have_older = merge.holds(name, run_dir), merge.holds(rotated, run_dir)
+    # byte for byte (latin-1): a log packed while its server wrote may end inside a UTF-8
+    # character (tqdm's bars) and is still a prefix of the log written further
+    text = lambda data: (data or b"").decode("latin-1")  # noqa: E731
+    new = _joined(text(older), text(log))
+    if have_log is None and have_older is None:
+        merged = new
+    elif (merged := merged_log(_joined(text(have_older), text(have_log)), new)) is None:
+        merge.conflicts.append(f"{name} (a launch logged otherwise)")
+        return
+    earlier = set(launches(text(have_older))) | set(launches(text(older)))
+    parts = _split_after(merged, earlier)
+    for part, came, have, data in zip(
+        (rotated, name), (older, log), (have_older, have_log), parts, strict=True
+    ):
+        data = data.encode("latin-1")
+        if have == data or (have is None and not data):
+            if came is not None:
+                merge.unchanged.append(part)
+        elif have is None and not _free(run_dir, part):
+            merge.conflicts.append(f"{part} (a folder, or under a file)")
+        elif have is None or part in merge.added:
+            merge.added[part] = data
+        else:
+            merge.extended[part] = data
 
 
 def point_status(data: bytes) -> str | None:
@@ -265,7 +336,12 @@ def _sort_attempts(files: dict[str, bytes], run_dir: Path, merge: Merge) -> dict
 def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = None) -> Merge:
     """What writing ``files`` into ``run_dir`` would do (nothing is written)."""
     merge = merge or Merge()
-    for name, data in sorted(_sort_attempts(files, run_dir, merge).items()):
+    files = _sort_attempts(files, run_dir, merge)
+    for name in sorted({n.removesuffix(ROTATED) for n in files}):
+        if SERVER_LOG.match(name):  # a server log and its LOG.1, together
+            older = files.pop(name + ROTATED, None)
+            _merge_server_log(name, files.pop(name, None), older, run_dir, merge)
+    for name, data in sorted(files.items()):
         have = merge.holds(name, run_dir)
         if have is None and not _free(run_dir, name):
             merge.conflicts.append(f"{name} (a folder, or under a file)")
@@ -277,17 +353,6 @@ def plan_merge(files: dict[str, bytes], run_dir: Path, merge: Merge | None = Non
             merge.added[name] = data
         elif have == data or (name == BUILD_RECORD and _same_build(have, data)):
             merge.unchanged.append(name)
-        elif SERVER_LOG.match(name):
-            # byte for byte (latin-1): a log packed while its server wrote may end inside a
-            # UTF-8 character (tqdm's bars) and is still a prefix of the log written further
-            text = merged_log(have.decode("latin-1"), data.decode("latin-1"))
-            if text is None:
-                merge.conflicts.append(f"{name} (a launch logged otherwise)")
-            elif (text := text.encode("latin-1")) == have:
-                merge.unchanged.append(name)
-            else:
-                target = merge.added if name in merge.added else merge.extended
-                target[name] = text
         else:
             merge.conflicts.append(name)
     return merge
@@ -448,9 +513,12 @@ def merge_calls(tars: list[Path], run_dir: Path) -> Merge:
     # each file whole, the failed attempts first and the points and benches last (after their
     # logs), so that merging the same calls again completes a merge stopped part way: a point
     # that came is not read as a rerun cut short, nor does one displace what is not yet on record
+    # (a server log's LOG.1 before the log: stopped between the two, LOG.1 holds what moved)
     writes = merge.writes()
     last = [n for n in writes if POINT.match(n) or BENCH.match(n)]
-    for name in [*merge.filed, *(n for n in writes if n not in last), *last]:
+    rotated = lambda n: n.endswith(ROTATED) and SERVER_LOG.match(n.removesuffix(ROTATED))  # noqa: E731
+    rest = sorted((n for n in writes if n not in last), key=lambda n: not rotated(n))
+    for name in [*merge.filed, *rest, *last]:
         _write_whole(run_dir / name, writes[name])
     return merge
 
