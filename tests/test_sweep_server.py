@@ -613,6 +613,29 @@ def test_a_server_stalled_after_a_point_is_asked_about_it_no_longer_than_the_chu
 
 
 @pytest.mark.slow  # a sweep and its server
+def test_a_server_stalled_on_its_first_info_is_asked_no_longer_than_the_chunk_lasts(
+    tmp_path, monkeypatch
+):
+    """A server that stalls on the server info the start asks for once it is healthy: that read
+    is held to the chunk's deadline, as the calls around a point are (its own limit is 10 s, more
+    than the chunk's 9 s). The reads are watched, each passed on to the server as asked."""
+    asked = []
+    ask = launcher.server_info
+
+    def watched(url: str, timeout: float = 10.0) -> dict:
+        asked.append(timeout)
+        return ask(url, timeout)
+
+    monkeypatch.setattr(launcher, "server_info", watched)
+    point, rest = _stalling(tmp_path, 9.0, "info", 1, warmup=0)
+    assert asked, "the server was not healthy within the chunk: nothing asked"
+    assert max(asked) <= 9.0, asked
+    assert point["status"] == "failed" and point["server_launch"] == 1
+    assert point["reason"].startswith("chunk timeout (9 s) before the point"), point["reason"]
+    assert rest["status"] == "failed" and rest["reason"] == "chunk timeout (9 s) before the point"
+
+
+@pytest.mark.slow  # a sweep and its server
 def test_an_unexpected_error_fails_its_point_only(tmp_path):
     """A fault in the sweep's own code (injected: no input causes one) fails that point, with
     its traceback; the server is stopped and started again for the next point."""

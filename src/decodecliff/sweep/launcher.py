@@ -63,6 +63,7 @@ def _finite_float(text: str) -> float:
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 REPORT_TIMEOUT_S = 60.0  # for the keeper to start the command (a Python start on a busy host)
+INFO_S = 10.0  # for the server info (server_info), in all
 PORT_ATTEMPTS = 3  # launches on fresh ports when another process took the one picked
 PORT_TAKEN = re.compile(r"address already in use|errno 98\b|EADDRINUSE", re.IGNORECASE)
 # Each launch's own token in the launched command's environment, which `decodecliff serve` reports
@@ -135,7 +136,7 @@ def health_problem(url: str, timeout: float = 5.0) -> str | None:
     return None if status == 200 else f"GET /health answered {status}"
 
 
-def server_info(url: str, timeout: float = 10.0) -> dict:
+def server_info(url: str, timeout: float = INFO_S) -> dict:
     """The server's self-description (/get_server_info, or /server_info on newer SGLang), asked
     for within ``timeout`` s in all; {} where neither answers in time."""
     deadline = time.monotonic() + timeout
@@ -221,8 +222,10 @@ class Server:
         for a URL server)."""
         return self.proc.poll() if self.proc else None
 
-    def start(self, timeout_s: float) -> dict:
-        """Launch (if a template) and wait until healthy; return its server info.
+    def start(self, timeout_s: float, info_deadline: float | None = None) -> dict:
+        """Launch (if a template) and wait until healthy; return its server info, asked for
+        within INFO_S s, and not past ``info_deadline`` (a time.monotonic()) where given: {}
+        where no time is left for it.
 
         A port picked free can be taken by another process before the server binds it; a
         server that exits saying so (in its log) is launched again on a fresh port, within what
@@ -231,10 +234,10 @@ class Server:
         """
         deadline = time.monotonic() + timeout_s
         if not self.launched:
-            return self._wait_healthy(deadline, timeout_s)
+            return self._wait_healthy(deadline, timeout_s, info_deadline)
         for _ in range(PORT_ATTEMPTS - 1):
             try:
-                return self._start_once(deadline, timeout_s)
+                return self._start_once(deadline, timeout_s, info_deadline)
             except ServerError as exc:
                 if not isinstance(exc, PortTaken) and not self._lost_its_port():
                     raise
@@ -243,7 +246,7 @@ class Server:
                         f"server not healthy within the start timeout ({timeout_s:g} s); "
                         f"last: {exc}"
                     ) from None
-        return self._start_once(deadline, timeout_s)
+        return self._start_once(deadline, timeout_s, info_deadline)
 
     def _last_words(self, limit: int = 300) -> str:
         """The last line the last launch wrote to its log (its error, as a rule), shortened."""
@@ -276,7 +279,7 @@ class Server:
             log.seek(self.log_start)
             return PORT_TAKEN.search(log.read().decode(errors="replace")) is not None
 
-    def _start_once(self, deadline: float, timeout_s: float) -> dict:
+    def _start_once(self, deadline: float, timeout_s: float, info_deadline: float | None) -> dict:
         self.stop()
         port = free_port(self.host) if "{port}" in self.template else 0
         env, argv = render_command(self.template, self.host, port)
@@ -289,7 +292,7 @@ class Server:
             self._launch(argv, {**env, LAUNCH_ID_ENV: self.launch_id}, log)
         finally:
             log.close()
-        return self._wait_healthy(deadline, timeout_s)
+        return self._wait_healthy(deadline, timeout_s, info_deadline)
 
     def _launch(self, argv: list[str], env: dict[str, str], log: BinaryIO) -> None:
         """Start the keeper running ``argv``; learn the command's pid from it."""
@@ -344,8 +347,11 @@ class Server:
         log.flush()
         return log
 
-    def _wait_healthy(self, deadline: float, timeout_s: float) -> dict:
-        """The server info once healthy before ``deadline`` (of the start's ``timeout_s``)."""
+    def _wait_healthy(
+        self, deadline: float, timeout_s: float, info_deadline: float | None = None
+    ) -> dict:
+        """The server info once healthy before ``deadline`` (of the start's ``timeout_s``), asked
+        for until ``info_deadline`` at most (``start``)."""
         problem = "not asked"
         while time.monotonic() < deadline:
             code = self.exit_code()
@@ -358,7 +364,10 @@ class Server:
                 )
             problem = health_problem(self.url, min(5.0, max(0.5, deadline - time.monotonic())))
             if problem is None:
-                return self._own_info(server_info(self.url))
+                wait = INFO_S
+                if info_deadline is not None:
+                    wait = min(wait, info_deadline - time.monotonic())  # <= 0: not asked
+                return self._own_info(server_info(self.url, wait))
             time.sleep(0.25)
         self.stop()
         raise ServerError(

@@ -574,7 +574,7 @@ class Runner:
             wait = min(wait, URL_RECHECK_S)
         budget = _left(deadline, wait)
         try:
-            self.info = self.server.start(timeout_s=max(budget, 0.001))
+            self.info = self.server.start(timeout_s=max(budget, 0.001), info_deadline=deadline)
         except launcher.ServerError as exc:
             self.up = False
             self.server.stop()
