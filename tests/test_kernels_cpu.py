@@ -580,6 +580,26 @@ def test_sglang_plans_an_empty_step_as_one_that_writes_nothing() -> None:
             assert backend(empty_batch(**hints)).shape == (0, 2, D_V), (kernel, hints)
 
 
+def test_flashinfer_plans_an_empty_step_as_one_that_writes_nothing(monkeypatch) -> None:
+    # plan() concatenated the requests' page lists, none for no request (torch.cat of nothing
+    # raised), and planned FlashInfer's wrapper for a step of no query rows; an empty step is
+    # planned as the other backends plan it, before any FlashInfer call: run() launches nothing.
+    # Without a GPU: the backend is made without its constructor (which sets up FlashInfer on
+    # one), and the step's metadata says it is on a GPU (FlashInfer refuses any other).
+    from decodecliff.kernels import peers
+    from decodecliff.kernels.api import AttnMeta
+
+    monkeypatch.setattr(AttnMeta, "device", property(lambda self: torch.device("cuda")))
+    backend = object.__new__(peers.FlashInferAttention)
+    i32 = {"dtype": torch.int32}
+    no_rows = AttnBatch.build(
+        torch.empty(0, 2, D_QK), torch.randn(3, 4, D_QK), torch.zeros(2, 2, **i32),
+        torch.tensor([3, 5], **i32), torch.zeros(3, **i32), 0.1,
+    )  # fmt: skip
+    for batch in (empty_batch(), empty_batch(max_q_len=1, max_kv_len=8), no_rows):
+        assert backend(batch).shape == (0, 2, D_V), batch.meta
+
+
 def test_sglang_refuses_a_request_of_fewer_kv_than_query_tokens() -> None:
     # plan() took kv_len - q_len as the request's prefix: a negative one sliced its row lists
     # from their end, and the kernels ran on them.

@@ -433,6 +433,7 @@ class FlashInferAttention(AttentionBackend):
         self.version = importlib.metadata.version("flashinfer-python")
         self.workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.int8, device="cuda")
         self.wrapper = None  # the wrapper planned last, which run() uses
+        self.empty = False  # the step planned last has no query row: run() launches nothing
         self._wrappers: dict[int, object] = {}  # per batch size
         self._sizes: tuple[int, int] = (0, 0)  # (requests, pages) the index buffers hold
         self._bufs: tuple[torch.Tensor, ...] = ()
@@ -476,6 +477,9 @@ class FlashInferAttention(AttentionBackend):
         self.check(meta)
         q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
         self.check_lengths(q_lens, kv_lens)
+        self.empty = not any(q_lens)
+        if self.empty:  # no request, or no query row: nothing for FlashInfer to plan or run
+            return
         pages = [math.ceil(n / meta.page_size) for n in kv_lens]
         indices = torch.cat([meta.page_table[r, :p] for r, p in enumerate(pages)])
         rows, width = meta.page_table.shape
@@ -487,6 +491,10 @@ class FlashInferAttention(AttentionBackend):
         )  # fmt: skip
 
     def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.empty:
+            return out
+        if self.wrapper is None:
+            raise RuntimeError("flashinfer attention: run() before plan()")
         q_nope, q_pe = q[..., :D_V], q[..., D_V:]
         ckv, kpe = kv_cache[..., :D_V], kv_cache[..., D_V:]
         with self._sized():
