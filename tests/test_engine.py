@@ -384,6 +384,28 @@ def test_mha_prefill_attention_equals_the_absorbed_path_per_layer(dtype, tol, pr
     assert (mha_logits - ref).abs().max() <= 10 * tol * ref.abs().max()
 
 
+def test_a_step_s_plan_is_told_the_rows_of_its_cache():
+    """The engine's steps give the plan the cache's rows (AttnMeta.kv_rows, read from its shape):
+    a backend whose int32 slots cannot reach them all refuses the cache from it."""
+
+    class Rows(TorchAttention):
+        def __init__(self) -> None:
+            super().__init__(torch.float32)
+            self.rows: list[int | None] = []
+
+        def plan(self, meta):
+            self.rows.append(meta.kv_rows)
+            return super().plan(meta)
+
+    model = SyntheticMLA(PRESETS["tiny"], "cpu", torch.float32, seed=3)
+    step, dim = prefill_step(0, 5, 3, seed=1), PRESETS["tiny"].kv_row_dim
+    backend = Rows()
+    model.forward(step, torch.zeros(len(model.layers), 64, 3, dim), backend)
+    h = torch.randn(5, PRESETS["tiny"].hidden)
+    layer_attention(model, model.layers[0], h, step, torch.zeros(64, 3, dim), backend=backend)
+    assert backend.rows == [64 * 3, 64 * 3]
+
+
 class RecordingAttention(TorchAttention):
     """The torch backend, remembering how many query tokens per request each step had."""
 

@@ -600,6 +600,39 @@ def test_flashinfer_plans_an_empty_step_as_one_that_writes_nothing(monkeypatch) 
         assert backend(batch).shape == (0, 2, D_V), batch.meta
 
 
+def test_int32_slots_are_refused_for_a_cache_past_their_reach() -> None:
+    # The Triton baseline's kernels and SGLang's address a cache row's columns as slot x 576 +
+    # column in int32: with int32 slots (index_dtype=int32), rows from 2^31 // 576 on were read
+    # from other rows, silently. A plan knows the cache's rows on the host (AttnMeta.kv_rows,
+    # from the cache's shape) and refuses such a cache; int64 slots reach every row. The cache
+    # here is one row seen as many (the plans read its shape only).
+    from decodecliff.kernels.api import INT32_SLOT_ROWS
+
+    tb = pytest.importorskip("decodecliff.kernels.triton_baseline")
+    assert INT32_SLOT_ROWS == 3_728_270 and (INT32_SLOT_ROWS + 1) * D_QK > 2**31
+    backends = [tb.TritonAttention(index_dtype="int32"),
+                tb.TritonAttention(decode="extend", index_dtype="int32")]  # fmt: skip
+    try:
+        peers = importlib.import_module("decodecliff.kernels.peers")
+        for kernel in ("extend", "decode"):
+            backends.append(peers.SGLangAttention(kernel, 4, index_dtype="int32", interpreted=True))
+    except ModuleNotFoundError:
+        pass  # sglang not installed: the Triton baseline's alone
+
+    def batch(rows: int) -> AttnBatch:
+        small = random_batch([40, 20], 1, heads=2, dtype=torch.float32, seed=1)
+        cache = small.kv_cache[:1, :1].expand(rows, 1, D_QK)
+        m = small.meta
+        return AttnBatch.build(small.q, cache, m.page_table, m.kv_lens, m.q_indptr, m.sm_scale)
+
+    assert batch(100).meta.kv_rows == 100
+    for backend in backends:
+        with pytest.raises(ValueError, match=r"cache of 3,728,271 rows .* 3,728,270 rows"):
+            backend.plan(batch(INT32_SLOT_ROWS + 1).meta)
+        backend.plan(batch(INT32_SLOT_ROWS).meta)  # its last row is within reach
+    tb.TritonAttention(index_dtype="int64").plan(batch(INT32_SLOT_ROWS + 1).meta)
+
+
 def test_sglang_refuses_a_request_of_fewer_kv_than_query_tokens() -> None:
     # plan() took kv_len - q_len as the request's prefix: a negative one sliced its row lists
     # from their end, and the kernels ran on them.

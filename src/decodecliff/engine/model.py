@@ -59,9 +59,15 @@ class StepInput:
     mha: bool = False  # prefill: decompressed multi-head attention instead of the backend
 
     def attn_meta(
-        self, num_heads: int, page_size: int, sm_scale: float, chained: bool = False
+        self,
+        num_heads: int,
+        page_size: int,
+        sm_scale: float,
+        chained: bool = False,
+        kv_rows: int | None = None,
     ) -> AttnMeta:
-        """The step's attention metadata, planned once and shared by every layer."""
+        """The step's attention metadata, planned once and shared by every layer (``kv_rows``:
+        the rows of the cache it reads)."""
         return AttnMeta(
             page_table=self.page_table,
             kv_lens=self.kv_lens,
@@ -75,6 +81,7 @@ class StepInput:
             max_kv_len=self.max_kv_len,
             total_kv_len=self.total_kv_len,
             chained=chained,
+            kv_rows=kv_rows,
         )
 
 
@@ -275,7 +282,8 @@ class SyntheticMLA:
 
     def plan(self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend) -> None:
         """The step's attention plan, shared by every layer (``forward`` does it unless told)."""
-        meta = step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale, self.pdl)
+        rows = kv_cache.shape[1] * kv_cache.shape[2]  # a layer's: [layers, pages, page_size, 576]
+        meta = step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale, self.pdl, rows)
         backend.plan(meta)
 
     def forward(
@@ -415,7 +423,8 @@ def layer_attention(
     backend = backend or TorchAttention()
     model.rope.reserve(step.max_kv_len)
     if spans is None:
-        backend.plan(step.attn_meta(model.cfg.num_heads, cache.shape[1], model.sm_scale))
+        heads, rows = model.cfg.num_heads, cache.shape[0] * cache.shape[1]
+        backend.plan(step.attn_meta(heads, cache.shape[1], model.sm_scale, kv_rows=rows))
     cs = model.rope.rows(step.positions)
     v = model._attention(layer, model.mm(h, layer.w_qkv_a), cs, step, cache, backend, spans)
     return model.mm(v, layer.w_o)

@@ -31,6 +31,9 @@ import torch
 
 D_QK = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
 D_V = 512  # V is the latent part of the same row
+# The cache rows int32 slots reach in the Triton baseline's kernels and SGLang's: both address a
+# row's columns as slot x D_QK + column in int32, which overflows from this row on.
+INT32_SLOT_ROWS = 2**31 // D_QK  # 3,728,270
 
 
 def token_slots(
@@ -62,9 +65,9 @@ def token_slot(pages: Sequence[int] | torch.Tensor, token: int, page_size: int) 
 class AttnMeta:
     """What every layer of one step shares: the input of ``plan()``, the one metadata type.
 
-    Host-side hints (``num_tokens``, ``max_q_len``, ``max_kv_len``) let a backend size grids and
-    workspaces without reading device tensors; a backend whose ``plan`` runs inside a CUDA graph
-    must not sync on the device tensors either.
+    Host-side hints (``num_tokens``, ``max_q_len``, ``max_kv_len``, ``kv_rows``) let a backend
+    size grids and workspaces, and check what its indices reach, without reading device tensors;
+    a backend whose ``plan`` runs inside a CUDA graph must not sync on the device tensors either.
     """
 
     page_table: torch.Tensor  # [max_batch >= B, max_pages] int32
@@ -81,6 +84,8 @@ class AttnMeta:
     # the step's kernels run as programmatic dependents (sm_90+): a backend that can launches
     # its kernels so too, each waiting for the one before it; the others launch plainly
     chained: bool = False
+    # host-side rows of the KV cache (pages x page_size), every slot below it; None: not told
+    kv_rows: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -135,6 +140,7 @@ class AttnBatch:
             max_q_len=max_q_len,
             max_kv_len=max_kv_len,
             total_kv_len=total_kv_len,
+            kv_rows=kv_cache.shape[0] * kv_cache.shape[1],
         )
         return cls(q, kv_cache, meta)
 
@@ -154,6 +160,17 @@ class AttnBatch:
 
     def new_output(self) -> torch.Tensor:
         return new_output(self.q)
+
+
+def int32_slots_problem(meta: AttnMeta) -> str | None:
+    """Why int32 slots cannot address every row of ``meta``'s cache (its ``kv_rows``), or None
+    (None too where the rows are not told)."""
+    if meta.kv_rows is None or meta.kv_rows <= INT32_SLOT_ROWS:
+        return None
+    return (
+        f"a cache of {meta.kv_rows:,} rows is past the {INT32_SLOT_ROWS:,} rows int32 slots reach "
+        f"(slot x {D_QK} + column overflows int32): index_dtype=int64 reaches them"
+    )
 
 
 def new_output(q: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ def _meta(q, kv_cache, page_table, kv_lens, q_indptr, tree_mask, sm_scale, max_q
         page_table=page_table, kv_lens=kv_lens, q_indptr=q_indptr, sm_scale=sm_scale,
         num_tokens=q.shape[0], num_heads=q.shape[1], page_size=kv_cache.shape[1],
         tree_mask=tree_mask, max_q_len=max_q_len, max_kv_len=max_kv_len,
+        kv_rows=kv_cache.shape[0] * kv_cache.shape[1],
     )  # fmt: skip
 
 

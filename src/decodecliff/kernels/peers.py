@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from . import sm120_model
-from .api import D_QK, D_V, AttentionBackend, AttnMeta
+from .api import D_QK, D_V, AttentionBackend, AttnMeta, int32_slots_problem
 from .reference import TorchAttention, token_rows
 from .registry import CHOICES
 from .workspace import Workspaces
@@ -220,7 +220,8 @@ class SGLangAttention(AttentionBackend):
     (verify_shared_kv_fwd: causal chains of one q_len) or "decode" (decode_attention_fwd, every
     q_len = 1). ``num_kv_splits`` (decode): a fixed count, or "sglang" for the per-request counts
     SGLang's Triton backend computes (its get_num_kv_splits_triton under the MLA cap).
-    ``index_dtype``: ``kv_indices``' dtype, by default SGLang's own (SGLANG_KV_INDEX_DTYPE).
+    ``index_dtype``: ``kv_indices``' dtype, by default SGLang's own (SGLANG_KV_INDEX_DTYPE);
+    int32 slots reach api.INT32_SLOT_ROWS cache rows, and a plan told of more refuses them.
     ``interpreted``: allow CPU tensors (the kernels then run in the Triton interpreter, which must
     have been chosen before triton was imported; for tests at tiny sizes, in fp32).
 
@@ -258,6 +259,8 @@ class SGLangAttention(AttentionBackend):
     def unsupported(self, meta: AttnMeta) -> str | None:
         if meta.device.type != "cuda" and not self.interpreted:
             return "SGLang's Triton kernels need a CUDA GPU"
+        if self.index_dtype == "int32" and (why := int32_slots_problem(meta)):
+            return why
         q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
         if self.kernel == "decode" and any(q != 1 for q in q_lens):
             return "decode_attention_fwd serves q_len = 1 only"

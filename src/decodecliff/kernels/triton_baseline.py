@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ..triton_interpret import triton_interpreted
-from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
+from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, int32_slots_problem, token_slots
 from .peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
 from .registry import CHOICES
 from .workspace import Workspaces
@@ -421,8 +421,9 @@ class TritonAttention(AttentionBackend):
     "sglang" for the count SGLang's Triton backend picks (``describe()`` names the count planned).
     ``index_dtype``: the token slots' dtype, by default what the pinned SGLang's Triton backend
     passes as ``kv_indices`` (peers.SGLANG_KV_INDEX_DTYPE); the kernel bench times both dtypes, as
-    the extend kernel's speed depends on it. Workspaces grow to the largest batch seen and are
-    reused, never reallocated per call.
+    the extend kernel's speed depends on it; int32 slots reach api.INT32_SLOT_ROWS cache rows, and
+    a plan told of more refuses them. Workspaces grow to the largest batch seen and are reused,
+    never reallocated per call.
     """
 
     name = "triton"
@@ -466,6 +467,8 @@ class TritonAttention(AttentionBackend):
         return token_slots(meta.page_table[:b], tok, ps, out=slots, clamp=True)
 
     def unsupported(self, meta: AttnMeta) -> str | None:
+        if self.index_dtype == "int32" and (why := int32_slots_problem(meta)):
+            return why
         return _meta_problem(meta)
 
     def validate(self, batch: AttnBatch, out: torch.Tensor) -> None:
