@@ -406,6 +406,18 @@ def test_a_step_s_plan_is_told_the_rows_of_its_cache():
     assert backend.rows == [64 * 3, 64 * 3]
 
 
+def test_a_pool_past_the_backends_reach_is_refused_before_it_is_allocated():
+    """Triton's int32 slots reach INT32_SLOT_ROWS rows a layer: a larger pool is refused as the
+    engine starts (no GB-sized allocation first, no failing step later); int64 slots take it."""
+    from decodecliff.kernels.api import INT32_SLOT_ROWS
+
+    pytest.importorskip("triton")
+    past = {"backend": "triton", "max_total_tokens": INT32_SLOT_ROWS + 1}
+    with pytest.raises(ValueError, match=r"KV pool of 3728271 tokens: a cache of 3,728,271 rows"):
+        engine(**past, backend_options={"index_dtype": "int32"})
+    assert engine(backend="triton", backend_options={"index_dtype": "int32"}).pool
+
+
 class RecordingAttention(TorchAttention):
     """The torch backend, remembering how many query tokens per request each step had."""
 

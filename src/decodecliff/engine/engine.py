@@ -117,9 +117,12 @@ class Engine:
             gemm_prefetch_mb=cfg.gemm_prefetch_mb, l2_overlap_mb=cfg.l2_overlap_mb,
         )  # fmt: skip
         self.backend = get_backend(cfg.backend, **cfg.backend_options)
+        num_pages = self._num_pages(dtype)
+        if why := self.backend.reach_problem(num_pages * cfg.page_size):  # before allocating it
+            raise ValueError(f"KV pool of {num_pages * cfg.page_size} tokens: {why}")
         self.pool = KVPool(
             num_layers=self.mcfg.num_layers,
-            num_pages=self._num_pages(dtype),
+            num_pages=num_pages,
             page_size=cfg.page_size,
             row_dim=self.mcfg.kv_row_dim,
             max_requests=cfg.max_running_requests,

@@ -162,13 +162,13 @@ class AttnBatch:
         return new_output(self.q)
 
 
-def int32_slots_problem(meta: AttnMeta) -> str | None:
-    """Why int32 slots cannot address every row of ``meta``'s cache (its ``kv_rows``), or None
-    (None too where the rows are not told)."""
-    if meta.kv_rows is None or meta.kv_rows <= INT32_SLOT_ROWS:
+def int32_slots_problem(kv_rows: int | None) -> str | None:
+    """Why int32 slots cannot address every row of a cache of ``kv_rows`` rows, or None (None
+    too where the rows are not told)."""
+    if kv_rows is None or kv_rows <= INT32_SLOT_ROWS:
         return None
     return (
-        f"a cache of {meta.kv_rows:,} rows is past the {INT32_SLOT_ROWS:,} rows int32 slots reach "
+        f"a cache of {kv_rows:,} rows is past the {INT32_SLOT_ROWS:,} rows int32 slots reach "
         f"(slot x {D_QK} + column overflows int32): index_dtype=int64 reaches them"
     )
 
@@ -195,6 +195,8 @@ class AttentionBackend(abc.ABC):
       into buffers of fixed address. Otherwise ``plan`` itself is captured with the step (it reads
       only host hints and does device work on fixed-size tensors).
     * ``unsupported(meta)``: why this backend cannot serve ``meta`` (None when it can).
+    * ``reach_problem(kv_rows)``: why it cannot address a cache of that many rows per layer, so
+      an engine refuses its pool before allocating it (None when it can).
     * ``describe()``: what a result must record to name the backend exactly (its variant, splits).
     """
 
@@ -203,6 +205,9 @@ class AttentionBackend(abc.ABC):
     plan_outside_graph: ClassVar[bool] = False
 
     def unsupported(self, meta: AttnMeta) -> str | None:
+        return None
+
+    def reach_problem(self, kv_rows: int | None) -> str | None:
         return None
 
     @abc.abstractmethod

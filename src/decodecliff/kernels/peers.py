@@ -256,10 +256,13 @@ class SGLangAttention(AttentionBackend):
         self._step: dict | None = None
         self.resolved_splits: int | None = None  # the decode split count of the last plan
 
+    def reach_problem(self, kv_rows: int | None) -> str | None:
+        return int32_slots_problem(kv_rows) if self.index_dtype == "int32" else None
+
     def unsupported(self, meta: AttnMeta) -> str | None:
         if meta.device.type != "cuda" and not self.interpreted:
             return "SGLang's Triton kernels need a CUDA GPU"
-        if self.index_dtype == "int32" and (why := int32_slots_problem(meta)):
+        if why := self.reach_problem(meta.kv_rows):
             return why
         q_lens, kv_lens = meta.q_lens(), meta.kv_lens.tolist()
         if self.kernel == "decode" and any(q != 1 for q in q_lens):

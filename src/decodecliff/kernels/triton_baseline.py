@@ -466,8 +466,11 @@ class TritonAttention(AttentionBackend):
         tok = torch.arange(slots.shape[1], device=dev)
         return token_slots(meta.page_table[:b], tok, ps, out=slots, clamp=True)
 
+    def reach_problem(self, kv_rows: int | None) -> str | None:
+        return int32_slots_problem(kv_rows) if self.index_dtype == "int32" else None
+
     def unsupported(self, meta: AttnMeta) -> str | None:
-        if self.index_dtype == "int32" and (why := int32_slots_problem(meta)):
+        if why := self.reach_problem(meta.kv_rows):
             return why
         return _meta_problem(meta)
 
