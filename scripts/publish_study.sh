@@ -24,10 +24,10 @@
 # this machine. NOTES.md is rendered by the `notes` rule from the result files
 # (workflow/report/notes.md.j2); one in a RAW_DIR is dropped, so no typed number is published.
 # RUNS.md lists what each RAW_DIR held (commit, when, points and their status: `python -m
-# decodecliff.study.runs describe`), read from its files, for the hand-written README.md beside
-# it. FlashInfer's sm_120 build check is computed here too (nvcc, no GPU): install
-# flashinfer-python and apache-tvm-ffi (`--no-deps`, see the `peers` extra) first, or it is
-# published as skipped.
+# decodecliff.study.runs record`), read from its files, each under its path relative to the
+# repository's root however it was typed, for the hand-written README.md beside it. FlashInfer's
+# sm_120 build check is computed here too (nvcc, no GPU): install flashinfer-python and
+# apache-tvm-ffi (`--no-deps`, see the `peers` extra) first, or it is published as skipped.
 set -euo pipefail
 usage() { echo "usage: $0 CONFIG DEST RAW_DIR [RAW_DIR ...]" >&2; exit 2; }
 fail() { echo "$0: $*" >&2; exit 2; }
@@ -77,9 +77,7 @@ trap 'rm -rf "$work" "$build_json"' EXIT
 
 cp -r "$repo"/{Snakefile,config.yaml,workflow,notebooks,config,data,envs,profiles} "$work"/
 mkdir -p "$work/results"
-{ echo "# What each run held (generated from its files by publish_study.sh)"
-  for raw in "$@"; do printf '\n## `%s`\n\n' "$raw"; python3 -m decodecliff.study.runs describe "$raw"; done
-} > "$work/RUNS.md"
+python3 -m decodecliff.study.runs record --root "$repo" "$@" > "$work/RUNS.md"
 for raw in "$@"; do
   # the run's own record is no result: published beside them (above), not merged into them
   clash=$(cd "$raw" && find . -type f ! -path ./README.md ! -path './gpu-logs/*' |

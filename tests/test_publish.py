@@ -43,9 +43,10 @@ def split_runs(root: Path) -> tuple[Path, Path]:
 
 
 def publish(
-    root: Path, *runs: Path, overlay: dict | None = None
+    root: Path, *runs: Path | str, overlay: dict | None = None
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """publish_study.sh of ``runs`` with the study's config (and ``overlay`` given after it)."""
+    """publish_study.sh of ``runs`` (their paths as given, from ``root``) with the study's config
+    (and ``overlay`` given after it)."""
     cfg = study_config() | {"published": None}
     configs = [root / "config.yaml"]
     configs[0].write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -66,7 +67,9 @@ def test_two_runs_publish_as_one_study_under_an_overlaid_config(tmp_path: Path) 
     kept = tmp_path / "published" / "gpu-logs" / "env.txt"  # hand-kept beside the publication
     kept.parent.mkdir(parents=True)
     kept.write_text("kept by hand\n")
-    done, dest = publish(tmp_path, *split_runs(tmp_path), overlay=overlay)
+    split_runs(tmp_path)
+    # typed from the folder it runs in, as a shell completes it and as a user writes it
+    done, dest = publish(tmp_path, "run-a/", "./run-b/", overlay=overlay)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # each run's own record under its folder's name, the hand-kept file as it was
     assert kept.read_text() == "kept by hand\n"
@@ -85,6 +88,10 @@ def test_two_runs_publish_as_one_study_under_an_overlaid_config(tmp_path: Path) 
     assert "overlaid" in (dest / "report.html").read_text()  # the overlay's name, its servers
     assert (dest / "NOTES.md").read_text().strip()
     runs = (dest / "RUNS.md").read_text()  # what each run held, from its files
+    # each run named by its folder, whatever way its path was typed (outside the repository:
+    # its absolute path)
+    headings = [line for line in runs.splitlines() if line.startswith("## ")]
+    assert headings == [f"## `{tmp_path.resolve() / run}`" for run in ("run-a", "run-b")]
     later = runs.split("run-b")[1]
     assert f"| `sweep/{LATER_SERVER}/` |" in later and "kernels/bench.json" not in later
     assert "| `kernels/bench.json` |" in runs.split("run-b")[0]

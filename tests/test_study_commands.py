@@ -774,6 +774,37 @@ def test_a_run_folder_describes_itself_from_its_files(tmp_path: Path) -> None:
     )
 
 
+def test_runs_md_names_each_run_the_same_way_however_its_path_was_typed(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """RUNS.md heads each run with its folder relative to the repository root, however it was
+    typed on the command line (./, a trailing /, from another folder); a run outside the
+    repository by its absolute path."""
+    import json
+
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere" / "run-b"
+    run = repo / "results/runs/h200/7fe4732"
+    for folder in (run, outside):
+        (folder / "kernels").mkdir(parents=True)
+        bench = {"env": {"git": "7fe4732"}, "points": [{"status": "ok"}]}
+        (folder / "kernels/bench.json").write_text(json.dumps(bench))
+    (repo / "results/runs/h100").mkdir()
+    monkeypatch.chdir(repo)
+    typed = ["results/runs/h200/7fe4732/", "./results/runs/h200/7fe4732",
+             "results/runs/h100/../h200/7fe4732", str(run)]  # fmt: skip
+    for path in typed:
+        assert runs.main(["record", "--root", str(repo), path]) == 0
+        text = capsys.readouterr().out
+        assert text.splitlines()[:3] == [runs.RUNS_TITLE, "", "## `results/runs/h200/7fe4732`"]
+    monkeypatch.chdir(repo / "results")
+    assert runs.main(["record", "--root", "..", "runs/h200/7fe4732", str(outside)]) == 0
+    text = capsys.readouterr().out
+    assert text == (
+        f"{runs.RUNS_TITLE}\n\n## `results/runs/h200/7fe4732`\n\n{runs.describe(run)}\n\n"
+        f"## `{outside}`\n\n{runs.describe(outside)}\n"
+    )
+
+
 def test_what_a_run_lacks_is_packed_into_calls_by_an_earlier_run_s_times(tmp_path, capsys):
     import json
 

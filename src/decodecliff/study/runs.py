@@ -2,9 +2,12 @@
 
     python -m decodecliff.study.runs merge CALL_TAR [CALL_TAR ...] --into results/runs/h200/05f0426
     python -m decodecliff.study.runs describe results/runs/h200/05f0426
+    python -m decodecliff.study.runs record --root . results/runs/h200/05f0426 [RUN_DIR ...]
 
 `describe` prints what the folder holds, read from its files (commit, when, points and their
-status): the table a published study's README gives for each run. `point_seconds` and
+status): the table a published study's README gives for each run. `record` prints a published
+study's RUNS.md: each run's table under the run folder's path relative to the repository's root
+(however the path was typed). `point_seconds` and
 `plan_calls` size what is left of a study into device calls by an earlier run's times.
 
 `scripts/gpu_study_run.sh` packs what the rules wrote into ``study.tar`` after every key (a
@@ -605,6 +608,26 @@ def describe(run_dir: Path) -> str:
     return "\n".join(rows)
 
 
+RUNS_TITLE = "# What each run held (generated from its files by publish_study.sh)"
+
+
+def run_name(run_dir: Path, root: Path) -> str:
+    """How RUNS.md names a run folder: its path relative to ``root`` (the repository) however it
+    was typed ('./results/runs/h200/7fe4732/' and 'results/runs/h200/7fe4732' alike), its
+    absolute path where it lies outside ``root``."""
+    place, base = run_dir.resolve(), root.resolve()
+    return place.relative_to(base).as_posix() if place.is_relative_to(base) else place.as_posix()
+
+
+def record(run_dirs: list[Path], root: Path) -> str:
+    """RUNS.md of a study published from ``run_dirs``: each run's ``describe`` table under its
+    ``run_name``."""
+    parts = [RUNS_TITLE]
+    for run_dir in run_dirs:
+        parts += [f"## `{run_name(run_dir, root)}`", describe(run_dir)]
+    return "\n\n".join(parts) + "\n"
+
+
 def bench_files(run_dir: Path) -> list[str]:
     """The bench documents (and parts of one) a run folder holds, under it, kernels' first."""
     found = (p for d in ("kernels", "engine") for p in sorted((run_dir / d).glob("*.json")))
@@ -680,10 +703,18 @@ def main(argv: list[str] | None = None) -> int:
     merge_p.add_argument("--into", type=Path, required=True, help="the run folder (as results/)")
     describe_p = sub.add_parser("describe", help="what a run folder holds, as a markdown table")
     describe_p.add_argument("run_dir", type=Path)
+    record_p = sub.add_parser(
+        "record", help="RUNS.md: each run folder described under its path relative to --root"
+    )
+    record_p.add_argument("run_dirs", nargs="+", type=Path)
+    record_p.add_argument("--root", type=Path, required=True, help="the repository's root")
     args = p.parse_args(argv)
     try:
         if args.command == "describe":
             print(describe(args.run_dir))
+            return 0
+        if args.command == "record":
+            print(record(args.run_dirs, args.root), end="")
             return 0
         merge = merge_calls(args.tars, args.into)
     except (ValueError, tarfile.TarError, OSError) as exc:
