@@ -57,6 +57,8 @@ reference, reference_source = summarize.reference_table(reference_csv)
 layout.table_dir(results, "report").mkdir(parents=True, exist_ok=True)
 study_name = (config.get("study") or {}).get("name", "this-study")
 tau = float((config.get("sweep") or {}).get("acceptance_length", 3.0))
+# How every heading names each study: its name and GPU, the study beside this run "published"
+# (the keys of `studies` are the notebook's own, no heading's).
 titles = {"this run": summarize.study_title(study_name, here.sweep)}
 if "published" in studies:
     titles["published"] = summarize.study_title(
@@ -230,13 +232,13 @@ for name, study in studies.items():
     if name == "this run":
         checked.to_csv(layout.table_path(results, "report", "targets"), index=False)
     if checked.empty:
-        display(Markdown(f"*No targets for {name}.*"))
+        display(Markdown(f"*No targets for {titles[name]}.*"))
         continue
-    display(Markdown(f"**{name}**"))
+    display(Markdown(f"**{titles[name]}**"))
     show(targets.display_table(checked), "targets" if name == "this run" else f"targets-{name}")
     study_notes = targets.notes(study.root)
     if study_notes:
-        display(Markdown(f"*Notes on {name} (`NOTES.md`):*"))
+        display(Markdown(f"*Notes on {titles[name]} (`NOTES.md`):*"))
         display(Markdown(page.nested_notes(study_notes, f"notes-{name.replace(' ', '-')}")))
 
 # %% [markdown]
@@ -256,7 +258,7 @@ for name, study in studies.items():
     table = tables.kernel_headline(study.kernels, contexts)
     if name == "this run":
         table.to_csv(layout.table_path(results, "report", "kernels_at_key_contexts"))
-    display(Markdown(f"**{name}** ({study.kernels['device'].iloc[0]})"))
+    display(Markdown(f"**{titles[name]}**"))
     show(table, "headline-kernels" if name == "this run" else f"headline-kernels-{name}")
     speedup = tables.kernel_speedup(study.kernels)
     speedup = speedup[speedup["ctx"].isin(contexts)]
@@ -289,15 +291,18 @@ env = bench.get("env") or {}
 device = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores)"
 display(
     Markdown(
-        f"**This run:** {device}, commit `{env.get('git')}`, torch {env.get('torch')}, "
-        f"Triton {env.get('triton')}, CUDA {env.get('cuda_runtime') or 'none'}."
+        f"**{titles['this run']}:** {device}, commit `{env.get('git')}`, "
+        f"torch {env.get('torch')}, Triton {env.get('triton')}, "
+        f"CUDA {env.get('cuda_runtime') or 'none'}."
     )
 )
-parts = [page.table(provenance.environment(env, here.sweep, build), "environment")]
+parts = [f"<p><strong>{titles['this run']}</strong></p>"]
+parts += [page.table(provenance.environment(env, here.sweep, build), "environment")]
 for name, study in studies.items():
     if name != "this run":
         env_table = provenance.environment(study.bench_env, study.sweep, study.build)
-        parts += [f"<p><strong>{name}</strong></p>", page.table(env_table, f"environment-{name}")]
+        parts += [f"<p><strong>{titles[name]}</strong></p>"]
+        parts += [page.table(env_table, f"environment-{name}")]
 display(HTML(page.details("Hardware, driver, versions and commits", "".join(parts), "setup")))
 
 # %%

@@ -251,6 +251,33 @@ def test_report_checks_the_targets_of_both_studies(study: Path) -> None:
     assert "<strong>failed</strong>" in html[notes:] and "<li>" in html[notes:]
 
 
+@pytest.mark.slow  # reads the `study` fixture: the analysis rules on a whole study
+def test_each_study_s_part_of_a_section_is_headed_by_the_study_s_title(study: Path) -> None:
+    """Where a section shows this run and the study beside it one after the other, each part is
+    headed by its study's title (summarize.study_title, as the figures name it: the study's name
+    and its GPU), never the report's own key for it ('this run', 'published')."""
+    import re
+
+    html = (study / "results/report.html").read_text()
+    cfg = yaml.safe_load((study / "config.yaml").read_text())
+    here = summarize.study_title(
+        cfg["study"]["name"], pd.read_csv(study / "results/summary/sweep.csv")
+    )
+    beside = summarize.study_title(PUBLISHED.name, summarize.load_study(PUBLISHED).sweep, True)
+    sections = {part.split(">", 1)[1].split("<", 1)[0]: part for part in html.split("<h2 id=")[1:]}
+    setup = "Setup: hardware, versions, what ran where, configuration"
+    for name, parts in (("The evidence", 2), ("End to end, every number", 1), ("Targets", 1),
+                        ("Kernels, every number", 1), (setup, 1)):  # fmt: skip
+        headings = re.findall(r"<p><strong>([^<]*?):?</strong>", sections[name])
+        named = [h for h, _ in itertools.groupby(h for h in headings if h in (here, beside))]
+        assert named == [here, beside] * parts, (name, headings)
+        keys = [h for h in headings if h.lower() in ("this run", "published")]
+        keys += [h for h in headings if h.lower().startswith(("this run (", "published ("))]
+        assert not keys, (name, keys)
+    notes = re.findall(r"<em>Notes on ([^<]*) \(<code>NOTES.md", sections["Targets"])
+    assert notes == [here, beside]
+
+
 @pytest.mark.parametrize("name", ["kernels", "sweep", "compare", "report"])
 def test_notebook_pairs_are_in_sync_and_parameterised(name: str) -> None:
     py = jupytext.read(REPO / "notebooks" / f"{name}.py")
