@@ -159,6 +159,28 @@ def test_a_peer_faster_by_under_half_a_percent_is_not_written_1x() -> None:
     assert [r["ratio"] for r in rows] == ["1.002x"]
 
 
+def test_the_kernel_table_s_speedups_are_worded_as_every_speedup_is() -> None:
+    """The verify kernel's speedup over Triton in the notes' table is tables.times': a kernel
+    0.05% slower than Triton's is 0.9995x, not '1x'."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    shape = {"heads": 8, "page_size": 1, "batch": 1, "status": "ok", "floor_ms": 0.07,
+             "mode": notes.VERIFY_MODE, "q_len": 16, "ctx": 185000}  # fmt: skip
+    kernels = pd.DataFrame([
+        {**shape, "series": "triton (sm90)", "backend": "triton", "ms": 28.9},
+        {**shape, "series": "custom", "backend": "custom", "ms": 28.9 / 0.9995},
+        {**shape, "series": "flashinfer (fa3)", "backend": "flashinfer", "ms": 28.9 / 228.6},
+    ])  # fmt: skip
+    rows = notes.kernel_rows(SimpleNamespace(kernels=kernels))
+    assert {r["series"]: r["speedup"] for r in rows} == {
+        "flashinfer (fa3)": tables.times(228.6),
+        "triton (sm90)": "1x",
+        "custom": "0.9995x",
+    }
+
+
 def test_a_decode_speedup_without_a_named_baseline_explains_the_baseline_it_measured() -> None:
     """The schema's default target names no servers: it compares the eager custom server with
     the eager Triton one, and its step anatomy is of those two, not of another Triton server."""

@@ -105,3 +105,14 @@ def test_a_large_speedup_reads_without_an_exponent() -> None:
     sweep = pd.DataFrame([point("base", 1024, 0.1), point("fast", 1024, 123.4)])
     table = tables.sweep_headline(sweep, "base")
     assert table.loc["fast", "1k (1,024)"] == "123 (111–136) · 1,234x"
+
+
+def test_a_speedup_near_1_keeps_the_digits_that_show_it() -> None:
+    """The cells' speedups are worded by tables.times, as every speedup the analysis prints: a
+    server 0.05% slower than the baseline is 0.9995x, not '1x'."""
+    sweep = pd.DataFrame(
+        [point("base", 1024, 100.0), point("near", 1024, 99.95), point("far", 1024, 5873.0)]
+    )
+    table = tables.sweep_headline(sweep, "base")
+    assert table.loc["near", "1k (1,024)"].endswith(" · 0.9995x")
+    assert table.loc["far", "1k (1,024)"].endswith(f" · {tables.times(58.73)}")  # '59x'

@@ -186,7 +186,7 @@ def kernel_rows(study: summarize.Study) -> list[dict]:
             "ms": _num(r["ms"]),
             "floor_ms": _num(r.get("floor_ms")),
             "roofline": "–" if pd.isna(r.get("roofline_frac")) else f"{r['roofline_frac']:.1%}",
-            "speedup": "–" if base is None else f"{tables.num(base / r['ms'])}x",
+            "speedup": "–" if base is None else tables.times(base / r["ms"]),
         }
         for _, r in at.iterrows()
     ]
@@ -289,11 +289,11 @@ def _kernel_why(kernels: pd.DataFrame, t: targets.Target) -> str | None:
     cand = at[at["series"] == worst["candidate"]].iloc[0]
     base = at[at["series"] == worst["baseline"]].iloc[0]
     bound = base["ms"] / cand["floor_ms"]
-    reach = "" if bound >= t.threshold else f", short of the target's {_num(t.threshold)}x"
+    reach = "" if bound >= t.threshold else f", short of the target's {tables.times(t.threshold)}"
     return (
         f"the worst point, {worst['mode']} at {tables.ctx_label(worst['ctx'])}: "
         f"{_kernel_text(cand)}; {_kernel_text(base)}; {t.backend} at its floor would be "
-        f"{bound:.3g}x over it{reach}"
+        f"{tables.times(bound)} over it{reach}"
     )
 
 
