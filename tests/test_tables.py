@@ -116,3 +116,38 @@ def test_a_speedup_near_1_keeps_the_digits_that_show_it() -> None:
     table = tables.sweep_headline(sweep, "base")
     assert table.loc["near", "1k (1,024)"].endswith(" · 0.9995x")
     assert table.loc["far", "1k (1,024)"].endswith(f" · {tables.times(58.73)}")  # '59x'
+
+
+def test_the_baseline_is_a_triton_server_the_one_stream_servers_compare_to() -> None:
+    """Speedups are taken at equal streams: a Triton server of four streams, first by name, was
+    the table's baseline and left every one-stream server without a speedup."""
+    sweep = pd.DataFrame(
+        [
+            point("custom-p1", 1024, 50.0),
+            point("custom-p1-k4", 1024, 80.0, k=4),
+            point("triton-k4-p1", 1024, 20.0, k=4),
+            point("triton-p1", 1024, 10.0),
+        ]
+    )
+    base = tables.baseline_server(sweep)
+    assert base == "triton-p1"
+    table = tables.sweep_headline(sweep, base)
+    assert table.loc["custom-p1", "1k (1,024)"].endswith(" · 5x")
+    # a study with no one-stream Triton server still has its Triton baseline
+    assert tables.baseline_server(sweep[sweep["server"] != "triton-p1"]) == "triton-k4-p1"
+
+
+def test_the_baseline_serves_as_sglang_does_with_cuda_graphs_and_no_defragmentation() -> None:
+    """Among one-stream Triton servers, the one with CUDA graphs (as the headline's baseline)
+    and without defragmentation, whatever their names' order; the first by name among equals."""
+    rows = [
+        point("custom-graph-p1", 1024, 50.0) | {"cuda_graph": True, "defrag": False},
+        point("triton-a-defrag-graph-p1", 1024, 9.0) | {"cuda_graph": True, "defrag": True},
+        point("triton-b-p1", 1024, 5.0) | {"cuda_graph": False, "defrag": False},
+        point("triton-c-graph-p1", 1024, 10.0) | {"cuda_graph": True, "defrag": False},
+        point("triton-d-graph-p1", 1024, 10.0) | {"cuda_graph": True, "defrag": False},
+    ]
+    assert tables.baseline_server(pd.DataFrame(rows)) == "triton-c-graph-p1"
+    eager = [r for r in rows if not r["cuda_graph"] or r["server"].startswith("custom")]
+    assert tables.baseline_server(pd.DataFrame(eager)) == "triton-b-p1"
+    assert tables.baseline_server(pd.DataFrame(rows), "triton-b-p1") == "triton-b-p1"  # named

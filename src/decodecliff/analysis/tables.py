@@ -162,14 +162,36 @@ def kernel_headline(
 
 
 def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
-    """The server configuration the others are compared to: ``name``, else the Triton one."""
+    """The one server configuration a table's speedups are over (sweep_speedup): ``name``, else
+    a Triton server comparable to the servers the headline compares. Speedups are taken only at
+    equal streams, so it is one of one stream per round, as those servers are (a Triton server
+    of several streams would leave them all without a speedup), without defragmentation, and
+    with CUDA graphs where one ran, as SGLang serves and as headline.baseline_server picks; the
+    first in the table's order (by name) among equals, any Triton server where none is one
+    stream. One baseline for every row: an eager server's speedup is over it too, which is why
+    the tables name it; None where no Triton server ran."""
     servers = list(dict.fromkeys(sweep["server"])) if len(sweep) else []
     if name:
         if name not in servers:
             raise ValueError(f"baseline server {name!r} not in the sweep results {servers}")
         return name
     triton = [s for s in servers if (sweep.loc[sweep["server"] == s, "backend"] == "triton").any()]
-    return triton[0] if triton else None
+    if not triton:
+        return None
+    streams = _concurrency(sweep)
+    first = sweep.groupby("server", sort=False).first()
+
+    def on(server: str, col: str) -> bool:
+        value = first.at[server, col] if col in first else False
+        if isinstance(value, str):
+            return value.strip().lower() in ("true", "1", "yes")
+        return bool(value) and not pd.isna(value)
+
+    # min keeps the first of equals: the table's order
+    return min(
+        triton,
+        key=lambda s: (streams.get(s, 1) != 1, on(s, "defrag"), not on(s, "cuda_graph")),
+    )
 
 
 # The primary end-to-end number: verify steps per second on the client's clock (with random
