@@ -254,6 +254,24 @@ def test_a_lead_within_the_requests_spread_is_no_win(sweep) -> None:
     assert "a peer leads there, " in headline.fastest(two)
 
 
+def test_a_peer_wins_only_beyond_the_spread_of_every_custom_server(sweep) -> None:
+    """A peer fastest from 32k to 185k wins at 185k, where the ratio is given, only where no
+    custom server's requests reach its slowest there: not only the custom server fastest at 185k,
+    whose rate the ratio is over."""
+    ctx = 185000
+    assert "`flashinfer-fa3-graph-p1` at 32k–185k" in headline.fastest(sweep)
+    assert "a peer wins there, 1.66x `custom-sm120-graph-p1` at 185k." in headline.fastest(sweep)
+    peer = (sweep["server"] == "flashinfer-fa3-graph-p1") & (sweep["requested_ctx"] == ctx)
+    slower = (sweep["server"] == "custom-graph-p1") & (sweep["requested_ctx"] == ctx)
+    assert rate(sweep, "custom-graph-p1", 185000) < rate(sweep, "custom-sm120-graph-p1", 185000)
+    reach = sweep.copy()
+    reach.loc[slower, f"{PRIMARY}_max"] = float(sweep.loc[peer, f"{PRIMARY}_min"].iloc[0])
+    text = headline.fastest(reach)
+    assert f"at {tables.ctx_label(ctx)} within the requests' spread of `custom-graph-p1`" in text
+    assert "a peer wins" not in text
+    assert "a peer leads there, 1.66x `custom-sm120-graph-p1` at 185k." in text
+
+
 def test_a_cpu_study_does_not_claim_the_gpu_s_cliff(sweep, engine) -> None:
     ref, _ = summarize.reference_table(REFERENCE)
     on_gpu = headline.collapse(sweep, engine, ref)

@@ -455,7 +455,8 @@ def _no_win(sweep: pd.DataFrame, f: Facts) -> str:
 
 def fastest(sweep: pd.DataFrame, title: str = "**Fastest at each context:**") -> str:
     """Which server is fastest at each context, runs of contexts with one winner merged; where a
-    peer beats every custom server, by how much."""
+    peer is fastest, by how much over the fastest custom server at the run's last context, and
+    whether it wins there (beyond the requests' spread of every custom server) or only leads."""
     names = servers_that_matter(sweep)
     rates = pd.DataFrame({s: _rates(sweep, s) for s in names}).sort_index()
     if rates.empty:
@@ -531,7 +532,6 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     span = f"at every context, {span}" if len(group) == len(rates) else f"at {span}"
     values = ", ".join(f"{num(rates.loc[c, server])}" for c in ctxs)
     near = {c: _within_spread(sweep, rates.columns, server, c) for c in ctxs}
-    ties = [(c, s) for c in ctxs for s in near[c]]
     close = "".join(
         f"; at {ctx_label(c)} within the requests' spread of "
         + ", ".join(f"`{s}`" for s in near[c])
@@ -551,11 +551,11 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
         return f"{text}: no custom server ran at {ctx_label(c)}"
     rival = rivals.idxmax()
     ratio = rates.loc[c, server] / rates.loc[c, rival]
-    who = "a peer wins" if family(server, backend[server]) in PEERS else "no custom server wins"
-    if (c, rival) in ties:
-        who = (
-            "a peer leads" if family(server, backend[server]) in PEERS else "no custom server leads"
-        )
+    # at c, where the ratio is given: a win beyond the requests' spread of every custom server,
+    # a lead where any of them reaches into it (not only the fastest, whose rate it is over)
+    within = any(s in custom for s in near[c])
+    who = "a peer" if family(server, backend[server]) in PEERS else "no custom server"
+    who += " leads" if within else " wins"
     return f"{text}: {who} there, {times(ratio)} `{rival}` at {ctx_label(c)}"
 
 
