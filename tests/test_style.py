@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from decodecliff.analysis import figures, style, summarize
+from decodecliff.analysis import figures, layout, style, summarize
 from decodecliff.bench.kernels import DECODE_SPLITS, FLASHINFER_BACKENDS, split_label
 from decodecliff.kernels.custom import VARIANTS
 from decodecliff.kernels.registry import BACKENDS
@@ -143,3 +143,27 @@ def test_a_step_whose_parts_are_not_resolved_says_so() -> None:
 def test_an_engine_configuration_on_another_gemm_path_keeps_its_backends_colour() -> None:
     assert style.color("custom + fused GEMMs") == style.color("custom")
     assert style.color("custom (sm120) + fused GEMMs") == style.color("custom (sm120)")
+
+
+def test_the_tokens_figure_says_no_draft_is_accepted_only_where_the_points_show_it() -> None:
+    """The tok/s-at-tau figure's note on drafts is each panel's data: acceptance 1 (the bonus
+    token alone) at every point drawn reads 'random weights accept no draft'; other measured
+    acceptance is given as measured; points that record none say nothing of it."""
+    data = Path(__file__).resolve().parent / "data"
+    sweeps = {
+        "none accepted": summarize.load_study(data / "study").sweep,  # 1 token per verify step
+        "accepted": summarize.load_study(data / "published").sweep,  # 2 tokens per verify step
+    }
+    sweeps["unrecorded"] = sweeps["none accepted"].drop(columns="spec_accept_length")
+    titles = {k: k for k in sweeps}
+    fig = figures.compare_absolute(sweeps, None, titles, 3.0)
+    said = {ax.get_title(): " ".join(t.get_text() for t in ax.texts) for ax in fig.axes}
+    plt.close(fig)
+    assert "random weights accept no draft" in said["none accepted, assumed τ=3"]
+    assert "random weights accept no draft" not in said["accepted, assumed τ=3"]
+    assert "measured: 2 tokens per verify step" in said["accepted, assumed τ=3"]
+    for title in ("accepted, assumed τ=3", "unrecorded, assumed τ=3"):
+        assert "no draft" not in said[title] and "verify steps/s x 3" in said[title]
+    assert "tokens per verify step" not in said["unrecorded, assumed τ=3"]
+    # the caption beside it says nothing the panels' data may not show
+    assert "no draft" not in layout.FIGURES["compare"]["absolute"]

@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from . import style
-from .tables import PRIMARY, ctx_label, mode_order, ok
+from .tables import PRIMARY, acceptance_said, ctx_label, mode_order, ok
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -517,7 +517,8 @@ def compare_absolute(
 ) -> Figure:
     """Tokens/s where the units agree: each server's verify steps/s x tau (its tokens/s if a
     real drafter accepted tau tokens per step) beside the published table's measured tok/s; the
-    assumed tau is written in every panel."""
+    assumed tau is written in every panel, with what the panel's points accepted where they
+    record it (tables.acceptance_said)."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
     extra = []
     tau_text = f"\N{GREEK SMALL LETTER TAU}={tau:g}"
@@ -540,10 +541,12 @@ def compare_absolute(
             )  # fmt: skip
         extra += mark_not_ok(ax, sweep, "server")
         set_scale(ax, "rate")
+        accepted = acceptance_said(sweep)
         ax.text(
             0.98, 0.97, f"assumed acceptance length {tau_text}:\nservers' tok/s = verify "
-            f"steps/s x {tau:g}\n(random weights accept no draft)", transform=ax.transAxes,
-            ha="right", va="top", fontsize=8, bbox={"fc": "white", "ec": "#999999", "lw": 0.6},
+            f"steps/s x {tau:g}" + (f"\n({accepted})" if accepted else ""),
+            transform=ax.transAxes, ha="right", va="top", fontsize=8,
+            bbox={"fc": "white", "ec": "#999999", "lw": 0.6},
         )  # fmt: skip
         ax.set(
             ylabel=f"tokens/s (servers: verify steps/s x {tau:g})",

@@ -34,7 +34,7 @@ FIGURES: dict[str, dict[str, str]] = {
         "the absolute rates at the shortest and longest context); dotted: the RTX PRO 6000 "
         "table's tok/s over its own (like with like).",
         "absolute": "Tokens/s at an assumed acceptance length tau={tau:g} (verify steps/s x "
-        "{tau:g}; the synthetic model accepts no draft) beside the RTX PRO 6000 table's "
+        "{tau:g}; each panel notes what its points accepted) beside the RTX PRO 6000 table's "
         "measured tok/s.",
         "speedup": "End-to-end verify steps/s over the Triton baseline server configuration.",
     },

@@ -201,6 +201,30 @@ PRIMARY_LABEL = "verify steps/s"
 FLOOR_LABEL = f"floor {PRIMARY_LABEL}"
 
 
+def accepted_per_step(sweep: pd.DataFrame) -> pd.Series:
+    """Tokens per verify step (``spec_accept_length``: the bonus token included, so 1 is no
+    draft token accepted) of the points that give a verify-step rate (ok, ``PRIMARY`` recorded),
+    those the figures draw; empty where none records it."""
+    good = ok(sweep)
+    if "spec_accept_length" not in good or PRIMARY not in good:
+        return pd.Series(dtype=float)
+    good = good.dropna(subset=[PRIMARY])
+    return pd.to_numeric(good["spec_accept_length"], errors="coerce").dropna()
+
+
+def acceptance_said(sweep: pd.DataFrame) -> str | None:
+    """What the points drawn show of drafts: 'random weights accept no draft' where each accepted
+    none (1 token per verify step), the tokens per verify step they measured otherwise, None
+    where none records it."""
+    accepted = accepted_per_step(sweep)
+    if accepted.empty:
+        return None
+    if (accepted == 1).all():
+        return "random weights accept no draft"
+    lo, hi = num(accepted.min()), num(accepted.max())
+    return f"measured: {lo if lo == hi else f'{lo}–{hi}'} tokens per verify step"
+
+
 def spread(row: pd.Series, key: str) -> str:
     """'median (min–max)' of a point's requests, the median alone for one request or a tie."""
     if row["status"] != "ok":
