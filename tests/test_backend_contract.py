@@ -69,6 +69,29 @@ def test_every_backend_plans_once_and_runs_each_layer(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_an_empty_step_writes_nothing_and_the_next_step_runs(name: str) -> None:
+    """A step of no requests (a server between requests) is planned as one that launches nothing;
+    the plan after it serves its step as if the empty one had not been."""
+    backend = built(name)
+    steps = layers(5, [70, 33])
+    meta = steps[0].meta
+    if backend.unsupported(meta):
+        pytest.skip(f"{name}: {backend.unsupported(meta)}")
+    empty = dataclasses.replace(
+        meta, kv_lens=meta.kv_lens[:0], q_indptr=meta.q_indptr[:1], num_tokens=0, max_q_len=0,
+        max_kv_len=0, total_kv_len=0,
+    )  # fmt: skip
+    backend.plan(empty)
+    q, none = steps[0].q[:0], steps[0].new_output()[:0]
+    assert backend.run(q, steps[0].kv_cache, none).shape == none.shape
+    backend.plan(meta)
+    for layer in steps:
+        out = layer.new_output().fill_(float("nan"))
+        backend.run(layer.q, layer.kv_cache, out)
+        assert relative_error(out, reference_attention(layer)) < TOL
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_a_backend_says_why_it_declines_a_step(name: str) -> None:
     backend = built(name)
     tree = random_batch([40], 5, heads=2, page_size=16, tree=True, dtype=DTYPE, device=DEVICE)
