@@ -423,6 +423,19 @@ def test_backend_options_of_a_server_given_by_url_are_refused(tmp_path: Path, pr
     assert point.target == "--url http://gpu-node:30000" and not point.needs_kernel_lib
 
 
+def test_a_custom_server_given_by_url_waits_for_no_kernel_library_here() -> None:
+    """The kernel library is built for servers the sweep launches: one given by url runs its own,
+    so its points do not wait for (or fail with) this machine's build."""
+    cfg = raw("h200")
+    server = next(s for s in cfg["sweep"]["servers"] if s["backend"] == "custom")
+    launched = Study(copy.deepcopy(cfg)).point(server["name"], server["chunks"][0]["contexts"][0])
+    assert launched.needs_kernel_lib
+    server.update(url="http://gpu-node:30000", backend_options={})
+    server.pop("command", None)
+    point = Study(cfg).point(server["name"], server["chunks"][0]["contexts"][0])
+    assert point.target == "--url http://gpu-node:30000" and not point.needs_kernel_lib
+
+
 def test_url_server_is_swept_where_it_runs() -> None:
     cfg = raw()
     cfg["sweep"]["servers"][0]["url"] = "http://gpu-node:30000"

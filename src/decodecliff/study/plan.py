@@ -117,6 +117,7 @@ class Study:
             target=srv.target(self.sweep, server),
             skip_reason=skip,
             needs_kernel_lib=skip is None
+            and not server.get("url")  # runs elsewhere, on its own library
             and registry.needs_kernel_lib(server["backend"], server["backend_options"]),
             priority=len(order) - order.index((name, ctx)),
         )
