@@ -301,6 +301,31 @@ def test_an_empty_batch_plans_one_split():
     assert tiny.num_splits == 1 and tiny.longest_split >= 1
 
 
+# The plans of representative batches as plan_launch made them before equal-length plans were
+# held to max_splits (today's plans): (heads, q_len, max_kv_len, batch, ctas_per_wave, max_splits,
+# num_splits, total_kv_len, cta_rows, sms) -> (mtiles, row_tiles, num_splits, split_tokens, busy).
+TODAYS_PLANS = [
+    ((8, 16, 185_000, 1, 132, 1024, None, None, 0, 0), (2, 4, 33, 0, None)),  # verify
+    ((8, 1, 185_000, 1, 264, 1024, None, None, 0, 132), (1, 1, 264, 0, None)),  # decode
+    ((8, 1, 1000, 1, 132, 1024, None, None, 0, 132), (1, 1, 32, 0, None)),  # short context
+    ((64, 256, 185_000, 4, 132, 1024, None, None, 0, 0), (2, 512, 1, 0, None)),  # wide
+    ((64, 16, 16_384, 4, 132, 1024, None, 4 * 16_384, 64, 132), (2, 16, 2, 0, None)),  # v5
+    ((8, 16, 16_384, 4, 264, 1024, None, 16_384 + 3 * 2_000, 0, 132), (2, 4, 46, 362, 66)),
+    ((64, 16, 185_000, 60, 132, 1024, None, 60 * 100_000, 64, 132), (2, 16, 1, 0, None)),
+    ((8, 1, 200_000, 1, 1056, 1024, None, None, 0, 132), (1, 1, 782, 0, None)),  # 256 a split
+    ((8, 1, 262_144, 1, 1024, 1024, None, None, 0, 132), (1, 1, 1024, 0, None)),  # at the cap
+    ((8, 1, 200_000, 1, 2048, 1024, None, None, 0, 132), (1, 1, 132, 0, None)),  # one an SM
+    ((8, 1, 300_000, 2, 2048, 1024, None, 600_000, 0, 132), (1, 1, 1024, 0, None)),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), TODAYS_PLANS)
+def test_plans_within_the_split_cap_stay_as_they_are(args, expected):
+    plan = plan_launch(*args)
+    assert (plan.mtiles, plan.row_tiles, plan.num_splits, plan.split_tokens,
+            plan.busy_splits) == expected  # fmt: skip
+
+
 def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
     """The short-context rule holds for a ragged batch's split by tokens too: where the wave's
     share would be under SHORT_SPLIT_BELOW tokens, one CTA an SM shares the tokens, down to
