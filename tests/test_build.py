@@ -326,6 +326,25 @@ def test_plans_within_the_split_cap_stay_as_they_are(args, expected):
             plan.busy_splits) == expected  # fmt: skip
 
 
+def test_an_equal_batch_whose_wave_holds_more_splits_than_the_cap_plans_the_cap():
+    """Equal lengths on a wave of over ``max_splits`` CTAs a request (row tile and request) take
+    ``max_splits`` longer splits, as a ragged batch does, not a ValueError (the combine kernel
+    merges at most that many partials a row)."""
+    # 1,056 CTAs a wave (132 SMs x 8), one row tile of one request: 1,172 splits of 256 tokens
+    long = plan_launch(8, 1, 300_000, 1, 1056, 1024, sms=132)
+    assert (long.num_splits, long.split_tokens) == (1024, 0)
+    assert long.longest_split == 300_000 / 1024 and long.ctas(1) == 1024
+    # two requests of equal lengths (not ragged) over 2,112 CTAs
+    assert plan_launch(8, 1, 300_000, 2, 2112, 1024, None, 600_000, sms=132).num_splits == 1024
+    # the short-context rule's one CTA an SM, on 1,100 SMs
+    assert plan_launch(8, 1, 100_000, 1, 2048, 1024, sms=1100).num_splits == 1024
+    # a smaller cap holds the same way
+    assert plan_launch(8, 1, 185_000, 1, 132, 64).num_splits == 64
+    # a fixed split count over the cap is still refused
+    with pytest.raises(ValueError, match=r"num_splits must be in 1\.\.1024, got 1025"):
+        plan_launch(8, 1, 300_000, 1, 1056, 1024, num_splits=1025)
+
+
 def test_a_short_ragged_batch_takes_one_cta_an_sm_and_short_splits():
     """The short-context rule holds for a ragged batch's split by tokens too: where the wave's
     share would be under SHORT_SPLIT_BELOW tokens, one CTA an SM shares the tokens, down to

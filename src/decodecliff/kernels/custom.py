@@ -156,6 +156,7 @@ def plan_launch(
     16 x mtiles rows, or ``cta_rows`` where a CTA holds more (v5: 64); ``ctas_per_wave`` counts
     CTAs of that size. A ragged batch (``total_kv_len`` under RAGGED_BELOW of batch x
     ``max_kv_len``) is split by tokens instead (``_ragged_splits``). An empty batch plans one split.
+    A planned split count is never over ``max_splits``; a fixed ``num_splits`` over it is refused.
     """
     rows = max_q_len * heads
     mtiles = m_tiles(rows)
@@ -176,7 +177,7 @@ def plan_launch(
         )  # fmt: skip
     elif num_splits is None:
         num_splits = _even_splits(max_kv_len, ctas_per_wave // (row_tiles * batch_size),
-                                  sms // (row_tiles * batch_size))  # fmt: skip
+                                  sms // (row_tiles * batch_size), max_splits)  # fmt: skip
     if not 1 <= num_splits <= max_splits:
         raise ValueError(f"num_splits must be in 1..{max_splits}, got {num_splits}")
     longest_split = max(split_tokens, longest / num_splits)
@@ -223,12 +224,16 @@ def _even_ragged(
     return max(1, min(most, waves_cap, max_splits, longest // even_floor)), 0, None
 
 
-def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int) -> int:
+def _even_splits(max_kv_len: int, wave_splits: int, sm_splits: int, max_splits: int) -> int:
     """Splits per request of a batch of equal lengths: ``wave_splits`` fill a wave, ``sm_splits``
-    one CTA an SM (0: unknown); the short-context rule of ``plan_launch``."""
+    one CTA an SM (0: unknown); the short-context rule of ``plan_launch``. Never over
+    ``max_splits`` (the combine kernel merges at most that many partials a row): where a wave holds
+    more CTAs a request, as over 1,024 CTAs of one row tile and request, the splits are longer."""
     if sm_splits and max_kv_len < SHORT_SPLIT_BELOW * max(wave_splits, 1):
-        return max(1, min(sm_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SHORT_SPLIT)))
-    return max(1, min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT)))
+        splits = min(sm_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SHORT_SPLIT))
+    else:
+        splits = min(wave_splits, math.ceil(max_kv_len / MIN_TOKENS_PER_SPLIT))
+    return max(1, min(max_splits, splits))
 
 
 def _ragged_split_tokens(total_kv_len: int, batch_size: int, ctas: int, sm_ctas: int) -> int:
