@@ -76,10 +76,20 @@ def test_variants_agree(library):
         assert relative_error(other, v1.double().cpu()) < 1e-2
 
 
-@pytest.mark.parametrize("splits", [1, 7, 300])
+@pytest.mark.parametrize("splits", [1, 7, 300, 1024])  # 1024: the combine's cap
 def test_any_split_count_gives_the_same_answer(backend, splits):
     batch = random_batch([4000], q_len=16, heads=8, device="cuda", seed=splits)
     out = backend(num_splits=splits)(batch)
+    assert relative_error(out, reference_attention(batch)) < 1e-2
+
+
+def test_a_long_context_whose_wave_holds_more_splits_than_the_cap_plans_the_cap(backend):
+    """300k tokens of one decode request: a wave of small CTAs holds over the combine's 1,024
+    splits, which the planner gives it (it asked for more and raised)."""
+    batch = random_batch([300_000], q_len=1, heads=8, device="cuda", seed=9)
+    attn = backend()
+    out = attn(batch)
+    assert attn.describe()["num_splits"] <= attn.max_splits
     assert relative_error(out, reference_attention(batch)) < 1e-2
 
 
