@@ -17,6 +17,9 @@ from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from test_server import Server, server
 
+from decodecliff.server import protocol
+from decodecliff.server.tokenizer import ByteTokenizer
+
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 IDS = [(11 * i) % 500 + 1 for i in range(40)]
 
@@ -447,6 +450,76 @@ def test_openai_sdk_fields_that_change_nothing_are_accepted(client):
         )
         assert resp.parse().usage.completion_tokens <= 3
         assert ("store" in resp.headers.get("warning", "")) == extra["store"]
+
+
+# Fields accepted and ignored still have their API's types: a value of another type is a 400.
+BASES = {
+    "/generate": {"text": "a", "sampling_params": {"max_new_tokens": 2}},
+    "/v1/completions": {"prompt": "a", "max_tokens": 2},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2},
+}
+WRONG_TYPES = [
+    ("/v1/chat/completions", {"user": 5}, "user"),
+    ("/v1/chat/completions", {"metadata": "run 1"}, "metadata"),
+    ("/v1/chat/completions", {"function_call": 3}, "function_call"),
+    ("/v1/chat/completions", {"reasoning_effort": True}, "reasoning_effort"),
+    ("/v1/chat/completions", {"separate_reasoning": "no"}, "separate_reasoning"),
+    ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
+    ("/v1/completions", {"logprobs": "yes"}, "logprobs"),
+    ("/v1/completions", {"service_tier": 1}, "service_tier"),
+    ("/v1/completions", {"rid": 5}, "rid"),
+    ("/v1/completions", {"priority": "high"}, "priority"),
+    ("/v1/completions", {"store": "yes"}, "store"),
+    ("/generate", {"rid": ["a", 1]}, "rid"),
+    ("/generate", {"custom_labels": ["a"]}, "custom_labels"),
+    ("/generate", {"routed_experts_start_len": "0"}, "routed_experts_start_len"),
+    ("/generate", {"bootstrap_port": "8998"}, "bootstrap_port"),
+    ("/generate", {"received_time": "now"}, "received_time"),
+    ("/generate", {"need_wait_for_mm_inputs": 1}, "need_wait_for_mm_inputs"),
+    ("/generate", {"sampling_params": {"max_new_tokens": 2, "stream_interval": 1.5}},
+     "sampling_params.stream_interval"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path,field,param", WRONG_TYPES)
+def test_fields_that_change_nothing_are_still_typed(srv, path, field, param):
+    resp = srv.post(path, {**BASES[path], **field})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == param and err["message"].startswith(f"{param} must be"), err
+    assert srv.get("/health").status_code == 200
+
+
+def test_every_ignored_field_has_a_type_its_default_and_its_values_pass():
+    ignored = {**protocol.GENERATE_IGNORED, **protocol.SAMPLING_IGNORED, **protocol.CHAT_IGNORED}
+    assert set(protocol.IGNORED_TYPES) == set(ignored)
+    lim = protocol.Limits(vocab_size=512, max_tokens=4096, tokenizer=ByteTokenizer(512))
+    good = {  # a value of each type, as SGLang's and OpenAI's clients send them
+        "true or false": True,
+        "an integer": 3,
+        "a number": 1.5,
+        "a string": "x",
+        "an object": {"k": "v"},
+        "a list": [[1, 2]],
+        "a string or a list of strings": ["x", "y"],
+        "an integer or a list of integers": [1, None],
+        "a string or a number": "low",
+        "a string or an object": {"name": "f"},
+    }
+    for key, kind in protocol.IGNORED_TYPES.items():
+        check = protocol.JSON_TYPES[kind]
+        assert ignored[key] is None or check(ignored[key]), key
+        if key in protocol.SAMPLING_IGNORED:
+            body = {"text": "a", "sampling_params": {key: good[kind]}}
+            protocol.parse_generate(body, lim)
+        if key in protocol.GENERATE_IGNORED:
+            protocol.parse_generate({"text": "a", key: good[kind]}, lim)
+        if key in protocol.OPENAI_IGNORED:
+            protocol.parse_completions({"prompt": "a", key: good[kind]}, lim)
+        if key in protocol.CHAT_IGNORED:
+            protocol.parse_chat(
+                {"messages": [{"role": "user", "content": "a"}], key: good[kind]}, lim
+            )
 
 
 def test_optional_flags_and_counts_given_as_null_take_their_defaults(srv):

@@ -2,7 +2,8 @@
 
 Every parameter of SGLang's GenerateReqInput and of OpenAI's requests is accepted: honoured where
 it applies; one that changes no token of the output (store, metadata, rid, return_routed_experts)
-is ignored and named in the request's `ignored` list (the server says so in a Warning header);
+is ignored, once its value is of its API's type (IGNORED_TYPES), and named in the request's
+`ignored` list (the server says so in a Warning header);
 one that would change the output but cannot be honoured is accepted only at its neutral value (a
 penalty of 0, an empty logit_bias). An unknown parameter is refused, as OpenAI's API does. A
 problem raises BadRequest with a short message naming the offending field (and `param`), which the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from decodecliff.engine.request import SamplingParams
@@ -211,10 +213,48 @@ def _refuse(
         if value is None or _neutral(value, ok):
             continue
         raise BadRequest(f"{where}{key} = {show(value)} is not supported", where + key)
-    for key, default in ignored.items():  # an ignored flag is still a flag
-        if isinstance(default, bool):
-            _flag(body, key, where)
+    for key in ignored:  # it changes nothing, but is still of its API's type
+        value, kind = body.get(key), IGNORED_TYPES[key]
+        if value is not None and not JSON_TYPES[kind](value):
+            raise BadRequest(f"{where}{key} must be {kind}, got {show(value)}", where + key)
     return [where + k for k, default in ignored.items() if body.get(k) not in (None, default)]
+
+
+def _number_ok(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _or_list(ok: Callable[[object], bool]) -> Callable[[object], bool]:
+    """One value, or a list of them (one per prompt of a batch; null entries allowed)."""
+    return lambda v: ok(v) or (isinstance(v, list) and all(x is None or ok(x) for x in v))
+
+
+def _str_ok(value: object) -> bool:
+    return isinstance(value, str)
+
+
+# JSON types, named as an error message says them
+BOOL, INT, NUMBER, STR, OBJECT, LIST = (
+    "true or false",
+    "an integer",
+    "a number",
+    "a string",
+    "an object",
+    "a list",
+)
+STRS, INTS = "a string or a list of strings", "an integer or a list of integers"
+JSON_TYPES: dict[str, Callable[[object], bool]] = {
+    BOOL: lambda v: isinstance(v, bool),
+    INT: is_int,
+    NUMBER: _number_ok,
+    STR: _str_ok,
+    OBJECT: lambda v: isinstance(v, dict),
+    LIST: lambda v: isinstance(v, list),
+    STRS: _or_list(_str_ok),
+    INTS: _or_list(is_int),
+    "a string or a number": lambda v: _str_ok(v) or _number_ok(v),
+    "a string or an object": lambda v: isinstance(v, str | dict),
+}
 
 
 def _neutral(value: object, ok: object) -> bool:
@@ -537,6 +577,75 @@ CHAT_NEUTRAL = {
     "documents": (),
 }
 CHAT_IGNORED = {**OPENAI_IGNORED, "function_call": None}  # there are no functions to call
+# The type of every field accepted and ignored above (GENERATE_, SAMPLING_, OPENAI_ and
+# CHAT_IGNORED), as SGLang's GenerateReqInput, SamplingParams and OpenAI-API requests and
+# OpenAI's API reference type it: it changes nothing, but a value of another type is a 400 (null
+# is its default).
+IGNORED_TYPES: dict[str, str] = {
+    # SGLang /generate
+    "rid": STRS,
+    "session_id": STR,
+    "return_text_in_logprobs": BOOL,
+    "return_routed_experts": BOOL,
+    "routed_experts_start_len": INT,
+    "return_indexer_topk": BOOL,
+    "return_entropy": BOOL,
+    "return_bytes": BOOL,
+    "return_prompt_token_ids": BOOL,
+    "return_sampling_mask": BOOL,
+    "return_flat_raw_top_logprobs": BOOL,
+    "return_flat_raw_top_logprobs_b64": BOOL,
+    "token_ids_logprob": LIST,
+    "log_metrics": BOOL,
+    "lora_id": STRS,
+    "bootstrap_host": STRS,
+    "bootstrap_port": INTS,
+    "bootstrap_room": INTS,
+    "bootstrap_pair_key": STRS,
+    "decode_tp_size": INTS,
+    "routed_dp_rank": INT,
+    "data_parallel_rank": INT,
+    "disagg_prefill_dp_rank": INT,
+    "kv_router_hint": OBJECT,
+    "routing_key": STR,
+    "conversation_id": STR,
+    "http_worker_ipc": STR,
+    "background": BOOL,
+    "priority": INT,
+    "extra_key": STRS,
+    "cache_salt": STRS,
+    "no_logs": BOOL,
+    "custom_labels": OBJECT,
+    "external_trace_header": OBJECT,
+    "received_time": NUMBER,
+    "max_thinking_tokens": INT,
+    "mm_hashes": LIST,
+    "mm_content_hashes": LIST,
+    "use_audio_in_video": BOOL,
+    "video_config": OBJECT,
+    "need_wait_for_mm_inputs": BOOL,
+    "num_items_assigned": OBJECT,
+    "encoder_urls": LIST,
+    "max_dynamic_patch": INT,
+    "min_dynamic_patch": INT,
+    "image_max_dynamic_patch": INT,
+    "video_max_dynamic_patch": INT,
+    "images_config": OBJECT,
+    # SGLang's sampling_params
+    "stream_interval": INT,
+    # OpenAI (and SGLang's OpenAI API)
+    "user": STR,
+    "store": BOOL,
+    "metadata": OBJECT,
+    "service_tier": STR,
+    "prompt_cache_key": STR,
+    "safety_identifier": STR,
+    "reasoning_effort": "a string or a number",  # SGLang takes an effort in [0, 1) too
+    "verbosity": STR,
+    "separate_reasoning": BOOL,
+    "stream_reasoning": BOOL,
+    "function_call": "a string or an object",  # "none", "auto" or {"name": ...}
+}
 CHAT_ROLES = ("system", "user", "assistant", "developer")
 
 
