@@ -2,11 +2,12 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: title
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -17,8 +18,8 @@
 # # End-to-end context sweep of one server configuration
 #
 # Several streaming requests per context after a warm-up: verify steps per second from the
-# client's clock and from the server's own step times (the primary number: with random weights
-# no draft is accepted, so tokens/s count the same steps), decode tok/s and tok/s at the
+# client's clock and from the server's own step times (the primary number; how tokens/s relate to
+# it is said below, from the acceptance the points recorded), decode tok/s and tok/s at the
 # configured acceptance length tau, time to first token, prefill rate, inter-token latency
 # percentiles and accepted tokens per verify step. Each point is the median over its requests,
 # the bars their min–max. Failed and skipped points are marked on the context axis (X failed,
@@ -51,7 +52,8 @@ display(
     Markdown(
         f"`{server}`: backend {first['backend']}, page size {first['page_size']}, "
         f"CUDA graphs {first['cuda_graph']}, defrag {first['defrag']}, spec {first['spec']}, "
-        f"{int(first.get('concurrency', 1))} stream(s) at once. {tables.counts(points)}."
+        f"{int(first.get('concurrency', 1))} stream(s) at once. {tables.counts(points)}. "
+        f"{tables.tokens_said(points)}."
     )
 )
 print(points["status"].value_counts().to_string())

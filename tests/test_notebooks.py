@@ -289,6 +289,17 @@ def test_notebook_pairs_are_in_sync_and_parameterised(name: str) -> None:
     assert len(tagged) == 1
 
 
+@pytest.mark.parametrize("name", ["sweep", "report"])
+def test_no_notebook_states_as_fixed_text_what_drafts_are_accepted(name: str) -> None:
+    """How tokens/s relate to verify steps/s is what the points' acceptance shows
+    (tables.tokens_said), said by the notebook's code: its prose states none of it."""
+    nb = jupytext.read(REPO / "notebooks" / f"{name}.py")
+    prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown").lower()
+    code = " ".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "no draft" not in prose and "tokens/s equal" not in prose
+    assert "tables.tokens_said(" in code
+
+
 def test_summarize_rejects_bad_files_with_a_clear_message(tmp_path: Path) -> None:
     wrong = tmp_path / "bench.json"
     wrong.write_text(json.dumps({"schema": "something-else/1", "points": []}))

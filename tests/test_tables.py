@@ -151,3 +151,28 @@ def test_the_baseline_serves_as_sglang_does_with_cuda_graphs_and_no_defragmentat
     eager = [r for r in rows if not r["cuda_graph"] or r["server"].startswith("custom")]
     assert tables.baseline_server(pd.DataFrame(eager)) == "triton-b-p1"
     assert tables.baseline_server(pd.DataFrame(rows), "triton-b-p1") == "triton-b-p1"  # named
+
+
+def test_tokens_per_verify_step_are_said_as_the_points_record_them() -> None:
+    """What the notebooks say of tokens/s against verify steps/s is the points' acceptance: equal
+    where every point accepted no draft (1 token per verify step), verify steps/s times the
+    measured tokens per verify step where they accepted more, and possibly different where no
+    point records its acceptance."""
+    from decodecliff.analysis import summarize
+
+    data = Path(__file__).resolve().parent / "data"
+    none = summarize.load_study(data / "study").sweep  # 1 token per verify step
+    accepted = summarize.load_study(data / "published").sweep  # 2 tokens per verify step
+    said = tables.tokens_said(none)
+    assert said.startswith("Random weights accept no draft (1 token per verify step")
+    assert "tokens/s equal verify steps/s" in said
+    said = tables.tokens_said(accepted)
+    assert "no draft" not in said and "equal" not in said
+    assert "measured: 2 tokens per verify step" in said and "times that" in said
+    said = tables.tokens_said(none.drop(columns="spec_accept_length"))
+    assert "no draft" not in said and "record no acceptance" in said
+    # a point accepting more than the bonus token is enough to take back 'no draft'
+    more = none.copy()
+    first = tables.ok(more).dropna(subset=[tables.PRIMARY]).index[0]
+    more.loc[first, "spec_accept_length"] = 1.5
+    assert "measured: 1–1.5 tokens per verify step" in tables.tokens_said(more)
