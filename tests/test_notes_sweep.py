@@ -116,3 +116,31 @@ def test_drafts_the_servers_accept_are_not_said_to_be_never_accepted(tmp_path: P
     text = notes.render(study, cfg, "h200")
     assert "almost never accepted" not in text and "tokens/s equal verify steps/s" not in text
     assert "a median of 2.5 tokens per verify step" in text
+
+
+def test_a_step_just_over_its_floor_is_worded_as_every_ratio(tmp_path: Path) -> None:
+    """'step over floor' is a ratio, worded as tables.times words them: a step 0.2% over its
+    floor reads 1.002x, not 1x, in the table and in the line under it."""
+    from decodecliff.analysis import floors, tables
+
+    study = copy_study(tmp_path / "study")
+    cfg = yaml.safe_load((REPO / "config/h200.yaml").read_text())
+    loaded = summarize.load_study(study)
+    server = "custom-graph-p1"
+    row = tables.ok(loaded.sweep).query("server == @server").sort_values("requested_ctx").iloc[-1]
+    ctx = int(row["requested_ctx"])
+    floor = floors.step_floor(
+        row, ctx, loaded.ceilings["copy_gbs"], loaded.ceilings["matmul_tflops"]
+    ).ms
+    scale = 1e3 / (floor * 1.002) / row["verify_steps_s_server"]
+
+    def slower(doc: dict) -> None:
+        for request in doc["requests"]:
+            request["metrics"]["verify_steps_s_server"] *= scale
+
+    edit_points(study, [server], [ctx], slower)
+    text = notes.render(study, cfg, "h200")
+    line = next(li for li in text.splitlines() if li.startswith(f"| {server} |"))
+    assert line.endswith("| 1.002x |"), line
+    assert "the step is 1.002x it." in text
+    assert "the step is 1x it" not in text and "xx it" not in text

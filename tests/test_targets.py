@@ -58,7 +58,7 @@ def test_kernel_speedups_on_recorded_data_are_the_worst_point_over_the_fastest_b
     speedups = {k: min(ms["triton"][k]) / ms["custom"][k][0] for k in both}
     row = check(published, kind="kernel_speedup", min=1)
     assert row["status"] == MET and row["measured"] == pytest.approx(min(speedups.values()))
-    assert row["margin"] == f"{row['measured']:.3g}x over"
+    assert row["margin"] == f"{tables.times(row['measured'])} over"
     from_16k = min(v for (_, ctx), v in speedups.items() if ctx >= 16000)
     row = check(published, kind="kernel_speedup", from_ctx=16000, min=20)
     assert row["measured"] == pytest.approx(from_16k) and row["status"] == MET
@@ -246,6 +246,11 @@ def test_context_matching_takes_the_nearest_point_within_tolerance() -> None:
         ("<=", 0.35, 1.45, "missed by 4.14x", MISSED),
         (">=", 100, 99.6, "missed by 0.4%", MISSED),
         ("<=", 0.15, 0.1506, "missed by 0.4%", MISSED),
+        # ratios as tables.times words them: a lead under 0.5% keeps its digits, no exponent
+        (">=", 1, 1.002, "1.002x over", MET),
+        ("<=", 1, 0.9985, "1.002x under", MET),
+        (">=", 1, 1234, "1,234x over", MET),
+        (">=", 1000, 0.5, "missed by 2,000x", MISSED),
     ],
 )
 def test_margin_arithmetic(op, threshold, measured, text, status) -> None:

@@ -160,7 +160,8 @@ def server_rows(study: summarize.Study) -> list[dict]:
                 "floor_weights_ms": _num(floor.weights_ms, ",.2f"),
                 "floor_attention_ms": _num(floor.attention_ms, ",.2f"),
                 "floor_attention_by": FLOOR_TERMS[floor.attention_by],
-                "over_floor": _num(step_ms / floor.ms) if pd.notna(step_ms) else "–",
+                # times(): a step 0.2% over its floor is '1.002x', not '1'
+                "over_floor": tables.times(step_ms / floor.ms) if pd.notna(step_ms) else "–",
             }
         out.append(row)
     return out

@@ -405,15 +405,16 @@ MEASURE = {
 
 
 def margin(op: str, threshold: float, measured: float) -> tuple[float, str, str]:
-    """(ratio, text, status): ratio >= 1 is headroom, < 1 a shortfall (factors of the threshold)."""
+    """(ratio, text, status): ratio >= 1 is headroom, < 1 a shortfall (factors of the threshold);
+    factors worded by tables.times, as every ratio ('1.002x over', not '1x over')."""
     if measured <= 0:
         ratio = math.inf if op == "<=" else 0.0
     else:
         ratio = measured / threshold if op == ">=" else threshold / measured
     if ratio >= 1:
-        return ratio, f"{ratio:.3g}x {'over' if op == '>=' else 'under'}", MET
+        return ratio, f"{tables.times(ratio)} {'over' if op == '>=' else 'under'}", MET
     if ratio <= 0.5:
-        return ratio, f"missed by {1 / ratio:.3g}x" if ratio else "missed", MISSED
+        return ratio, f"missed by {tables.times(1 / ratio)}" if ratio else "missed", MISSED
     off = (1 - ratio) if op == ">=" else (1 / ratio - 1)
     # under 1%, two figures: a near miss is not 'missed by 0%'
     return ratio, f"missed by {off:.0%}" if off >= 0.01 else f"missed by {off * 100:.2g}%", MISSED
