@@ -251,7 +251,9 @@ def _page(df: pd.DataFrame) -> pd.Series:
 
 
 def _kernel_grid(kernels: pd.DataFrame, height: float = 3.4) -> tuple[Figure, list]:
-    """A figure with one panel per head count (rows) and mode (columns): (fig, [(ax, rows)])."""
+    """A figure with one panel per head count (rows) and mode (columns): (fig, [(ax, rows)]).
+    A pair the bench lacks (one merged by hand from two runs) keeps its panel, marked "not in
+    this bench", and is left out of the panels returned: each has rows to draw from."""
     modes = mode_order(kernels)
     heads = sorted(kernels["heads"].unique())
     fig, axes = plt.subplots(
@@ -262,7 +264,12 @@ def _kernel_grid(kernels: pd.DataFrame, height: float = 3.4) -> tuple[Figure, li
         for j, m in enumerate(modes):
             q = int(kernels.loc[kernels["mode"] == m, "q_len"].max())
             axes[i, j].set_title(f"{m} (q_len {q}), {h} heads", fontsize=10)
-            panels.append((axes[i, j], kernels[(kernels["heads"] == h) & (kernels["mode"] == m)]))
+            rows = kernels[(kernels["heads"] == h) & (kernels["mode"] == m)]
+            if rows.empty:
+                _empty(axes[i, j], "not in this bench")
+                axes[i, j].set_xticks([])
+                continue
+            panels.append((axes[i, j], rows))
     return fig, panels
 
 
