@@ -500,3 +500,51 @@ def test_a_baseline_that_does_not_slow_down_is_no_cliff(sweep, engine) -> None:
     (label,) = [t.get_text() for t in fig.axes[0].texts if "cliff" in t.get_text()]
     assert label.startswith("no cliff: sglang-graph-p1") and f"({ratio} faster)" in label
     plt.close(fig)
+
+
+def tied(sweep: pd.DataFrame, server: str, like: str, ctx: int) -> pd.DataFrame:
+    """``sweep`` with ``server``'s verify steps/s at ``ctx`` (median, min and max) those of
+    ``like`` there: the two tie exactly."""
+    out = sweep.copy()
+    at = (out["server"] == server) & (out["requested_ctx"] == ctx)
+    source = (out["server"] == like) & (out["requested_ctx"] == ctx)
+    for col in [c for c in out.columns if c.startswith(PRIMARY)]:
+        out.loc[at, col] = float(out.loc[source, col].iloc[0])
+    return out
+
+
+def test_servers_that_tie_as_fastest_are_said_to_tie(sweep) -> None:
+    """Where two servers' rates tie exactly, the sentence names both and says they tie: neither
+    is crowned because its name sorts first."""
+    two = tied(sweep, "flashinfer-graph-p1", "flashinfer-fa3-graph-p1", 185000)
+    text = headline.fastest(two)
+    assert "`flashinfer-fa3-graph-p1` at 32k–128k (118, 103, 85.7 steps/s)" in text
+    assert (
+        "`flashinfer-fa3-graph-p1` and `flashinfer-graph-p1` tie at 185k (75.3 steps/s): they "
+        "win there, 1.66x `custom-sm120-graph-p1` at 185k." in text
+    )
+    # a custom server among those that tie: no peer leads there
+    mixed = tied(sweep, "flashinfer-fa3-graph-p1", "custom-graph-p1", 1024)
+    text = headline.fastest(mixed)
+    assert "`flashinfer-fa3-graph-p1` and `custom-graph-p1` tie at 1k (148 steps/s)" in text
+    assert "`custom-graph-p1` at 11k" in text
+
+
+def test_custom_servers_that_tie_are_named_together(sweep, engine) -> None:
+    """Custom servers that tie at the longest context: the peer's lead is over both, and the
+    win is theirs together, each one's speedup at the shortest context given."""
+    two = tied(sweep, "custom-graph-p1", "custom-sm120-graph-p1", 185000)
+    text = headline.fastest(two)
+    assert (
+        "a peer wins there, 1.66x `custom-graph-p1` and `custom-sm120-graph-p1` (tied) at" in text
+    )
+    said = headline.win(two, engine)
+    ratio = rate(two, "custom-sm120-graph-p1", 185000) / rate(two, "sglang-graph-p1", 185000)
+    first = rate(two, "custom-graph-p1", 1024) / rate(two, "sglang-graph-p1", 1024)
+    second = rate(two, "custom-sm120-graph-p1", 1024) / rate(two, "sglang-graph-p1", 1024)
+    assert said.startswith(
+        "**What the custom kernel wins:** `custom-graph-p1` and `custom-sm120-graph-p1` tie at "
+        f"45.4 verify steps/s at 185k, {tables.times(ratio)} `sglang-graph-p1` (at 1k: "
+        f"`custom-graph-p1` {tables.times(first)}, `custom-sm120-graph-p1` {tables.times(second)})"
+    ), said
+    assert "runs 45.4" not in said

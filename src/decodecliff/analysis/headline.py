@@ -52,6 +52,7 @@ class Facts:
     win_rate: float
     win_short: float  # its speedup over the baseline at the shortest context
     missing: str = ""  # the baseline's points that did not run, with why ('' where all ran)
+    tied: tuple[str, ...] = ()  # other custom servers at exactly the winner's rate there
 
 
 def falls(f: Facts) -> bool:
@@ -127,9 +128,10 @@ def facts(sweep: pd.DataFrame) -> Facts:
     at_long = {s: v for s, v in at_long.items() if pd.notna(v)}
     if not at_long:
         return cliff
-    winner = max(at_long, key=at_long.get)
+    winner = max(at_long, key=at_long.get)  # the figure's arrow: the first of any that tie
+    tied = tuple(s for s, v in at_long.items() if s != winner and v == at_long[winner])
     win_short = _rates(sweep, winner).get(short, np.nan) / rates[short]
-    return replace(cliff, winner=winner, win_rate=at_long[winner], win_short=win_short)
+    return replace(cliff, winner=winner, win_rate=at_long[winner], win_short=win_short, tied=tied)
 
 
 def custom_servers(sweep: pd.DataFrame) -> list[str]:
@@ -405,23 +407,39 @@ def collapse(
 
 def win(sweep: pd.DataFrame, engine: pd.DataFrame | None, ceilings: Mapping | None = None) -> str:
     """The fastest custom server at the baseline's longest context against the baseline there
-    (a loss where it is slower), with its step anatomy at that context where measured."""
+    (a loss where it is slower), with its step anatomy at that context where measured; custom
+    servers that tie there exactly are named together, each one's speedup at the shortest
+    context and step anatomy given."""
     f = facts(sweep)
     if f.winner is None:
         return f"**What the custom kernel wins:** {_no_win(sweep, f)}."
-    graphs = style.graph_servers(sweep)[f.winner]
-    row = _near(attention_share(engine, engine_label(sweep, f.winner), graphs), f.long)
-    step = ""
-    if row is not None:
-        step = (
-            f"; attention is {row['share']:.0%} of its {num(row['step_ms'])} ms step there "
-            f"({_floor(row, sweep, ceilings)[2:] or 'floor not measured'})"
-        )
-    short = "" if pd.isna(f.win_short) else f" ({times(f.win_short)} at {ctx_label(f.short)})"
+    names = (f.winner, *f.tied)
+    graphs = style.graph_servers(sweep)
+    rows = {
+        s: _near(attention_share(engine, engine_label(sweep, s), graphs[s]), f.long) for s in names
+    }
+    owner = {s: "its" if len(names) == 1 else f"`{s}`'s" for s in names}
+    steps = [
+        f"{row['share']:.0%} of {owner[s]} {num(row['step_ms'])} ms step there "
+        f"({_floor(row, sweep, ceilings)[2:] or 'floor not measured'})"
+        for s, row in rows.items()
+        if row is not None
+    ]
+    step = f"; attention is {listed(steps)}" if steps else ""
+    short = {s: _rates(sweep, s).get(f.short, np.nan) / f.rate_short for s in names}
+    short = {s: times(v) for s, v in short.items() if pd.notna(v)}
+    where = ctx_label(f.short)
+    if len(set(short.values())) == 1 and len(short) == len(names):  # one, or all alike
+        short = f" ({next(iter(short.values()))} at {where})"
+    elif short:
+        short = f" (at {where}: {', '.join(f'`{s}` {v}' for s, v in short.items())})"
+    else:
+        short = ""
     ratio = f.win_rate / f.rate_long
     head, than = ("wins", "") if ratio >= 1 else ("loses", "the rate of ")
+    who = f"`{f.winner}` runs" if not f.tied else f"{listed([f'`{s}`' for s in names])} tie at"
     return (
-        f"**What the custom kernel {head}:** `{f.winner}` runs {num(f.win_rate)} verify steps/s "
+        f"**What the custom kernel {head}:** {who} {num(f.win_rate)} verify steps/s "
         f"at {ctx_label(f.long)}, {times(ratio)} {than}`{f.baseline}`{short}{step}."
     )
 
@@ -461,8 +479,9 @@ def fastest(sweep: pd.DataFrame, title: str = "**Fastest at each context:**") ->
     rates = pd.DataFrame({s: _rates(sweep, s) for s in names}).sort_index()
     if rates.empty:
         return "**Fastest:** no end-to-end point ran."
-    best = rates.idxmax(axis=1)
-    runs = (best != best.shift()).cumsum()
+    # per context the servers at its fastest rate: one, or every one that ties there exactly
+    best = pd.Series([tuple(r.index[r == r.max()]) for _, r in rates.iterrows()], rates.index)
+    runs = (best.map(" ".join) != best.map(" ".join).shift()).cumsum()
     parts = []
     for _, group in best.groupby(runs):
         parts.append(_run_text(group, rates, sweep))
@@ -527,20 +546,25 @@ def sm120_pairing(sweep: pd.DataFrame) -> str | None:
 
 
 def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str:
-    server, ctxs = group.iloc[0], list(group.index)
+    """A run of contexts with the same fastest server, or the same servers that tie there."""
+    tops, ctxs = group.iloc[0], list(group.index)
+    server = tops[0]  # each of them has its rate
     span = ctx_label(ctxs[0]) if len(ctxs) == 1 else f"{ctx_label(ctxs[0])}–{ctx_label(ctxs[-1])}"
     span = f"at every context, {span}" if len(group) == len(rates) else f"at {span}"
     values = ", ".join(f"{num(rates.loc[c, server])}" for c in ctxs)
-    near = {c: _within_spread(sweep, rates.columns, server, c) for c in ctxs}
+    # the servers whose requests reach the slowest request of any of them
+    reach = {c: [n for t in tops for n in _within_spread(sweep, rates.columns, t, c)] for c in ctxs}
+    near = {c: [s for s in dict.fromkeys(reach[c]) if s not in tops] for c in ctxs}
     close = "".join(
         f"; at {ctx_label(c)} within the requests' spread of "
         + ", ".join(f"`{s}`" for s in near[c])
         for c in ctxs
         if near[c]
     )
-    text = f"`{server}` {span} ({values} steps/s{close})"
+    names = listed([f"`{s}`" for s in tops])
+    text = f"{names} {'tie ' if len(tops) > 1 else ''}{span} ({values} steps/s{close})"
     backend = ok(sweep).groupby("server")["backend"].first()
-    if family(server, backend[server]) == "custom":
+    if any(family(s, backend[s]) == "custom" for s in tops):
         return text
     custom = [s for s in rates.columns if family(s, backend[s]) == "custom"]
     if not custom:
@@ -549,14 +573,19 @@ def _run_text(group: pd.Series, rates: pd.DataFrame, sweep: pd.DataFrame) -> str
     rivals = rates.loc[c, custom].dropna()
     if rivals.empty:
         return f"{text}: no custom server ran at {ctx_label(c)}"
-    rival = rivals.idxmax()
-    ratio = rates.loc[c, server] / rates.loc[c, rival]
+    fastest_custom = list(rivals.index[rivals == rivals.max()])  # each one that ties
+    rival = listed([f"`{s}`" for s in fastest_custom])
+    rival += " (tied)" if len(fastest_custom) > 1 else ""
+    ratio = rates.loc[c, server] / rivals.max()
     # at c, where the ratio is given: a win beyond the requests' spread of every custom server,
     # a lead where any of them reaches into it (not only the fastest, whose rate it is over)
     within = any(s in custom for s in near[c])
-    who = "a peer" if family(server, backend[server]) in PEERS else "no custom server"
-    who += " leads" if within else " wins"
-    return f"{text}: {who} there, {times(ratio)} `{rival}` at {ctx_label(c)}"
+    if len(tops) > 1:
+        who = "they lead" if within else "they win"
+    else:
+        who = "a peer" if family(server, backend[server]) in PEERS else "no custom server"
+        who += " leads" if within else " wins"
+    return f"{text}: {who} there, {times(ratio)} {rival} at {ctx_label(c)}"
 
 
 def _span(sweep: pd.DataFrame, server: str, ctx: int) -> tuple[float, float] | None:
