@@ -176,3 +176,19 @@ def test_tokens_per_verify_step_are_said_as_the_points_record_them() -> None:
     first = tables.ok(more).dropna(subset=[tables.PRIMARY]).index[0]
     more.loc[first, "spec_accept_length"] = 1.5
     assert "measured: 1–1.5 tokens per verify step" in tables.tokens_said(more)
+
+
+def test_the_report_and_the_notes_say_drafts_were_accepted_by_one_rule() -> None:
+    """A point at 1.002 tokens per verify step reads 1: the report said drafts were accepted
+    ('measured: 1 tokens per verify step ... times that') where the notes, reading the median,
+    said tokens/s equal verify steps/s. Both now say it as tables.acceptance_said does."""
+    from decodecliff.analysis import notes, summarize
+
+    sweep = summarize.load_study(Path(__file__).resolve().parent / "data" / "study").sweep
+    drawn = tables.ok(sweep).dropna(subset=[tables.PRIMARY]).index
+    sweep.loc[drawn[0], "spec_accept_length"] = 1.002
+    assert tables.acceptance_said(sweep) == tables.NO_DRAFT
+    assert notes.acceptance(sweep) == {"accept": "1", "accepted": False}
+    sweep.loc[drawn, "spec_accept_length"] = 2.0  # every point drawn: the notes agree again
+    assert tables.acceptance_said(sweep) == "measured: 2 tokens per verify step"
+    assert notes.acceptance(sweep) == {"accept": "2", "accepted": True}

@@ -434,15 +434,17 @@ def context(study: summarize.Study, name: str, cfg: dict) -> dict:
 
 
 def acceptance(sweep: pd.DataFrame) -> dict:
-    """The median over the ok points of tokens per verify step (``accept``, as text) and whether
-    drafts were accepted (``accepted``: None where no point recorded it, False where the median
-    reads 1, so tokens/s are verify steps/s): the notes say which, not always the former."""
-    good = tables.ok(sweep)
-    col = good["spec_accept_length"] if "spec_accept_length" in good else pd.Series(dtype=float)
-    median = pd.to_numeric(col, errors="coerce").median()
-    if pd.isna(median):
+    """The median over the points drawn of tokens per verify step (``accept``, as text) and
+    whether drafts were accepted (``accepted``: None where no point recorded it, False where the
+    report says none was, tables.acceptance_said, so tokens/s are verify steps/s): the notes say
+    which, not always the former."""
+    accepted = tables.accepted_per_step(sweep)
+    if accepted.empty:
         return {"accept": "–", "accepted": None}
-    return {"accept": _num(median), "accepted": _num(median) != "1"}
+    return {
+        "accept": _num(accepted.median()),
+        "accepted": tables.acceptance_said(sweep) != tables.NO_DRAFT,
+    }
 
 
 def render(

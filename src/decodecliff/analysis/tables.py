@@ -199,7 +199,7 @@ def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
 PRIMARY = "verify_steps_s_client"
 PRIMARY_LABEL = "verify steps/s"
 FLOOR_LABEL = f"floor {PRIMARY_LABEL}"
-NO_DRAFT = "random weights accept no draft"  # every point drawn: 1 token per verify step
+NO_DRAFT = "random weights accept no draft"  # every point drawn reads 1 token per verify step
 
 
 def accepted_per_step(sweep: pd.DataFrame) -> pd.Series:
@@ -214,13 +214,14 @@ def accepted_per_step(sweep: pd.DataFrame) -> pd.Series:
 
 
 def acceptance_said(sweep: pd.DataFrame) -> str | None:
-    """What the points drawn show of drafts: 'random weights accept no draft' where each accepted
-    none (1 token per verify step), the tokens per verify step they measured otherwise, None
-    where none records it."""
+    """What the points drawn show of drafts: 'random weights accept no draft' where each reads 1
+    token per verify step (as ``num`` prints it: a draft in a thousand steps is none), the
+    tokens per verify step they measured otherwise, None where none records it. The one rule the
+    report, its figures and the notes say it by."""
     accepted = accepted_per_step(sweep)
     if accepted.empty:
         return None
-    if (accepted == 1).all():
+    if all(num(a) == "1" for a in accepted):
         return NO_DRAFT
     lo, hi = num(accepted.min()), num(accepted.max())
     return f"measured: {lo if lo == hi else f'{lo}–{hi}'} tokens per verify step"
