@@ -258,6 +258,20 @@ def test_margin_arithmetic(op, threshold, measured, text, status) -> None:
 
 
 @pytest.mark.parametrize(
+    ("threshold", "measured", "unit", "text"),
+    [
+        (1, 1234, "x", "1,234x"),  # it read 1.23e+03x beside a margin of 1,234x
+        (1, 84.44, "x", "84.4x"),
+        (1234, 1234.4, "x", "1234.4x"),  # the digits that tell it from its threshold
+        (100, 12345.6, "steps/s", "12,346 steps/s"),
+        (0.15, 0.1506, "ms", "0.151 ms"),
+    ],
+)
+def test_a_measured_value_is_never_written_as_an_exponent(threshold, measured, unit, text):
+    assert targets._measured(measured, threshold, unit) == text
+
+
+@pytest.mark.parametrize(
     ("spec", "message"),
     [
         ({"kind": "kernel_fast", "min": 1}, "kind 'kernel_fast' is not one of"),

@@ -108,7 +108,8 @@ def num(value: float | None) -> str:
 def times(ratio: float) -> str:
     """'84x', '1.73x', '0.967x'; a lead of under 0.5% keeps the digits that show it ('1.004x',
     not '1x'). Three figures below 10x: two would print a 5% lead as '1.1x' and 1.97x as '2x'.
-    Every speedup and ratio the analysis prints with an 'x' is worded here."""
+    Every speedup and ratio the analysis prints with an 'x' is worded here, but a target's
+    measured value (targets._measured), which keeps the digits that tell it from its threshold."""
     if ratio >= 10:
         return f"{ratio:,.0f}x"
     return f"{ratio:.4g}x" if f"{ratio:.3g}" == "1" else f"{ratio:.3g}x"

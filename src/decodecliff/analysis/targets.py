@@ -437,12 +437,13 @@ def evaluate(study: summarize.Study, targets: list[Target]) -> pd.DataFrame:
 
 
 def _value(value: float, unit: str, extra: int = 0) -> str:
-    """``value`` in its unit, with ``extra`` digits beyond the usual (0% or 3 figures)."""
+    """``value`` in its unit, with ``extra`` digits beyond the usual (0% or 3 figures; a value
+    of more digits whole, never as an exponent)."""
     if unit == "of copy GB/s":
         return f"{value:.{extra}%} {unit}"
-    if unit == "x":
-        return f"{value:.{3 + extra}g}x"
-    return f"{value:.{3 + extra}g} {unit}"
+    figures = 3 + extra
+    text = f"{value:,.0f}" if abs(value) >= 10**figures else f"{value:.{figures}g}"
+    return f"{text}x" if unit == "x" else f"{text} {unit}"
 
 
 def _measured(value: float, threshold: float, unit: str) -> str:
