@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, engine_label, listed, num, ok, times
+from .tables import PRIMARY, ctx_label, engine_label, flag, listed, num, ok, times
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -80,7 +80,7 @@ def servers_that_matter(sweep: pd.DataFrame) -> list[str]:
     Triton first, then FlashInfer, then the custom kernel, CUDA-graph servers before eager ones."""
     good = ok(sweep).dropna(subset=[PRIMARY])
     if "defrag" in good:
-        good = good[~good["defrag"].map(style._true)]
+        good = good[~good["defrag"].map(flag)]
     if "concurrency" in good:
         good = good[good["concurrency"].fillna(1) == 1]
     meta = good.groupby("server", sort=False)["backend"].first()

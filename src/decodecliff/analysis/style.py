@@ -15,6 +15,8 @@ import matplotlib as mpl
 import pandas as pd
 import seaborn as sns
 
+from . import tables
+
 # attention backends: the study's own (custom, triton, torch) and the peers (sglang, flashinfer,
 # cublas); Okabe-Ito and Tol's muted hues, distinguishable with the common colour deficiencies
 BACKEND_COLORS: dict[str, str] = {
@@ -96,21 +98,12 @@ def color(name: str) -> str:
 
 def linestyle(cuda_graph: object) -> str:
     """Solid for a CUDA-graph server, dashed for an eager one."""
-    return "-" if _true(cuda_graph) else "--"
-
-
-def _true(value: object) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value) and not pd.isna(value)
+    return "-" if tables.flag(cuda_graph) else "--"
 
 
 def graph_servers(sweep: pd.DataFrame) -> dict[str, bool]:
     """Server -> whether it replays CUDA graphs (False where the table does not say)."""
-    if "cuda_graph" not in sweep:
-        return {s: False for s in dict.fromkeys(sweep["server"])}
-    first = sweep.groupby("server", sort=False)["cuda_graph"].first()
-    return {s: _true(v) for s, v in first.items()}
+    return tables.server_flags(sweep, "cuda_graph")
 
 
 def register_servers(sweep: pd.DataFrame) -> None:

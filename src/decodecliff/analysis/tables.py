@@ -179,20 +179,28 @@ def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
     triton = [s for s in servers if (sweep.loc[sweep["server"] == s, "backend"] == "triton").any()]
     if not triton:
         return None
-    streams = _concurrency(sweep)
-    first = sweep.groupby("server", sort=False).first()
-
-    def on(server: str, col: str) -> bool:
-        value = first.at[server, col] if col in first else False
-        if isinstance(value, str):
-            return value.strip().lower() in ("true", "1", "yes")
-        return bool(value) and not pd.isna(value)
-
-    # min keeps the first of equals: the table's order
-    return min(
-        triton,
-        key=lambda s: (streams.get(s, 1) != 1, on(s, "defrag"), not on(s, "cuda_graph")),
+    streams, defrag, graphs = (
+        _concurrency(sweep),
+        server_flags(sweep, "defrag"),
+        server_flags(sweep, "cuda_graph"),
     )
+    # min keeps the first of equals: the table's order
+    return min(triton, key=lambda s: (streams.get(s, 1) != 1, defrag[s], not graphs[s]))
+
+
+def flag(value: object) -> bool:
+    """A setting's truth as a results table holds it (a bool, a number, 'true' text or NaN)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value) and not pd.isna(value)
+
+
+def server_flags(sweep: pd.DataFrame, column: str) -> dict[str, bool]:
+    """Server -> whether its setting ``column`` is on (False where the table does not say)."""
+    if column not in sweep:
+        return {s: False for s in dict.fromkeys(sweep["server"])}
+    first = sweep.groupby("server", sort=False)[column].first()
+    return {s: flag(v) for s, v in first.items()}
 
 
 # The primary end-to-end number: verify steps per second on the client's clock (tokens/s are
