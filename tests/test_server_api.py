@@ -503,6 +503,7 @@ def test_every_ignored_field_has_a_type_its_default_and_its_values_pass():
         "a list": [[1, 2]],
         "a string or a list of strings": ["x", "y"],
         "an integer or a list of integers": [1, None],
+        "true or false, or a list of them": [True, False],
         "a string or a number": "low",
         "a string or an object": {"name": "f"},
     }

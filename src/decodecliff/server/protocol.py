@@ -243,6 +243,7 @@ BOOL, INT, NUMBER, STR, OBJECT, LIST = (
     "a list",
 )
 STRS, INTS = "a string or a list of strings", "an integer or a list of integers"
+BOOLS = "true or false, or a list of them"
 JSON_TYPES: dict[str, Callable[[object], bool]] = {
     BOOL: lambda v: isinstance(v, bool),
     INT: is_int,
@@ -252,6 +253,7 @@ JSON_TYPES: dict[str, Callable[[object], bool]] = {
     LIST: lambda v: isinstance(v, list),
     STRS: _or_list(_str_ok),
     INTS: _or_list(is_int),
+    BOOLS: _or_list(lambda v: isinstance(v, bool)),
     "a string or a number": lambda v: _str_ok(v) or _number_ok(v),
     "a string or an object": lambda v: isinstance(v, str | dict),
 }
@@ -592,7 +594,7 @@ IGNORED_TYPES: dict[str, str] = {
     "return_entropy": BOOL,
     "return_bytes": BOOL,
     "return_prompt_token_ids": BOOL,
-    "return_sampling_mask": BOOL,
+    "return_sampling_mask": BOOLS,  # one per prompt of a batch, as SGLang types it
     "return_flat_raw_top_logprobs": BOOL,
     "return_flat_raw_top_logprobs_b64": BOOL,
     "token_ids_logprob": LIST,
