@@ -63,6 +63,16 @@ SGLANG_KV_INDEX_DTYPE = "int64"
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
+class SlotIndexed:
+    """A backend whose kernels read token slots of ``index_dtype`` (SGLang's kv_indices): int32
+    slots reach api.INT32_SLOT_ROWS cache rows, and it refuses a larger cache."""
+
+    index_dtype: str
+
+    def reach_problem(self, kv_rows: int | None) -> str | None:
+        return int32_slots_problem(kv_rows) if self.index_dtype == "int32" else None
+
+
 def _next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -213,7 +223,7 @@ def _indptr(lengths: list[int], device) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
-class SGLangAttention(AttentionBackend):
+class SGLangAttention(SlotIndexed, AttentionBackend):
     """SGLang's Triton kernels on this repository's paged layout (see the module docstring).
 
     ``kernel``: "extend" (extend_attention_fwd, any q_len, chain or tree), "verify"
@@ -255,9 +265,6 @@ class SGLangAttention(AttentionBackend):
         self._ws = Workspaces()
         self._step: dict | None = None
         self.resolved_splits: int | None = None  # the decode split count of the last plan
-
-    def reach_problem(self, kv_rows: int | None) -> str | None:
-        return int32_slots_problem(kv_rows) if self.index_dtype == "int32" else None
 
     def unsupported(self, meta: AttnMeta) -> str | None:
         if meta.device.type != "cuda" and not self.interpreted:

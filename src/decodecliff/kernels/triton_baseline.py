@@ -46,8 +46,8 @@ import triton
 import triton.language as tl
 
 from ..triton_interpret import triton_interpreted
-from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, int32_slots_problem, token_slots
-from .peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE
+from .api import D_QK, D_V, AttentionBackend, AttnBatch, AttnMeta, token_slots
+from .peers import INDEX_DTYPES, SGLANG_KV_INDEX_DTYPE, SlotIndexed
 from .registry import CHOICES
 from .workspace import Workspaces
 
@@ -412,7 +412,7 @@ def _meta_problem(meta: AttnMeta) -> str | None:
     return None
 
 
-class TritonAttention(AttentionBackend):
+class TritonAttention(SlotIndexed, AttentionBackend):
     """SGLang's Triton MLA attention: extend kernel for verify, grouped split-KV decode for L = 1.
 
     ``arch_config`` picks the extend kernel's block sizes ("auto" = this GPU's entry of SGLang's
@@ -465,9 +465,6 @@ class TritonAttention(AttentionBackend):
         slots = self._ws.get("indices", (b, max(max_kv, 1)), INDEX_DTYPES[self.index_dtype], dev)
         tok = torch.arange(slots.shape[1], device=dev)
         return token_slots(meta.page_table[:b], tok, ps, out=slots, clamp=True)
-
-    def reach_problem(self, kv_rows: int | None) -> str | None:
-        return int32_slots_problem(kv_rows) if self.index_dtype == "int32" else None
 
     def unsupported(self, meta: AttnMeta) -> str | None:
         if why := self.reach_problem(meta.kv_rows):

@@ -61,7 +61,7 @@ SCHEMA = point.schema()["$id"]  # the point files' "schema", e.g. decodecliff.sw
 URL_RECHECK_S = 5.0
 # How long the requests around a point may take (the server info's two paths in all), each
 # less where the chunk has less left.
-HEALTH_S, FLUSH_S, INFO_S = 5.0, 30.0, 10.0
+HEALTH_S, FLUSH_S, INFO_S = 5.0, 30.0, launcher.INFO_S
 PointHook = Callable[[int, float, int], None]  # (requested_ctx, seconds since send, tokens)
 
 
