@@ -503,6 +503,32 @@ def test_an_interrupted_point_is_written_as_interrupted(tmp_path, leftovers, sig
     assert proctree.gone([server, keeper], timeout=1), "the server outlived the stopped sweep"
 
 
+def test_a_point_interrupted_while_its_server_starts_says_what_was_launched(tmp_path, leftovers):
+    """SIGINT while the server starts (it never prints ready): the point said launch 0 and no
+    command, as if nothing had been launched; it names the launch and its command."""
+    never_ready = f"{sys.executable} -c 'import time; time.sleep(600)' --port {{port}}"
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", never_ready]
+    argv += ["--name", "tiny", "--contexts", "64", "--no-progress", "--stop-grace", "3"]
+    argv += ["--start-timeout", "300", "--out", str(tmp_path)]
+    with open(tmp_path / "sweep.stderr", "w") as err:
+        sweep = leftovers.popen(
+            argv, stdout=subprocess.DEVNULL, stderr=err,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+
+    def sleeping() -> bool:
+        assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"
+        return any("time.sleep(600)" in " ".join(proctree.argv(pid))
+                   for pid in proctree.descendants(sweep.pid))  # fmt: skip
+
+    proctree.wait_for("the server to be launched", sleeping, 60)
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
+    point = _points(tmp_path)[64]
+    assert point["reason"] == "interrupted by SIGINT"
+    assert point["server_launch"] == 1 and "time.sleep(600)" in " ".join(point["server_command"])
+
+
 # The tiny server with a child that ignores SIGTERM: stopping its tree takes the stop grace.
 SLOW_TO_STOP = f"sh -c '(trap \"\" TERM; exec sleep 600) & exec {SERVE}'"
 

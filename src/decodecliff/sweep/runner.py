@@ -397,6 +397,15 @@ class Runner:
             "rounds": [],
         }
 
+    def _say_launch(self, res: dict) -> None:
+        """What was launched (or tried) for the point, so a failed one says how to reproduce it
+        (a start cut short left the point's fields as they were before it)."""
+        res.update(
+            server_command=self.server.command,
+            server_launch=self.server.launches,
+            server_url=self.server.url,
+        )
+
     def _fail(self, res: dict, reason: str) -> None:
         res["status"], res["reason"] = "failed", reason
         self.console.print(f"[red]{self.cfg.name} ctx {res['requested_ctx']}: failed: {reason}")
@@ -420,10 +429,12 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 (recorded in the point, not swallowed)
             self._fail(res, f"sweep error: {''.join(traceback.format_exception(exc))[-2000:]}")
             self.up = False
+            self._say_launch(res)
         except (KeyboardInterrupt, SystemExit) as exc:
             interrupted = _as_exit(exc)
             self._fail(res, f"interrupted by {_signal_name(interrupted.code)}")
             self.up = False
+            self._say_launch(res)
         try:
             res["finished_at"] = _now()
             self._write_point(res)
@@ -578,9 +589,7 @@ class Runner:
         except launcher.ServerError as exc:
             self.up = False
             self.server.stop()
-            # what was launched (or tried), so the failed point says how to reproduce it
-            res.update(server_command=self.server.command, server_launch=self.server.launches)
-            res["server_url"] = self.server.url
+            self._say_launch(res)
             self._fail(res, self._start_failure(budget, wait, exc))
             if not self.server.launched and budget >= wait and self.url_gone_at is None:
                 self.url_gone_at = res["requested_ctx"]  # a whole start timeout: gone
