@@ -533,6 +533,31 @@ def test_a_point_interrupted_while_its_server_starts_says_what_was_launched(tmp_
 SLOW_TO_STOP = f"sh -c '(trap \"\" TERM; exec sleep 600) & exec {SERVE}'"
 
 
+def test_ctrl_c_while_the_last_server_stops_exits_130_without_a_traceback(tmp_path, leftovers):
+    """Every point is written and the chunk's server is stopping (a child ignores SIGTERM, so it
+    takes the stop grace) when Ctrl-C comes: the sweep exits 130 as for any Ctrl-C, without the
+    traceback it printed, and the keeper still takes the server's tree down."""
+    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SLOW_TO_STOP]
+    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "4", "--no-progress"]
+    argv += ["--stop-grace", "20", "--out", str(tmp_path)]
+    with open(tmp_path / "sweep.stderr", "w") as err:
+        sweep = leftovers.popen(
+            argv, stdout=subprocess.DEVNULL, stderr=err,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+    server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
+    keeper = leftovers.track(proctree.parent(server))
+    proctree.wait_for("the point's file", lambda: (tmp_path / "ctx64.json").exists(), 120)
+    proctree.wait_for("the server to stop", lambda: not proctree.alive(server), 60)
+    assert proctree.alive(keeper)  # waiting out the grace of the child that ignores SIGTERM
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
+    stderr = (tmp_path / "sweep.stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert _points(tmp_path)[64]["status"] == "ok"
+    assert proctree.gone([keeper], timeout=60), "the server's tree outlived the stopped sweep"
+
+
 @pytest.mark.parametrize("cause", ["interrupt", "point timeout"])
 def test_a_signal_while_the_server_stops_loses_no_point_and_no_reason(tmp_path, leftovers, cause):
     """The point is over (interrupted, or timed out) and its server is stopping when SIGINT

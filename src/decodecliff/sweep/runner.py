@@ -354,8 +354,13 @@ class Runner:
                 res = self._new_result(ctx, index, chunk)
                 self._run_point_safely(res, chunk, deadline)
                 results.append(res)
+        except KeyboardInterrupt as exc:  # between points: the exit a shell reports, no traceback
+            raise _as_exit(exc) from None
         finally:
-            self._stop()
+            try:
+                self._stop()
+            except KeyboardInterrupt as exc:  # while the last server stops: its keeper goes on
+                raise _as_exit(exc) from None
         return results
 
     # -- one point ------------------------------------------------------------------------------
