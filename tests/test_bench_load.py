@@ -37,6 +37,9 @@ from decodecliff.bench import load
         (["--max-total-tokens", "10"], "--max-total-tokens must hold the longest request"),
         (["--start-timeout", "0"], "--start-timeout must be positive finite seconds"),
         (["--start-timeout", "inf"], "--start-timeout must be positive finite seconds"),
+        (["--stall-timeout", "0"], "--stall-timeout must be positive finite seconds"),
+        (["--stall-timeout", "-1"], "--stall-timeout must be positive finite seconds"),
+        (["--stall-timeout", "nan"], "--stall-timeout must be positive finite seconds"),
     ],
 )
 def test_bad_options_are_refused_before_the_server_starts(tmp_path, capsys, args, said) -> None:
@@ -257,7 +260,7 @@ def test_a_server_that_outlives_sigterm_is_killed_and_the_record_kept(
     started: list[subprocess.Popen] = []
     start_server = _stand_in(leftovers, started, lambda _port: [STUBBORN])
 
-    async def no_load(url: str, jobs: list[load.Job]) -> dict:  # the load is not what is tested
+    async def no_load(url: str, jobs: list[load.Job], stall_s: float) -> dict:  # not the test's
         for job in jobs:
             job.disconnect_after = 1  # every client walked away
         info = {"fragmentation": {"free_pages": 8, "num_pages": 8}, "running_requests": 0}
@@ -284,7 +287,7 @@ def test_a_second_ctrl_c_while_the_server_stops_kills_it(tmp_path, monkeypatch, 
     started: list[subprocess.Popen] = []
     start_server = _stand_in(leftovers, started, lambda _port: [stubborn])
 
-    async def interrupted(url: str, jobs: list[load.Job]) -> dict:
+    async def interrupted(url: str, jobs: list[load.Job], stall_s: float) -> dict:
         raise KeyboardInterrupt  # the first Ctrl-C
 
     def second_ctrl_c() -> None:  # once the server was asked to stop
@@ -455,6 +458,10 @@ async def answer(request):
     for i in range(1, n + 1):
         chunk = {"choices": [{"text": "a"}]} if text else {"output_ids": [97] * i}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+        if request.path == sys.argv[2]:  # a stream of argv's path: its first chunk, then no more
+            fault(request)
+            if sys.argv[3] == "holds":  # this stream alone: the server answers the rest
+                await asyncio.Event().wait()
     await resp.write(b"data: [DONE]\\n\\n")
     return resp
 
@@ -491,7 +498,7 @@ app.router.add_get("/get_server_info", info)
 app.router.add_get("/metrics", metrics)
 ready = lambda _: print(READY + "http://127.0.0.1:" + sys.argv[1], flush=True)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=ready)
-""".replace("READY", repr(load.READY))  # serves the load, then exits, errs or stalls at argv's path
+""".replace("READY", repr(load.READY))  # serves the load; exits, errs or stalls at argv's path
 
 
 @pytest.mark.timeout(120)
@@ -541,6 +548,40 @@ def test_a_server_gone_after_the_streams_leaves_a_record_that_says_why(
     assert all(not summary["checks"][name] for name in unchecked)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "checks FAILED" in lines[0] and f"{path}: " in lines[0], lines
+    assert started[0].poll() is not None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["holds", "stalls"], ids=["holds its streams", "stops"])
+def test_streams_the_server_stops_sending_end_as_stalled_in_the_record(
+    tmp_path, monkeypatch, leftovers, capsys, fault
+) -> None:
+    """The server takes the streams and sends a /generate stream its first chunk, then no more
+    events (those streams held while it answers the rest, or the whole server stopped as a hung
+    device holds it): each stream without an event for --stall-timeout is ended as stalled, and
+    the record is written, the stall in its faults, its checks failed, one line, exit 1 (it
+    waited for the client's read timeout, 600 s, before any record)."""
+    started: list[subprocess.Popen] = []
+    start_server = _stand_in(
+        leftovers, started, lambda port: [SERVING, str(port), "/generate", fault]
+    )
+    monkeypatch.setattr(load, "start_server", start_server)
+    monkeypatch.setattr(load, "ANSWER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(load, "STOP_GRACE_S", 1.0)
+    out = tmp_path / "load.json"
+    assert load.cli(["--requests", "4", "--stall-timeout", "2", "--out", str(out)]) == 1
+    record = json.loads(out.read_text())
+    stalled = [r for r in record["requests"] if r["stalled"]]
+    assert stalled, record["requests"]
+    assert all(r["error"] == "stalled: no event for the last 2 s" for r in stalled), stalled
+    summary = record["summary"]
+    assert not summary["ok"] and not summary["checks"]["server_up_until_stopped"]
+    said = [f for f in summary["faults"] if "stalled: no event for the last 2 s" in f]
+    assert any(f.startswith("/generate: ") for f in said), summary["faults"]
+    if fault == "holds":  # the rest served: the stall is the one fault
+        assert said == summary["faults"] and summary["unchecked"] == []
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "checks FAILED" in lines[0] and "stalled" in lines[0], lines
     assert started[0].poll() is not None
 
 

@@ -6,9 +6,10 @@ output lengths, half through /generate and half through /v1/completions, with a 
 clients closing their stream after a few chunks, while /health is polled. Checks: every completed
 request has its requested token count and exactly its reference tokens, no 5xx, /health answered
 200 throughout, the KV pool is empty afterwards, and the server ran and answered until it was
-stopped. Records requests/s and latency percentiles with the hardware, versions and git revision
-into a JSON file; exits 1 when a check fails (a server gone or hung under or after the load: the
-record says what it did not answer and how it exited), or, with one line of why and no record,
+stopped. A stream that receives no event for --stall-timeout seconds is ended as stalled. Records
+requests/s and latency percentiles with the hardware, versions and git revision into a JSON file;
+exits 1 when a check fails (a server gone or hung under or after the load: the record says what it
+did not answer, which streams stalled, and how it exited), or, with one line of why and no record,
 when a request served alone fails. Ctrl-C, SIGTERM or SIGHUP stops the server and exits 128 + the
 signal, with no record.
 """
@@ -51,6 +52,8 @@ START_TIMEOUT_S = 900.0
 EXIT_SETTLE_S = 2.0  # for a server that dropped a connection to finish exiting, if it is
 STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SIGTERM
 ANSWER_TIMEOUT_S = 10.0  # for /health, /get_server_info and /metrics: past it the server is hung
+STALL_TIMEOUT_S = 120.0  # --stall-timeout: a stream without an event for so long has stalled
+CLIENT_TIMEOUT_S = 600.0  # httpx's timeouts of a request (a stream's reads: the stall timeout's)
 PROMPT_LENS = (16, 64, 200, 500)
 OUTPUT_LENS = (8, 32, 64, 128)
 TOKENIZER = ByteTokenizer(512)  # set to the preset's vocabulary in cli()
@@ -70,6 +73,7 @@ class Job:
     error: str | None = None
     latency_s: float | None = None
     ttft_s: float | None = None
+    stalled: bool = False  # ended for no event within the stall timeout
 
 
 def make_jobs(n: int, disconnect_fraction: float, seed: int, vocab: int) -> list[Job]:
@@ -160,12 +164,20 @@ def _stream_error(data: object) -> tuple[str, object] | None:
     return json.dumps(error)[:300], None
 
 
-async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
+async def run_stream(client: httpx.AsyncClient, job: Job, stall_s: float = STALL_TIMEOUT_S) -> None:
+    """``job`` streamed; where no event comes for ``stall_s`` seconds (the first one counted from
+    the send), ended as stalled."""
     path, payload = body(job, stream=True)
     start = time.perf_counter()
     chunks = 0
+    loop = asyncio.get_running_loop()
+    # each wait for an event is the stall timeout's, however long it is: no read timeout under it
+    limits = httpx.Timeout(CLIENT_TIMEOUT_S, read=None)
     try:
-        async with aconnect_sse(client, "POST", path, json=payload) as source:
+        async with (
+            asyncio.timeout(stall_s) as stall,
+            aconnect_sse(client, "POST", path, json=payload, timeout=limits) as source,
+        ):
             resp = source.response
             job.status = resp.status_code
             if resp.status_code != 200:  # its body as text, whatever its bytes (a proxy's page)
@@ -173,6 +185,7 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
                 return
             done = False
             async for event in source.aiter_sse():
+                stall.reschedule(loop.time() + stall_s)
                 if event.data == "[DONE]":
                     done = True
                 if event.event == "error":
@@ -201,8 +214,32 @@ async def run_stream(client: httpx.AsyncClient, job: Job) -> None:
             job.error = "stream ended before [DONE]"
             return
         job.latency_s = time.perf_counter() - start
+    except TimeoutError:  # the stall timeout's: the client's own are httpx.TimeoutException
+        job.stalled = True
+        job.error = f"stalled: {silence(stall_s)}"
     except httpx.HTTPError as exc:
         job.error = repr(exc)
+
+
+def silence(seconds: float) -> str:
+    """How long a stream went without an event, as the sweep says it of a point that timed out."""
+    return f"no event for the last {seconds:g} s"
+
+
+def stall_faults(jobs: list[Job], stall_s: float) -> list[str]:
+    """One fault per API path whose streams stalled: how many, for how long, and which."""
+    stalled: dict[str, list[int]] = {}
+    for job in jobs:
+        if job.stalled:
+            stalled.setdefault(body(job, stream=True)[0], []).append(job.index)
+    faults = []
+    for path, which in stalled.items():
+        ids = ", ".join(map(str, which[:10])) + (", ..." if len(which) > 10 else "")
+        many = "s" if len(which) > 1 else ""
+        faults.append(
+            f"{path}: {len(which)} stream{many} stalled: {silence(stall_s)} (request{many} {ids})"
+        )
+    return faults
 
 
 async def poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list) -> None:
@@ -248,9 +285,9 @@ def percentile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, rank - 1))]
 
 
-async def load(url: str, jobs: list[Job]) -> dict:
+async def load(url: str, jobs: list[Job], stall_s: float = STALL_TIMEOUT_S) -> dict:
     limits = httpx.Limits(max_connections=len(jobs) + 8, max_keepalive_connections=len(jobs) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         for job in jobs:
             await reference(client, job)
         health: list = []
@@ -258,9 +295,10 @@ async def load(url: str, jobs: list[Job]) -> dict:
         poller = asyncio.create_task(poll_health(client, stop, health))
         try:
             start = time.perf_counter()
-            await asyncio.gather(*(run_stream(client, job) for job in jobs))
+            await asyncio.gather(*(run_stream(client, job, stall_s) for job in jobs))
             wall = time.perf_counter() - start
-            faults: list[str] = []  # what the server did not answer after the streams, and why
+            # what the server did not answer, under the streams and after them, and why
+            faults = stall_faults(jobs, stall_s)
             info = await answered(wait_idle(client), "/get_server_info", faults)
             stop.set()
             await poller
@@ -452,6 +490,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="extra `decodecliff serve` argument (repeat for several)")  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="S",
                    help="seconds the server may take to print its ready line")  # fmt: skip
+    p.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S, metavar="S",
+                   help="seconds a stream may go without an event (the first one: from its "
+                        "send) before it is ended as stalled, a fault of the record")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"),
                    help="JSON record to write")  # fmt: skip
     args = p.parse_args(argv)
@@ -472,6 +513,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not is_positive_seconds(args.start_timeout):
         p.error(f"--start-timeout must be positive finite seconds, got {args.start_timeout}")
+    if not is_positive_seconds(args.stall_timeout):
+        p.error(f"--stall-timeout must be positive finite seconds, got {args.stall_timeout}")
     if not 0 <= args.disconnect_fraction <= 1:  # NaN too
         p.error(f"--disconnect-fraction must be in 0..1, got {args.disconnect_fraction}")
     if args.max_total_tokens < (need := max(PROMPT_LENS) + max(OUTPUT_LENS)):
@@ -531,7 +574,7 @@ def bench(args: argparse.Namespace) -> int:
         return 1
     try:
         # a stop signal cancels the load, then raises once its loop is closed (not in a task)
-        run = run_async(load(f"http://127.0.0.1:{port}", jobs))
+        run = run_async(load(f"http://127.0.0.1:{port}", jobs, args.stall_timeout))
         # exited on its own: a fault of the load, whatever its code (one that dropped a request
         # may be exiting still)
         gone = exit_code(proc, EXIT_SETTLE_S if run["faults"] else 0.0)
