@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
 import httpx
 import pytest
@@ -23,11 +24,12 @@ class Server:
     """The server on a port it binds itself (--port 0: no port picked here that another process
     could take first), its URL read from its ready line."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, stderr: int | IO[str] = subprocess.PIPE) -> None:
+        """``stderr``: its log's destination (a file for a log too long for a pipe's buffer)."""
         cmd = [sys.executable, "-m", "decodecliff.cli", "serve", "--preset", "tiny"]
         cmd += ["--device", "cpu", "--port", "0", "--threads", "1", *args]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=os.environ.copy()
         )
         self.ready_line = self._wait_ready()
         self.url = self.ready_line.strip().removeprefix("decodecliff server ready at ")
@@ -73,8 +75,8 @@ class Server:
 
 
 @contextmanager
-def server(*args: str) -> Iterator[Server]:
-    srv = Server(*args)
+def server(*args: str, stderr: int | IO[str] = subprocess.PIPE) -> Iterator[Server]:
+    srv = Server(*args, stderr=stderr)
     try:
         yield srv
     finally:

@@ -4,10 +4,13 @@ fault probes of issue 26 (F1-F12), against the real server (tiny preset, CPU).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import resource
+import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -238,6 +241,54 @@ def test_a_full_queue_answers_503_with_retry_after_and_health_stays_fast():
         assert s.stop() == 0
     for thread in senders:
         thread.join(30)
+
+
+def _streams_reset_at_once(port: int, streams: int, read_s: float) -> None:
+    """``streams`` streams of /generate, read for ``read_s`` seconds, then all their sockets closed
+    at once and abruptly (a reset, SO_LINGER 0), as a client process interrupted closes them."""
+    sampling = {"max_new_tokens": 2000, "ignore_eos": True}
+    body = json.dumps(
+        {"input_ids": list(range(3, 40)), "sampling_params": sampling, "stream": True}
+    )
+    head = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    socks = []
+    with selectors.DefaultSelector() as sel:
+        for _ in range(streams):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            socks.append(sock)
+            sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ)
+        end = time.monotonic() + read_s
+        while time.monotonic() < end:  # read as a client does: the server streams at its pace
+            for key, _ in sel.select(0.05):
+                with contextlib.suppress(BlockingIOError):
+                    key.fileobj.recv(1 << 16)
+    for sock in socks:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+@pytest.mark.slow  # a server of its own, and rounds of streams
+def test_streaming_clients_that_leave_at_once_log_no_traceback(tmp_path):
+    """Rounds of many streaming clients closing their sockets at once, abruptly: a client that
+    leaves mid-stream is no error of the server's. Its log shows no traceback (a write to a stream
+    whose client had just left escaped the handler as aiohttp's ClientConnectionResetError, logged
+    as "Error handling request" with its traceback, a few in most rounds), /health answers, and
+    the requests are given up, their slots back in the pool."""
+    log = tmp_path / "server.log"
+    with (
+        open(log, "w") as err,
+        server("--max-total-tokens", "100000", "--max-running-requests", "32", stderr=err) as s,
+    ):
+        for _ in range(6):  # a busy loop, its streams' chunks long: a traceback in most rounds
+            _streams_reset_at_once(s.port, 32, read_s=1.5)
+            assert s.get("/health").status_code == 200
+        _until(s, "running_requests", 0)
+        frag = s.get("/get_server_info").json()["fragmentation"]
+        assert frag["free_pages"] == frag["num_pages"]
+    text = log.read_text()
+    assert "Traceback" not in text and "Error handling request" not in text, text[-3000:]
 
 
 # who may call ------------------------------------------------------------------------------------

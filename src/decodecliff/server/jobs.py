@@ -3,7 +3,8 @@
 The engine hands each request's new tokens (deltas, never cumulative snapshots) to the event loop;
 a `Batch` folds them into one `Choice` per request. Leaving a batch by any path (finished, the
 client disconnected and aiohttp cancelled the handler, a write to a closed stream failed) cancels
-every request still running, so an abandoned request stops at the engine's next step.
+every request still running, so an abandoned request stops at the engine's next step. A client
+that leaves mid-stream is no error of the server's: a debug line at most, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +25,7 @@ from decodecliff.engine.request import Request, TokenLogprob, Update
 from .metrics import Metrics
 from .protocol import BadRequest, ParsedRequest
 
+log = logging.getLogger("decodecliff.server")
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
@@ -216,8 +219,8 @@ async def respond(
     """Answer body(choices) as JSON once every choice has finished, or stream SSE chunks.
 
     A stream sends chunk(choice) after each update (None: nothing new to send), error_chunk for a
-    choice that failed, then tail() and [DONE]. A failure before anything was sent is a plain HTTP
-    error, for streams too.
+    choice that failed, then tail() and [DONE]; it ends where its client left. A failure before
+    anything was sent is a plain HTTP error, for streams too.
     """
     headers = warning_headers(batch.parsed)
     with batch:
@@ -233,14 +236,21 @@ async def respond(
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
         )
-        await resp.prepare(request)
-        choice: Choice | None = first
-        while choice is not None:
-            payload = error_chunk(choice) if choice.error is not None else chunk(choice)
-            if payload is not None:
+        try:
+            await resp.prepare(request)
+            choice: Choice | None = first
+            while choice is not None:
+                payload = error_chunk(choice) if choice.error is not None else chunk(choice)
+                if payload is not None:
+                    await resp.write(sse(payload))
+                choice = None if batch.done else await batch.next()
+            for payload in tail():
                 await resp.write(sse(payload))
-            choice = None if batch.done else await batch.next()
-        for payload in tail():
-            await resp.write(sse(payload))
-        await resp.write(sse("[DONE]"))
+            await resp.write(sse("[DONE]"))
+        except ConnectionResetError:
+            # The client left: its socket closed before aiohttp saw it and cancelled this handler
+            # (aiohttp's ClientConnectionResetError, "Cannot write to closing transport", is one).
+            # Raised on, aiohttp logged it as an error with its traceback; returned, the end of
+            # the response fails quietly too (aiohttp ignores a client gone by then).
+            log.debug("%s %s: the client left mid-stream", request.method, request.path)
         return resp
