@@ -451,23 +451,32 @@ def _busy(url: str) -> bool:
     return False
 
 
-def _start_sweep(
-    out: Path, leftovers: proctree.Leftovers, server_cmd: str = SERVE, *extra: str
-) -> tuple[subprocess.Popen, int, int]:
-    """A sweep of one long point, once its server runs a request: (the sweep, the server's
-    keeper, the server), all tracked to be killed at the test's end if still running. ``extra``:
-    more options (a later one replaces an earlier)."""
+def _sweep(
+    out: Path, leftovers: proctree.Leftovers, server_cmd: str, *extra: str
+) -> subprocess.Popen:
+    """A sweep of one point at context 64 into ``out`` (its stderr in out/sweep.stderr), tracked
+    to be killed at the test's end if still running. ``extra``: more options (a later one
+    replaces an earlier)."""
     argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", server_cmd]
-    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "20000", "--no-progress"]
-    argv += ["--stop-grace", "3", "--out", str(out), *extra]
+    argv += ["--name", "tiny", "--contexts", "64", "--no-progress", "--stop-grace", "3"]
+    argv += ["--out", str(out), *extra]
     with open(out / "sweep.stderr", "w") as err:  # a file: a pipe nobody reads can fill up
-        sweep = leftovers.popen(
+        return leftovers.popen(
             argv,
             stdout=subprocess.DEVNULL,
             stderr=err,
             # Ctrl-C as in a terminal, even if this test runs where SIGINT is ignored
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
+
+
+def _start_sweep(
+    out: Path, leftovers: proctree.Leftovers, server_cmd: str = SERVE, *extra: str
+) -> tuple[subprocess.Popen, int, int]:
+    """A sweep of one long point, once its server runs a request: (the sweep, the server's
+    keeper, the server), all tracked to be killed at the test's end if still running. ``extra``:
+    more options (a later one replaces an earlier)."""
+    sweep = _sweep(out, leftovers, server_cmd, "--gen-tokens", "20000", *extra)
     server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
     keeper = leftovers.track(proctree.parent(server))
     args = proctree.argv(server)
@@ -507,14 +516,7 @@ def test_a_point_interrupted_while_its_server_starts_says_what_was_launched(tmp_
     """SIGINT while the server starts (it never prints ready): the point said launch 0 and no
     command, as if nothing had been launched; it names the launch and its command."""
     never_ready = f"{sys.executable} -c 'import time; time.sleep(600)' --port {{port}}"
-    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", never_ready]
-    argv += ["--name", "tiny", "--contexts", "64", "--no-progress", "--stop-grace", "3"]
-    argv += ["--start-timeout", "300", "--out", str(tmp_path)]
-    with open(tmp_path / "sweep.stderr", "w") as err:
-        sweep = leftovers.popen(
-            argv, stdout=subprocess.DEVNULL, stderr=err,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+    sweep = _sweep(tmp_path, leftovers, never_ready, "--start-timeout", "300")
 
     def sleeping() -> bool:
         assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"
@@ -533,27 +535,26 @@ def test_a_point_interrupted_while_its_server_starts_says_what_was_launched(tmp_
 SLOW_TO_STOP = f"sh -c '(trap \"\" TERM; exec sleep 600) & exec {SERVE}'"
 
 
+def _ctrl_c_while_the_server_stops(out: Path, sweep: subprocess.Popen, server: int, keeper: int):
+    """Ctrl-C once the server is gone and its keeper waits out the stop grace of the child that
+    ignores SIGTERM: the sweep exits 130, without a traceback."""
+    proctree.wait_for("the server to stop", lambda: not proctree.alive(server), 60)
+    assert proctree.alive(keeper)
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
+    stderr = (out / "sweep.stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
 def test_ctrl_c_while_the_last_server_stops_exits_130_without_a_traceback(tmp_path, leftovers):
     """Every point is written and the chunk's server is stopping (a child ignores SIGTERM, so it
     takes the stop grace) when Ctrl-C comes: the sweep exits 130 as for any Ctrl-C, without the
     traceback it printed, and the keeper still takes the server's tree down."""
-    argv = [sys.executable, "-m", "decodecliff.cli", "sweep", "--server-cmd", SLOW_TO_STOP]
-    argv += ["--name", "tiny", "--contexts", "64", "--gen-tokens", "4", "--no-progress"]
-    argv += ["--stop-grace", "20", "--out", str(tmp_path)]
-    with open(tmp_path / "sweep.stderr", "w") as err:
-        sweep = leftovers.popen(
-            argv, stdout=subprocess.DEVNULL, stderr=err,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+    sweep = _sweep(tmp_path, leftovers, SLOW_TO_STOP, "--gen-tokens", "4", "--stop-grace", "20")
     server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
     keeper = leftovers.track(proctree.parent(server))
     proctree.wait_for("the point's file", lambda: (tmp_path / "ctx64.json").exists(), 120)
-    proctree.wait_for("the server to stop", lambda: not proctree.alive(server), 60)
-    assert proctree.alive(keeper)  # waiting out the grace of the child that ignores SIGTERM
-    sweep.send_signal(signal.SIGINT)
-    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
-    stderr = (tmp_path / "sweep.stderr").read_text()
-    assert "Traceback" not in stderr, stderr[-3000:]
+    _ctrl_c_while_the_server_stops(tmp_path, sweep, server, keeper)
     assert _points(tmp_path)[64]["status"] == "ok"
     assert proctree.gone([keeper], timeout=60), "the server's tree outlived the stopped sweep"
 
@@ -569,12 +570,7 @@ def test_a_signal_while_the_server_stops_loses_no_point_and_no_reason(tmp_path, 
     )
     if cause == "interrupt":
         sweep.send_signal(signal.SIGINT)
-    proctree.wait_for("the server to stop", lambda: not proctree.alive(server), 60)
-    assert proctree.alive(keeper)  # waiting out the grace of the child that ignores SIGTERM
-    sweep.send_signal(signal.SIGINT)
-    assert sweep.wait(timeout=60) == 128 + signal.SIGINT
-    stderr = (tmp_path / "sweep.stderr").read_text()
-    assert "Traceback" not in stderr, stderr[-3000:]
+    _ctrl_c_while_the_server_stops(tmp_path, sweep, server, keeper)
     point = _points(tmp_path)[64]
     assert point["status"] == "failed"
     if cause == "interrupt":
