@@ -568,12 +568,17 @@ def test_streams_the_server_stops_sending_end_as_stalled_in_the_record(
     monkeypatch.setattr(load, "start_server", start_server)
     monkeypatch.setattr(load, "ANSWER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(load, "STOP_GRACE_S", 1.0)
+    monkeypatch.setattr(load, "FIRST_EVENT_S", 3.0)  # a stream stopped before its first event
     out = tmp_path / "load.json"
     assert load.cli(["--requests", "4", "--stall-timeout", "2", "--out", str(out)]) == 1
     record = json.loads(out.read_text())
     stalled = [r for r in record["requests"] if r["stalled"]]
     assert stalled, record["requests"]
-    assert all(r["error"] == "stalled: no event for the last 2 s" for r in stalled), stalled
+    assert all(r["error"] == f"stalled: no event for the last {r['silent_s']:g} s"
+               for r in stalled), stalled  # fmt: skip
+    assert {r["silent_s"] for r in stalled} <= {2, 3}, stalled  # after an event, before one
+    if fault == "holds":  # every /generate stream had its first chunk: stalled 2 s after it
+        assert {r["silent_s"] for r in stalled if r["api"] == "generate"} == {2}, stalled
     summary = record["summary"]
     assert not summary["ok"] and not summary["checks"]["server_up_until_stopped"]
     said = [f for f in summary["faults"] if "stalled: no event for the last 2 s" in f]
@@ -583,6 +588,19 @@ def test_streams_the_server_stops_sending_end_as_stalled_in_the_record(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "checks FAILED" in lines[0] and "stalled" in lines[0], lines
     assert started[0].poll() is not None
+
+
+@pytest.mark.slow  # a server, and requests served alone
+def test_a_stream_waiting_its_turn_in_the_queue_has_not_stalled(tmp_path) -> None:
+    """One request runs at a time, so the last streams wait for the others before their first
+    event: longer than --stall-timeout, which counts the silence between events, not the queue
+    (they were ended as stalled, and the server blamed)."""
+    out = tmp_path / "load.json"
+    argv = ["--requests", "12", "--max-running-requests", "1", "--disconnect-fraction", "0"]
+    assert load.cli([*argv, "--stall-timeout", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert not any(r["stalled"] for r in record["requests"])
+    assert record["summary"]["ok"] and record["summary"]["faults"] == []
 
 
 @pytest.mark.slow  # a server, and requests served alone

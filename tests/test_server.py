@@ -42,7 +42,8 @@ class Server:
         reader.join(timeout)
         if not lines or not lines[0].startswith(READY):
             self.proc.kill()
-            raise RuntimeError(f"server did not start: {lines} {self.proc.stderr.read()}")
+            said = self.proc.stderr.read() if self.proc.stderr else "(its log: the file given)"
+            raise RuntimeError(f"server did not start: {lines} {said}")
         return lines[0]
 
     def post(self, path: str, body: object, **kw) -> httpx.Response:

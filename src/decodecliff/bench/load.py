@@ -6,7 +6,8 @@ output lengths, half through /generate and half through /v1/completions, with a 
 clients closing their stream after a few chunks, while /health is polled. Checks: every completed
 request has its requested token count and exactly its reference tokens, no 5xx, /health answered
 200 throughout, the KV pool is empty afterwards, and the server ran and answered until it was
-stopped. A stream that receives no event for --stall-timeout seconds is ended as stalled. Records
+stopped. A stream that receives no event for --stall-timeout seconds is ended as stalled (its
+first event, behind the queue and the prefill, may take the client's 600 s). Records
 requests/s and latency percentiles with the hardware, versions and git revision into a JSON file;
 exits 1 when a check fails (a server gone or hung under or after the load: the record says what it
 did not answer, which streams stalled, and how it exited), or, with one line of why and no record,
@@ -54,6 +55,9 @@ STOP_GRACE_S = 30.0  # for the server to end what is in flight and exit after SI
 ANSWER_TIMEOUT_S = 10.0  # for /health, /get_server_info and /metrics: past it the server is hung
 STALL_TIMEOUT_S = 120.0  # --stall-timeout: a stream without an event for so long has stalled
 CLIENT_TIMEOUT_S = 600.0  # httpx's timeouts of a request (a stream's reads: the stall timeout's)
+# A stream's first event comes after the requests queued before it and its prefill: a request
+# waiting its turn has not stalled, so the first event may take the client's timeout.
+FIRST_EVENT_S = CLIENT_TIMEOUT_S
 PROMPT_LENS = (16, 64, 200, 500)
 OUTPUT_LENS = (8, 32, 64, 128)
 TOKENIZER = ByteTokenizer(512)  # set to the preset's vocabulary in cli()
@@ -74,6 +78,7 @@ class Job:
     latency_s: float | None = None
     ttft_s: float | None = None
     stalled: bool = False  # ended for no event within the stall timeout
+    silent_s: float | None = None  # how long it had gone without an event, where stalled
 
 
 def make_jobs(n: int, disconnect_fraction: float, seed: int, vocab: int) -> list[Job]:
@@ -165,17 +170,18 @@ def _stream_error(data: object) -> tuple[str, object] | None:
 
 
 async def run_stream(client: httpx.AsyncClient, job: Job, stall_s: float = STALL_TIMEOUT_S) -> None:
-    """``job`` streamed; where no event comes for ``stall_s`` seconds (the first one counted from
-    the send), ended as stalled."""
+    """``job`` streamed; where no event comes for ``stall_s`` seconds after the first (that one:
+    FIRST_EVENT_S from the send, or ``stall_s`` where longer), ended as stalled."""
     path, payload = body(job, stream=True)
     start = time.perf_counter()
     chunks = 0
     loop = asyncio.get_running_loop()
     # each wait for an event is the stall timeout's, however long it is: no read timeout under it
     limits = httpx.Timeout(CLIENT_TIMEOUT_S, read=None)
+    wait = max(stall_s, FIRST_EVENT_S)
     try:
         async with (
-            asyncio.timeout(stall_s) as stall,
+            asyncio.timeout(wait) as stall,
             aconnect_sse(client, "POST", path, json=payload, timeout=limits) as source,
         ):
             resp = source.response
@@ -185,7 +191,8 @@ async def run_stream(client: httpx.AsyncClient, job: Job, stall_s: float = STALL
                 return
             done = False
             async for event in source.aiter_sse():
-                stall.reschedule(loop.time() + stall_s)
+                wait = stall_s
+                stall.reschedule(loop.time() + wait)
                 if event.data == "[DONE]":
                     done = True
                 if event.event == "error":
@@ -215,8 +222,8 @@ async def run_stream(client: httpx.AsyncClient, job: Job, stall_s: float = STALL
             return
         job.latency_s = time.perf_counter() - start
     except TimeoutError:  # the stall timeout's: the client's own are httpx.TimeoutException
-        job.stalled = True
-        job.error = f"stalled: {silence(stall_s)}"
+        job.stalled, job.silent_s = True, wait
+        job.error = f"stalled: {silence(wait)}"
     except httpx.HTTPError as exc:
         job.error = repr(exc)
 
@@ -226,18 +233,20 @@ def silence(seconds: float) -> str:
     return f"no event for the last {seconds:g} s"
 
 
-def stall_faults(jobs: list[Job], stall_s: float) -> list[str]:
-    """One fault per API path whose streams stalled: how many, for how long, and which."""
-    stalled: dict[str, list[int]] = {}
+def stall_faults(jobs: list[Job]) -> list[str]:
+    """One fault per API path and silence whose streams stalled: how many, for how long (before
+    their first event or between two), and which."""
+    stalled: dict[tuple[str, float], list[int]] = {}
     for job in jobs:
-        if job.stalled:
-            stalled.setdefault(body(job, stream=True)[0], []).append(job.index)
+        if job.stalled and job.silent_s is not None:
+            key = (body(job, stream=True)[0], job.silent_s)
+            stalled.setdefault(key, []).append(job.index)
     faults = []
-    for path, which in stalled.items():
+    for (path, silent_s), which in stalled.items():
         ids = ", ".join(map(str, which[:10])) + (", ..." if len(which) > 10 else "")
         many = "s" if len(which) > 1 else ""
         faults.append(
-            f"{path}: {len(which)} stream{many} stalled: {silence(stall_s)} (request{many} {ids})"
+            f"{path}: {len(which)} stream{many} stalled: {silence(silent_s)} (request{many} {ids})"
         )
     return faults
 
@@ -298,7 +307,7 @@ async def load(url: str, jobs: list[Job], stall_s: float = STALL_TIMEOUT_S) -> d
             await asyncio.gather(*(run_stream(client, job, stall_s) for job in jobs))
             wall = time.perf_counter() - start
             # what the server did not answer, under the streams and after them, and why
-            faults = stall_faults(jobs, stall_s)
+            faults = stall_faults(jobs)
             info = await answered(wait_idle(client), "/get_server_info", faults)
             stop.set()
             await poller
@@ -491,8 +500,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="S",
                    help="seconds the server may take to print its ready line")  # fmt: skip
     p.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S, metavar="S",
-                   help="seconds a stream may go without an event (the first one: from its "
-                        "send) before it is ended as stalled, a fault of the record")  # fmt: skip
+                   help="seconds a stream may go without an event before it is ended as "
+                        "stalled, a fault of the record (its first event, behind the queue: "
+                        f"{FIRST_EVENT_S:g} s, or this where longer)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/load/bench-load.json"),
                    help="JSON record to write")  # fmt: skip
     args = p.parse_args(argv)
