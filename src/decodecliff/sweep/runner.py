@@ -349,18 +349,22 @@ class Runner:
     def run_chunk(self, index: int, chunk: Chunk) -> list[dict]:
         deadline = time.monotonic() + chunk.timeout_s
         results = []
+        ending: BaseException | None = None  # what ends the sweep, the first of them
         try:
             for ctx in chunk.contexts:
                 res = self._new_result(ctx, index, chunk)
                 self._run_point_safely(res, chunk, deadline)
                 results.append(res)
         except KeyboardInterrupt as exc:  # between points: the exit a shell reports, no traceback
-            raise _as_exit(exc) from None
-        finally:
-            try:
-                self._stop()
-            except KeyboardInterrupt as exc:  # while the last server stops: its keeper goes on
-                raise _as_exit(exc) from None
+            ending = _as_exit(exc)
+        except BaseException as exc:  # a signal's exit, a write that failed: once it is stopped
+            ending = exc
+        try:
+            self._stop()
+        except KeyboardInterrupt as exc:  # while the last server stops: its keeper goes on
+            ending = ending or _as_exit(exc)
+        if ending is not None:
+            raise ending
         return results
 
     # -- one point ------------------------------------------------------------------------------
