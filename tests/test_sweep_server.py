@@ -451,7 +451,7 @@ def _busy(url: str) -> bool:
     return False
 
 
-def _sweep(
+def _sweep_process(
     out: Path, leftovers: proctree.Leftovers, server_cmd: str, *extra: str
 ) -> subprocess.Popen:
     """A sweep of one point at context 64 into ``out`` (its stderr in out/sweep.stderr), tracked
@@ -476,7 +476,7 @@ def _start_sweep(
     """A sweep of one long point, once its server runs a request: (the sweep, the server's
     keeper, the server), all tracked to be killed at the test's end if still running. ``extra``:
     more options (a later one replaces an earlier)."""
-    sweep = _sweep(out, leftovers, server_cmd, "--gen-tokens", "20000", *extra)
+    sweep = _sweep_process(out, leftovers, server_cmd, "--gen-tokens", "20000", *extra)
     server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
     keeper = leftovers.track(proctree.parent(server))
     args = proctree.argv(server)
@@ -516,7 +516,7 @@ def test_a_point_interrupted_while_its_server_starts_says_what_was_launched(tmp_
     """SIGINT while the server starts (it never prints ready): the point said launch 0 and no
     command, as if nothing had been launched; it names the launch and its command."""
     never_ready = f"{sys.executable} -c 'import time; time.sleep(600)' --port {{port}}"
-    sweep = _sweep(tmp_path, leftovers, never_ready, "--start-timeout", "300")
+    sweep = _sweep_process(tmp_path, leftovers, never_ready, "--start-timeout", "300")
 
     def sleeping() -> bool:
         assert sweep.poll() is None, f"the sweep exited with {sweep.returncode}"
@@ -550,7 +550,9 @@ def test_ctrl_c_while_the_last_server_stops_exits_130_without_a_traceback(tmp_pa
     """Every point is written and the chunk's server is stopping (a child ignores SIGTERM, so it
     takes the stop grace) when Ctrl-C comes: the sweep exits 130 as for any Ctrl-C, without the
     traceback it printed, and the keeper still takes the server's tree down."""
-    sweep = _sweep(tmp_path, leftovers, SLOW_TO_STOP, "--gen-tokens", "4", "--stop-grace", "20")
+    sweep = _sweep_process(
+        tmp_path, leftovers, SLOW_TO_STOP, "--gen-tokens", "4", "--stop-grace", "20"
+    )
     server = leftovers.track(proctree.wait_for("the server", lambda: _serving(sweep), 120))
     keeper = leftovers.track(proctree.parent(server))
     proctree.wait_for("the point's file", lambda: (tmp_path / "ctx64.json").exists(), 120)

@@ -116,9 +116,9 @@ def render_command(template: str, host: str, port: int | str) -> tuple[dict[str,
 
 
 def auth() -> dict[str, str]:
-    """The headers of every request to the server: the key of $DECODECLIFF_API_KEY
-    (API_KEY_ENV), as a server started in the same environment requires it (and as an OpenAI
-    client sends its key)."""
+    """The headers of every request to the server: the key of the variable API_KEY_ENV names,
+    as a server started in the same environment requires it (and as an OpenAI client sends its
+    key)."""
     key = os.environ.get(API_KEY_ENV)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
