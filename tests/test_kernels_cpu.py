@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from decodecliff.kernels import D_QK, D_V, get_backend
-from decodecliff.kernels.api import AttnBatch, token_slot, token_slots
+from decodecliff.kernels.api import AttnBatch, cache_rows, token_slot, token_slots
 from decodecliff.kernels.reference import TorchAttention, reference_attention
 from decodecliff.kernels.registry import parse_spec, spec_label
 from decodecliff.kernels.synthetic import random_batch, relative_error
@@ -659,3 +659,9 @@ def test_sglang_split_count_follows_its_triton_backend() -> None:
         )  # fmt: skip
         assert got.tolist() == peers.sglang_num_kv_splits(lens, heads, sms, cap), (lens, heads)
     assert peers.sglang_num_kv_splits([185_000], 8, 132, 256) == [256]
+
+
+def test_a_cache_s_rows_are_a_layer_s_pages_times_page_size() -> None:
+    layer = torch.empty(5, 64, D_QK, device="meta")
+    model = torch.empty(3, 5, 64, D_QK, device="meta")  # layers first
+    assert cache_rows(layer) == cache_rows(model) == 320

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from . import floors, style
 from .figures import context_axis, median_line, set_scale
-from .tables import PRIMARY, ctx_label, engine_label, flag, listed, num, ok, times
+from .tables import PRIMARY, comparable, ctx_label, engine_label, listed, num, ok, times
 
 FLOOR_LABEL = "floor: weights and attention\nat the measured copy and matmul rates"
 REFERENCE_LABEL = "RTX PRO 6000 x8, SGLang Triton, Kimi K2.6\n(published table; tok/s, not steps/s)"
@@ -78,11 +78,7 @@ def family(server: str, backend: object) -> str:
 def servers_that_matter(sweep: pd.DataFrame) -> list[str]:
     """The servers the headline draws: one stream per round, no defragmentation variant; SGLang
     Triton first, then FlashInfer, then the custom kernel, CUDA-graph servers before eager ones."""
-    good = ok(sweep).dropna(subset=[PRIMARY])
-    if "defrag" in good:
-        good = good[~good["defrag"].map(flag)]
-    if "concurrency" in good:
-        good = good[good["concurrency"].fillna(1) == 1]
+    good = comparable(ok(sweep).dropna(subset=[PRIMARY]))
     meta = good.groupby("server", sort=False)["backend"].first()
     graphs = style.graph_servers(good)
 

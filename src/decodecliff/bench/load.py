@@ -43,6 +43,7 @@ from decodecliff import envinfo
 from decodecliff.helpformat import DefaultsHelpFormatter
 from decodecliff.jsonio import unwritable, write_json
 from decodecliff.server.tokenizer import ByteTokenizer
+from decodecliff.sweep.client import silence
 from decodecliff.sweep.launcher import strict_json
 from decodecliff.sweep.runner import run_async
 from decodecliff.values import is_int, is_positive_seconds
@@ -226,11 +227,6 @@ async def run_stream(client: httpx.AsyncClient, job: Job, stall_s: float = STALL
         job.error = f"stalled: {silence(wait)}"
     except httpx.HTTPError as exc:
         job.error = repr(exc)
-
-
-def silence(seconds: float) -> str:
-    """How long a stream went without an event, as the sweep says it of a point that timed out."""
-    return f"no event for the last {seconds:g} s"
 
 
 def stall_faults(jobs: list[Job]) -> list[str]:

@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from decodecliff.kernels.api import D_QK, D_V, AttentionBackend, AttnMeta, token_slots
+from decodecliff.kernels.api import (
+    D_QK,
+    D_V,
+    AttentionBackend,
+    AttnMeta,
+    cache_rows,
+    token_slots,
+)
 
 from . import fused
 from .config import CHAINED_GEMMS, GEMM_PREFETCH_MB, GEMMS, ModelConfig
@@ -282,7 +289,7 @@ class SyntheticMLA:
 
     def plan(self, step: StepInput, kv_cache: torch.Tensor, backend: AttentionBackend) -> None:
         """The step's attention plan, shared by every layer (``forward`` does it unless told)."""
-        rows = kv_cache.shape[1] * kv_cache.shape[2]  # a layer's: [layers, pages, page_size, 576]
+        rows = cache_rows(kv_cache)  # a layer's: [layers, pages, page_size, 576]
         meta = step.attn_meta(self.cfg.num_heads, kv_cache.shape[2], self.sm_scale, self.pdl, rows)
         backend.plan(meta)
 
@@ -423,8 +430,10 @@ def layer_attention(
     backend = backend or TorchAttention()
     model.rope.reserve(step.max_kv_len)
     if spans is None:
-        heads, rows = model.cfg.num_heads, cache.shape[0] * cache.shape[1]
-        backend.plan(step.attn_meta(heads, cache.shape[1], model.sm_scale, kv_rows=rows))
+        meta = step.attn_meta(
+            model.cfg.num_heads, cache.shape[1], model.sm_scale, kv_rows=cache_rows(cache)
+        )
+        backend.plan(meta)
     cs = model.rope.rows(step.positions)
     v = model._attention(layer, model.mm(h, layer.w_qkv_a), cs, step, cache, backend, spans)
     return model.mm(v, layer.w_o)

@@ -140,7 +140,7 @@ class AttnBatch:
             max_q_len=max_q_len,
             max_kv_len=max_kv_len,
             total_kv_len=total_kv_len,
-            kv_rows=kv_cache.shape[0] * kv_cache.shape[1],
+            kv_rows=cache_rows(kv_cache),
         )
         return cls(q, kv_cache, meta)
 
@@ -160,6 +160,12 @@ class AttnBatch:
 
     def new_output(self) -> torch.Tensor:
         return new_output(self.q)
+
+
+def cache_rows(kv_cache: torch.Tensor) -> int:
+    """The rows of one layer's cache, pages x page_size: the two dims before the 576 columns,
+    whatever leads them (a model's cache has its layers first)."""
+    return kv_cache.shape[-3] * kv_cache.shape[-2]
 
 
 def int32_slots_problem(kv_rows: int | None) -> str | None:

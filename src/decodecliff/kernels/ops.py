@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .api import D_V, AttnMeta
+from .api import D_V, AttnMeta, cache_rows
 
 _BACKEND = None  # one CustomAttention per process: its workspace and occupancy cache are shared
 
@@ -36,7 +36,7 @@ def _meta(q, kv_cache, page_table, kv_lens, q_indptr, tree_mask, sm_scale, max_q
         page_table=page_table, kv_lens=kv_lens, q_indptr=q_indptr, sm_scale=sm_scale,
         num_tokens=q.shape[0], num_heads=q.shape[1], page_size=kv_cache.shape[1],
         tree_mask=tree_mask, max_q_len=max_q_len, max_kv_len=max_kv_len,
-        kv_rows=kv_cache.shape[0] * kv_cache.shape[1],
+        kv_rows=cache_rows(kv_cache),
     )  # fmt: skip
 
 

@@ -42,6 +42,11 @@ class StreamRecord:
         return 0.0 if self.sent_at is None else time.perf_counter() - self.sent_at
 
 
+def silence(seconds: float) -> str:
+    """How long a stream went without an event, as the sweep and bench-load word it."""
+    return f"no event for the last {round(seconds, 1):g} s"
+
+
 def request_body(api: str, input_ids: list[int], gen_tokens: int, model: str) -> tuple[str, dict]:
     """(path, JSON body) of a greedy request for exactly ``gen_tokens`` tokens (EOS ignored)."""
     if api == "generate":

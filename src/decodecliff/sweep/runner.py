@@ -773,7 +773,7 @@ class Runner:
         where = "in prefill (no token yet)" if not got else f"after {got} tokens"
         if rec.last_byte_s is None:
             return f"{where}; no event received"
-        return f"{where}; no event for the last {rec.elapsed() - rec.last_byte_s:.1f} s"
+        return f"{where}; {client.silence(rec.elapsed() - rec.last_byte_s)}"
 
     def _error_reason(self, rec: client.StreamRecord) -> str:
         # A killed server closes the socket a moment before its exit is visible.
