@@ -17,7 +17,7 @@ from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from test_server import Server, server
 
-from decodecliff.server import protocol
+from decodecliff.server import protocol, tokenizer
 from decodecliff.server.tokenizer import ByteTokenizer
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
@@ -125,6 +125,26 @@ def test_stop_strings_end_the_text_before_them(client, srv):
     assert meta["finish_reason"] == {"type": "stop", "matched": stop}
 
 
+def test_a_matched_stop_token_is_left_out_of_the_text_as_sglang_trims_it(client, srv):
+    ids = native(srv, IDS, 30)["output_ids"]
+    # a stop token first seen at k, before any EOS (id 0: ignore_eos would ignore stop tokens too)
+    k = next(i for i in range(3, 30) if 0 not in ids[: i + 1] and ids[i] not in ids[:i])
+    want = tokenizer.decode(ids[:k])
+    sp = {"max_new_tokens": 30, "stop_token_ids": [ids[k]]}
+    out = srv.post("/generate", {"input_ids": IDS, "sampling_params": sp}).json()
+    assert out["output_ids"] == ids[: k + 1] and out["text"] == want  # counted, not shown
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
+    kw = {"model": "tiny", "prompt": IDS, "max_tokens": 30}
+    extra = {"stop_token_ids": [ids[k]]}
+    done = client.completions.create(**kw, extra_body=extra)
+    assert done.choices[0].text == want and done.usage.completion_tokens == k + 1
+    streamed = client.completions.create(**kw, stream=True, extra_body=extra)
+    assert "".join(c.choices[0].text for c in streamed) == want
+    sp["no_stop_trim"] = True
+    kept = srv.post("/generate", {"input_ids": IDS, "sampling_params": sp}).json()
+    assert kept["text"] == tokenizer.decode(ids[: k + 1])
+
+
 def test_logprobs_and_echo(client):
     out = client.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=6, logprobs=3, extra_body={"ignore_eos": True}
@@ -215,6 +235,24 @@ def test_unknown_parameters_and_chat_features_are_refused(srv):
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert srv.post("/v1/chat/completions", {"messages": image}).status_code == 400
+
+
+def test_a_chat_reply_fed_back_with_its_null_fields_is_taken(srv):
+    reply = {"role": "assistant", "content": "yo", "tool_calls": None, "refusal": None}
+    msgs = [
+        {"role": "user", "content": "hi", "name": None},
+        reply,
+        {"role": "user", "content": "x"},
+    ]
+    body = {"messages": msgs, "max_tokens": 2, "ignore_eos": True}
+    plain = [{k: v for k, v in m.items() if v is not None} for m in msgs]
+    got, want = (srv.post("/v1/chat/completions", {**body, "messages": m}) for m in (msgs, plain))
+    assert got.status_code == 200, got.text
+    assert got.json()["usage"] == want.json()["usage"]
+    assert got.json()["choices"][0]["message"] == want.json()["choices"][0]["message"]
+    tools = [reply | {"tool_calls": [{"id": "c", "type": "function"}]}]  # a real one still is not
+    bad = srv.post("/v1/chat/completions", {**body, "messages": tools})
+    assert bad.status_code == 400 and "tool_calls" in bad.json()["error"]["message"]
 
 
 def test_models_as_openai_and_vllm_read_them(client, srv):

@@ -91,16 +91,24 @@ class Choice:
     last_token_at: float | None = None
 
     def matched_stop(self) -> tuple[int, ...] | None:
-        reason = self.meta.get("finish_reason") or {}
-        matched = reason.get("matched")
+        """The tokens of the stop string that ended the output, if one did."""
+        matched = (self.meta.get("finish_reason") or {}).get("matched")
         return tuple(matched) if isinstance(matched, list) else None
+
+    def trimmed(self) -> int:
+        """Output tokens the text leaves out once finished: a matched stop string's, or a
+        matched stop token (EOS too) as SGLang's detokenizer trims it, id 0 excepted (its
+        ``trim_matched_stop`` reads a falsy match as none)."""
+        matched = (self.meta.get("finish_reason") or {}).get("matched")
+        if isinstance(matched, list):
+            return len(matched)
+        return 1 if isinstance(matched, int) and matched else 0
 
     def visible(self, parsed: ParsedRequest) -> int:
         """Output tokens the client may see: a stop string that may be forming is held back."""
         n = len(self.ids)
         if self.finished:
-            stop = self.matched_stop() if parsed.trim_stop else None
-            return n - len(stop) if stop else n
+            return n - self.trimmed() if parsed.trim_stop else n
         stops = list(parsed.stop_strings)
         if len(self.forming) != len(stops):
             self.forming, self.scanned = [0] * len(stops), 0

@@ -730,7 +730,8 @@ def chat_prompt(messages: object, lim: Limits) -> list[int]:
         raise BadRequest("messages must be a non-empty list", "messages")
     parts = []
     for m in messages:
-        m = _object(m, "messages")
+        # a null field is an absent one, as in the body: a reply fed back carries several
+        m = {k: v for k, v in _object(m, "messages").items() if v is not None or k == "content"}
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
             raise BadRequest(
