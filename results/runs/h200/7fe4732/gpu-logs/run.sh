@@ -12,8 +12,12 @@
 #                call rebuilt the kernel first (build_kernel: the record merged is call 3's, the
 #                rebuild alike but for the folders), and the runner's keys past BUDGET_S were
 #                not started (call 9: flashinfer-graph-p1:185000, call 10-11: triton-graph-p1:32000)
-#   bash run.sh 1|...|12
-call=${1:?call 1..12}
+#   calls 13-15: a later lease, the same runner (unchanged to a209d52 but for a comment) beside the
+#                same tree; call 13's last key was past BUDGET_S, not started, and led call 14.
+#                Call 15 ran bench_engine in two parts, merged after by `python -m
+#                decodecliff.bench.engine_merge`
+#   bash run.sh 1|...|15
+call=${1:?call 1..15}
 study=scripts/study-h200.txt
 keys() { local k="" s; for s in ${@:2}; do k="$k $s:$1"; done; echo $k; }
 REAL=$OUT; export OUT=/tmp/o$call; mkdir -p $OUT; trap 'tar -C /tmp -cf $REAL/x.tar o$call' EXIT
@@ -47,4 +51,15 @@ case $call in
      $(keys 128000 custom-defrag-p1 custom-p1) triton-graph-p1:32000 ;;
 12) REQUIRE_GPU=H200 BUDGET_S=95 CALL_S=160 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
      $(keys 64000 custom-sm120-graph-p1 flashinfer-sm120-graph-p1 custom-defrag-p1) ;;
+13) REQUIRE_GPU=H200 BUDGET_S=470 CALL_S=580 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     custom-graph-p1:128000 triton-p1:64000 sglang-graph-p1:64000 triton-graph-p1:64000 \
+     flashinfer-sm120-graph-p1:128000 triton-graph-p1:32000 flashinfer-fa3-graph-p1:128000 ;;
+14) REQUIRE_GPU=H200 BUDGET_S=480 CALL_S=580 bash .run/gpu_study_run.sh 7fe4732 $study build_kernel \
+     $(keys 128000 flashinfer-fa3-graph-p1 flashinfer-graph-p1 custom-sm120-graph-p1) \
+     $(keys 32000 sglang-graph-p1 triton-p1) ;;
+15) python scripts/study_commands.py --split-engine $study slow='triton sglang' fast='custom \
+     custom:model=sm120 flashinfer:backend=fa2 flashinfer:backend=fa3 flashinfer:backend=fa2,model=sm120' \
+     > scripts/study-h200-engine.txt
+    REQUIRE_GPU=H200 BUDGET_S=500 CALL_S=500 bash .run/gpu_study_run.sh 7fe4732 \
+     scripts/study-h200-engine.txt build_kernel bench_engine_fast bench_engine_slow ;;
 esac
