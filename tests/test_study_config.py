@@ -138,6 +138,7 @@ SERVE_ARGS = "sweep.servers[1].args"  # a Triton server, launched by decodecliff
 
 BAD = {
     "minimum": (_set("sweep.gen_tokens", 0), "config.sweep.gen_tokens"),
+    "one-token": (_set("sweep.gen_tokens", 1), "config.sweep.gen_tokens"),  # no verify step
     "unknown-key": (_set("kernels.devise", "cpu"), "config.kernels.devise"),
     "enum": (_set("sweep.servers[1].spec.mode", "beam"), "config.sweep.servers[1].spec.mode"),
     "backend": (_set("sweep.servers[0].backend", "cublas"), "config.sweep.servers[0].backend"),

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=_default("gen_tokens"),
         metavar="N",
-        help="tokens generated per request",
+        help="tokens generated per request, at least 2 (the first is the prefill's)",
     )
     p.add_argument(
         "--warmup-tokens",

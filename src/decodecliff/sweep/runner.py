@@ -118,8 +118,8 @@ class SweepConfig:
             raise ValueError(f"name {self.name!r}: use letters, digits, '.', '_' and '-'")
         if not self.chunks:
             raise ValueError("a sweep needs at least one chunk")
-        if self.gen_tokens < 1:
-            raise ValueError(f"gen tokens must be at least 1, got {self.gen_tokens}")
+        if self.gen_tokens < 2:  # the first token is the prefill's: one leaves no step to time
+            raise ValueError(f"gen tokens must be at least 2, got {self.gen_tokens}")
         if self.api not in client.APIS:
             raise ValueError(f"unknown api {self.api!r}; choose one of {client.APIS}")
         if self.seed < 0:
