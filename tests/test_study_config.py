@@ -590,6 +590,18 @@ def test_the_pool_is_what_the_launch_command_passes() -> None:
     assert err.value.where == "config.sweep.servers[0].chunks[0].contexts"
 
 
+def test_a_page_larger_than_the_pool_is_named_as_such() -> None:
+    cfg = raw()
+    cfg["sweep"]["servers"][0].update(page_size=64, args="--max-total-tokens 1000")
+    cfg["sweep"]["servers"][0]["chunks"][0]["contexts"] = [990]
+    with pytest.raises(config.ConfigError, match=r"\(960 tokens in whole pages of 64\)$"):
+        Study(copy.deepcopy(cfg))
+    cfg["sweep"]["servers"][0].update(page_size=100000)
+    with pytest.raises(config.ConfigError, match="a page of 100000 tokens is larger than") as err:
+        Study(cfg)
+    assert err.value.where == "config.sweep.servers[0].page_size"
+
+
 def test_peers_are_skipped_on_a_cpu_with_the_reason() -> None:
     s = study()
     for name in PEERS:

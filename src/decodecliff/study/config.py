@@ -519,19 +519,25 @@ def _check_pool(sweep: dict, server: dict, key: str) -> None:
     if pool is None:
         return
     gen, k, name = sweep["gen_tokens"], srv.concurrency(sweep, server), server["name"]
+    page = server["page_size"]
+    if pool == 0:
+        raise ConfigError(
+            f"{key}.page_size", f"a page of {page} tokens is larger than server {name!r}'s KV pool"
+        )
     drafts = srv.draft_reserve(server)
     also = f" + {drafts} draft tokens of a verify step" if drafts else ""
+    held = f"{pool} tokens" if page == 1 else f"{pool} tokens in whole pages of {page}"
     for j, chunk in enumerate(server["chunks"]):
         for ctx in chunk["contexts"]:
             if ctx + gen + drafts > pool:
                 raise ConfigError(
                     f"{key}.chunks[{j}].contexts",
                     f"context {ctx} + {gen} generated tokens{also} exceed the KV pool of "
-                    f"server {name!r} ({pool} tokens)",
+                    f"server {name!r} ({held})",
                 )
             if k * (ctx + gen + drafts) > pool:
                 raise ConfigError(
                     f"{key}.concurrency",
                     f"{k} streams of {ctx} + {gen} tokens{also} exceed the KV pool of server "
-                    f"{name!r} ({pool} tokens)",
+                    f"{name!r} ({held})",
                 )
