@@ -354,6 +354,149 @@ def test_what_serve_would_take_passes_the_check() -> None:
     Study(cfg)
 
 
+# The user's command: every setting but the engine switches ({switches}), {tree_nodes} and {args}
+NO_SWITCHES = (
+    "decodecliff serve --preset {preset} --backend {backend} --device {device} "
+    "--page-size {page_size} --chunk-size {chunk_size} --spec {spec_mode} --draft-len {draft_len} "
+    "--host {host} --port {port}"
+)
+FULL = raw()["sweep"]["command"]
+
+# A server's setting that its `decodecliff serve` command would not pass on (or would pass on
+# as another value): (preset, server, its changes, the key named, the reason given).
+UNPASSED = {
+    "defrag-without-switches": (
+        None,
+        0,
+        {"defrag": True, "command": NO_SWITCHES},
+        "defrag",
+        "true here, but its command launches decodecliff serve without --defrag "
+        "(put {switches} in the command)",
+    ),
+    "graphs-without-switches": (
+        "h200",
+        1,
+        {"command": NO_SWITCHES},
+        "cuda_graph",
+        "true here, but its command launches decodecliff serve without --cuda-graph "
+        "(put {switches} in the command)",
+    ),
+    "backend-options-without-switches": (
+        None,
+        1,
+        {"backend_options": {"index_dtype": "int32"}, "command": NO_SWITCHES},
+        "backend_options",
+        "index_dtype=int32 here, but its command launches decodecliff serve without "
+        "--backend-option (put {switches} in the command)",
+    ),
+    "page-size-without-placeholder": (
+        None,
+        0,
+        {"page_size": 64, "command": NO_SWITCHES.replace(" --page-size {page_size}", "")},
+        "page_size",
+        "64 here, but its command launches decodecliff serve with --page-size 1 "
+        "(put --page-size {page_size} in the command)",
+    ),
+    "chunk-size-without-placeholder": (
+        None,
+        0,
+        {"chunk_size": 256, "command": FULL.replace("--chunk-size {chunk_size}", "")},
+        "chunk_size",
+        "256 here, but its command launches decodecliff serve with --chunk-size 512 "
+        "(put --chunk-size {chunk_size} in the command)",
+    ),
+    "spec-mode-without-placeholder": (
+        None,
+        0,
+        {"command": FULL.replace("--spec {spec_mode}", "")},
+        "spec.mode",
+        "chain here, but its command launches decodecliff serve with --spec none "
+        "(put --spec {spec_mode} in the command)",
+    ),
+    "draft-len-without-placeholder": (
+        None,
+        0,
+        {
+            "spec": {"mode": "chain", "draft_len": 8},
+            "command": FULL.replace("--draft-len {draft_len}", ""),
+        },
+        "spec.draft_len",
+        "8 here, but its command launches decodecliff serve with --draft-len 16 "
+        "(put --draft-len {draft_len} in the command)",
+    ),
+    "tree-nodes-without-placeholder": (
+        None,
+        0,
+        {"spec": {"mode": "tree", "tree_nodes": 32}, "command": NO_SWITCHES},
+        "spec.tree_nodes",
+        "32 here, but its command launches decodecliff serve with --tree-nodes 64 "
+        "(put --tree-nodes {tree_nodes} in the command)",
+    ),
+    "backend-written-in": (
+        None,
+        0,
+        {"command": FULL.replace("{backend}", "triton")},
+        "backend",
+        "torch here, but its command launches decodecliff serve with --backend triton "
+        "(drop --backend triton from its command and args; --backend {backend} in the command "
+        "passes the setting)",
+    ),
+    "page-size-in-args": (
+        None,
+        0,
+        {"args": "--prefill-attention mha --page-size 16"},
+        "page_size",
+        "1 here, but its command launches decodecliff serve with --page-size 16 "
+        "(drop --page-size 16 from its command and args; --page-size {page_size} in the command "
+        "passes the setting)",
+    ),
+    "defrag-in-args": (
+        None,
+        0,
+        {"args": "--defrag"},
+        "defrag",
+        "false here, but its command launches decodecliff serve with --defrag "
+        "(drop --defrag from its command and args; {switches} in the command passes the "
+        "setting)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNPASSED))
+def test_a_setting_a_serve_command_does_not_pass_on_is_refused(name: str) -> None:
+    """The summary labels a server's points with its settings, read from the config: a setting
+    its `decodecliff serve` command does not pass on (a template without {switches} or
+    {page_size}, args that set it again) would label them as a server that never ran."""
+    preset, i, changes, setting, why = UNPASSED[name]
+    cfg = raw(preset)
+    cfg["sweep"]["servers"][i].update(changes)
+    with pytest.raises(config.ConfigError) as err:
+        Study(cfg)
+    key = f"config.sweep.servers[{i}].{setting}"
+    assert str(err.value).startswith(f"invalid study config at {key}: {why}"), str(err.value)
+
+
+def test_a_setting_a_serve_command_passes_on_or_never_needs_is_no_mistake() -> None:
+    """Where the server runs as labelled, whatever the template names: serve's own default
+    (page size 1, no defrag), a draft length of no chain, and servers not launched by
+    `decodecliff serve` (another server's command, a server given by url)."""
+    cfg = raw()
+    plain = cfg["sweep"]["servers"][0]
+    plain["command"] = NO_SWITCHES.replace(" --page-size {page_size}", "")  # page size 1, no defrag
+    tree = copy.deepcopy(plain) | {"name": "torch-tree-p1"}
+    tree["spec"] = {"mode": "tree", "draft_len": 8, "tree_nodes": 64}  # serve's default size
+    nochain = copy.deepcopy(plain) | {"name": "torch-none-p1", "spec": {"mode": "none"}}
+    nochain["spec"]["draft_len"] = 8  # no chain: the length is moot
+    nochain["command"] = FULL.replace("--draft-len {draft_len}", "")
+    other = copy.deepcopy(plain) | {"name": "sglang-own-p16", "page_size": 16, "defrag": True}
+    other["command"] = "python -m sglang.launch_server --port {port} --page-size 1"
+    remote = copy.deepcopy(plain) | {"name": "remote-p16", "page_size": 16, "defrag": True}
+    del remote["command"]
+    remote["url"] = "http://gpu-node:30000"
+    cfg["sweep"]["servers"] += [tree, nochain, other, remote]
+    Study(cfg)
+
+
 def test_a_gpu_only_servers_graphs_are_no_mistake_on_a_cpu() -> None:
     """It is recorded as skipped there, so its CUDA-graph switch never runs."""
     s = study()
@@ -575,6 +718,8 @@ def test_the_pool_is_what_the_launch_command_passes() -> None:
     s = study()
     server = by_name(s, "torch-chain16-p1")
     own = "decodecliff serve --preset {preset} --backend {backend} --device {device} --port {port}"
+    # its spec (the chain its points are labelled with); the rest at serve's defaults
+    own += " --spec {spec_mode}"
     dropped = server | {"command": own, "args": "--max-total-tokens 1000"}
     assert servers.pool_tokens(s.sweep, dropped) == servers.CPU_DEFAULT_POOL
     assert servers.pool_tokens(s.sweep, dropped | {"command": f"{own} {{args}}"}) == 1000

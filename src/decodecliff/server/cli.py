@@ -145,12 +145,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
-def check(argv: list[str], auto_device: str = "cpu") -> None:
+def check(argv: list[str], auto_device: str = "cpu") -> argparse.Namespace:
     """ValueError with serve's own message where ``argv`` would stop it before it serves (an
     unknown or malformed option, a value out of range), without torch or a device: the study's
     config check runs it on every server it launches, ``--device auto`` (or none) taken as the
     study's device. Backend option values are checked against the registry's CHOICES; the rest
-    when the backend is built."""
+    when the backend is built. Returns the options as serve reads them."""
 
     def fail(message: str) -> None:
         raise ValueError(message)
@@ -164,6 +164,7 @@ def check(argv: list[str], auto_device: str = "cpu") -> None:
     options = dict(args.backend_option)
     registry.check_options(args.backend, options)
     EngineConfig.from_args(args, device=device, backend_options=options).validate()
+    return args
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

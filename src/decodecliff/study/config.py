@@ -10,6 +10,7 @@ config.sweep.servers[0].spec.mode (config/h200.yaml, line 57): 'beam' is not one
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import re
@@ -502,13 +503,68 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
         if at is None:
             return  # another server's command (SGLang's own, a script): its options are its own
         try:
-            serve.check(words[at + 2 :], auto_device=sweep["device"])
+            args = serve.check(words[at + 2 :], auto_device=sweep["device"])
         except ValueError as exc:
             raise ConfigError(where, f"decodecliff serve would refuse it: {exc}") from None
         if any(w == "--api-key" or w.startswith("--api-key=") for w in words[at + 2 :]):
             why = "--api-key: the sweep would send no key; "
             why += f"set ${serve.API_KEY_ENV}, which both read"
             raise ConfigError(where, why)
+    _check_labels(sweep, server, key, args)  # as launched: the template with the args
+
+
+# The settings the results are labelled with (analysis.summarize reads them from the config): each
+# as (its key under the server, the serve option it reaches the server as, the placeholder that
+# puts it there: servers.fields, servers.switches). A spec's size counts in its mode only.
+LABELS = (
+    ("backend", "--backend", "backend"),
+    ("page_size", "--page-size", "page_size"),
+    ("chunk_size", "--chunk-size", "chunk_size"),
+    ("spec.mode", "--spec", "spec_mode"),
+    ("spec.draft_len", "--draft-len", "draft_len"),
+    ("spec.tree_nodes", "--tree-nodes", "tree_nodes"),
+    ("cuda_graph", "--cuda-graph", "switches"),
+    ("defrag", "--defrag", "switches"),
+    ("backend_options", "--backend-option", "switches"),
+)
+SPEC_SIZES = {"spec.draft_len": "chain", "spec.tree_nodes": "tree"}
+
+
+def _check_labels(sweep: dict, server: dict, key: str, args: argparse.Namespace) -> None:
+    """Every setting the server's points are labelled with reaches `decodecliff serve` as that
+    value (``args``: its launch command as serve parses it): a template without {switches} or
+    {page_size}, or args that set an option again, would run a server other than the one its
+    results name."""
+    from decodecliff.server import cli as serve
+
+    defaults, mode = serve.parser(), server["spec"]["mode"]
+    names = srv.placeholders(srv.template(sweep, server))
+    for setting, flag, field in LABELS:
+        if SPEC_SIZES.get(setting, mode) != mode:
+            continue
+        dest = flag[2:].replace("-", "_")
+        want, got, default = server, getattr(args, dest), defaults.get_default(dest)
+        for part in setting.split("."):
+            want = want[part]
+        if dest == "backend_option":  # KEY=VALUE, each value as serve reads it
+            want = {k: registry.option_value(k, str(v)) for k, v in want.items()}
+            got, default = dict(got), {}
+        if want == got:
+            continue
+        if isinstance(got, dict):
+            shown = " ".join(f"{k}={v}" for k, v in want.items()) or "none"
+            given = " ".join(f"{flag} {k}={v}" for k, v in got.items())
+        else:
+            shown = str(want).lower() if isinstance(want, bool) else want
+            given = flag if isinstance(got, bool) else f"{flag} {got}"
+        runs = f"with {given}" if got or not isinstance(got, bool | dict) else f"without {flag}"
+        place = "{switches}" if field == "switches" else f"{flag} {{{field}}}"
+        fix = f"put {place} in the command"
+        if got != default or field in names:  # the command or the args set it otherwise
+            fix = f"drop {given} from its command and args; {place} in the command passes the "
+            fix += "setting"
+        why = f"{shown} here, but its command launches decodecliff serve {runs} ({fix})"
+        raise ConfigError(f"{key}.{setting}", why)
 
 
 def _check_pool(sweep: dict, server: dict, key: str) -> None:
