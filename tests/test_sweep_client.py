@@ -116,5 +116,7 @@ def test_an_answer_that_is_not_an_event_stream_fails_with_its_content_type() -> 
 
 def test_silence_is_worded_to_a_tenth_of_a_second_whole_seconds_bare() -> None:
     assert client.silence(123.456) == "no event for the last 123.5 s"
+    assert client.silence(1234.0) == "no event for the last 1234 s"
     assert client.silence(2.0) == "no event for the last 2 s"
-    assert client.silence(0.04) == "no event for the last 0 s"
+    assert client.silence(0.25) == "no event for the last 0.25 s"  # a short stall timeout as set
+    assert client.silence(0.04) == "no event for the last 0.04 s"

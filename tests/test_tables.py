@@ -153,6 +153,23 @@ def test_the_baseline_serves_as_sglang_does_with_cuda_graphs_and_no_defragmentat
     assert tables.baseline_server(pd.DataFrame(rows), "triton-b-p1") == "triton-b-p1"  # named
 
 
+def test_the_baseline_prefers_one_stream_then_no_defragmentation_then_graphs() -> None:
+    """The baseline's preferences in order: one stream (speedups are taken at equal streams),
+    then no defragmentation, then CUDA graphs; a defragmenting one-stream Triton server beats a
+    four-stream one with graphs, and a four-stream one without defragmentation beats one with."""
+    rows = [
+        point("custom-p1", 1024, 50.0) | {"cuda_graph": False, "defrag": False},
+        point("triton-a-graph-k4", 1024, 9.0, k=4) | {"cuda_graph": True, "defrag": False},
+        point("triton-b-defrag-p1", 1024, 5.0) | {"cuda_graph": False, "defrag": True},
+    ]
+    assert tables.baseline_server(pd.DataFrame(rows)) == "triton-b-defrag-p1"
+    four = [
+        point("triton-a-defrag-k4", 1024, 9.0, k=4) | {"cuda_graph": False, "defrag": True},
+        point("triton-b-k4", 1024, 5.0, k=4) | {"cuda_graph": False, "defrag": False},
+    ]
+    assert tables.baseline_server(pd.DataFrame(four)) == "triton-b-k4"
+
+
 def test_tokens_per_verify_step_are_said_as_the_points_record_them() -> None:
     """What the notebooks say of tokens/s against verify steps/s is the points' acceptance: equal
     where every point accepted no draft (1 token per verify step), verify steps/s times the

@@ -164,12 +164,13 @@ def kernel_headline(
 
 def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
     """The one server configuration a table's speedups are over (sweep_speedup): ``name``, else
-    a Triton server of the kind the headline compares (comparable: one stream per round, since
-    speedups are taken at equal streams, without defragmentation), with CUDA graphs where one
-    ran, as SGLang serves and as headline.baseline_server picks; the first in the table's order
-    (by name) among equals, any Triton server where none is comparable. One baseline for every
-    row: an eager server's speedup is over it too, which is why the tables name it; None where no
-    Triton server ran."""
+    a Triton server comparable to the servers the headline compares. Speedups are taken only at
+    equal streams, so it is one of one stream per round, as those servers are (a Triton server
+    of several streams would leave them all without a speedup), without defragmentation, and
+    with CUDA graphs where one ran, as SGLang serves and as headline.baseline_server picks; the
+    first in the table's order (by name) among equals, any Triton server where none is one
+    stream. One baseline for every row: an eager server's speedup is over it too, which is why
+    the tables name it; None where no Triton server ran."""
     servers = list(dict.fromkeys(sweep["server"])) if len(sweep) else []
     if name:
         if name not in servers:
@@ -178,10 +179,13 @@ def baseline_server(sweep: pd.DataFrame, name: str | None = None) -> str | None:
     triton = [s for s in servers if (sweep.loc[sweep["server"] == s, "backend"] == "triton").any()]
     if not triton:
         return None
-    like = set(comparable(sweep)["server"])
-    graphs = server_flags(sweep, "cuda_graph")
+    streams, defrag, graphs = (
+        _concurrency(sweep),
+        server_flags(sweep, "defrag"),
+        server_flags(sweep, "cuda_graph"),
+    )
     # min keeps the first of equals: the table's order
-    return min(triton, key=lambda s: (s not in like, not graphs[s]))
+    return min(triton, key=lambda s: (streams.get(s, 1) != 1, defrag[s], not graphs[s]))
 
 
 def comparable(sweep: pd.DataFrame) -> pd.DataFrame:

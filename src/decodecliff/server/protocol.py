@@ -57,7 +57,7 @@ class ParsedRequest:
     n: int = 1
     batched: bool = False  # the input was a list: answer with a list (or indexed chunks)
     stop_strings: dict[tuple[int, ...], str] = field(default_factory=dict)
-    trim_stop: bool = True  # drop a matched stop string from the text
+    trim_stop: bool = True  # drop a matched stop string or stop token from the text
     echo: bool = False
     include_usage: bool = False  # a final usage chunk with no choices
     continuous_usage: bool = False  # usage on every chunk (vLLM's continuous_usage_stats)

@@ -513,9 +513,10 @@ def _check_serve_options(sweep: dict, server: dict, key: str) -> None:
     _check_labels(sweep, server, key, args)  # as launched: the template with the args
 
 
-# The settings the results are labelled with (analysis.summarize reads them from the config): each
-# as (its key under the server, the serve option it reaches the server as, the placeholder that
-# puts it there: servers.fields, servers.switches). A spec's size counts in its mode only.
+# The settings a server's name stands for in the results (analysis.summarize labels its points
+# with the backend, page size, spec, CUDA graphs and defrag read from the config), each as (its
+# key under the server, the serve option it reaches the server as, the placeholder that puts it
+# there: servers.fields, servers.switches). A spec's size counts in its mode only.
 LABELS = (
     ("backend", "--backend", "backend"),
     ("page_size", "--page-size", "page_size"),

@@ -43,8 +43,10 @@ class StreamRecord:
 
 
 def silence(seconds: float) -> str:
-    """How long a stream went without an event, as the sweep and bench-load word it."""
-    return f"no event for the last {round(seconds, 1):g} s"
+    """How long a stream went without an event, as the sweep and bench-load word it: to a tenth
+    of a second, two digits below one (a stall timeout of 0.25 s reads as set)."""
+    shown = f"{seconds:.1f}".removesuffix(".0") if seconds >= 1 else f"{seconds:.2g}"
+    return f"no event for the last {shown} s"
 
 
 def request_body(api: str, input_ids: list[int], gen_tokens: int, model: str) -> tuple[str, dict]:
