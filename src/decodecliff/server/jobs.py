@@ -90,16 +90,21 @@ class Choice:
     scanned: int = 0  # output tokens read into `forming`
     last_token_at: float | None = None
 
+    def _matched(self) -> object:
+        """What ended the output, as the engine's finish reason gives it: a stop string's tokens
+        (a list), a stop token's id, or None."""
+        return (self.meta.get("finish_reason") or {}).get("matched")
+
     def matched_stop(self) -> tuple[int, ...] | None:
         """The tokens of the stop string that ended the output, if one did."""
-        matched = (self.meta.get("finish_reason") or {}).get("matched")
+        matched = self._matched()
         return tuple(matched) if isinstance(matched, list) else None
 
     def trimmed(self) -> int:
         """Output tokens the text leaves out once finished: a matched stop string's, or a
         matched stop token (EOS too) as SGLang's detokenizer trims it, id 0 excepted (its
         ``trim_matched_stop`` reads a falsy match as none)."""
-        matched = (self.meta.get("finish_reason") or {}).get("matched")
+        matched = self._matched()
         if isinstance(matched, list):
             return len(matched)
         return 1 if isinstance(matched, int) and matched else 0
